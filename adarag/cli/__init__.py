@@ -1,0 +1,42 @@
+"""The ``adarag`` command: one sub-command module each, wired here."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from adarag.cli import ask, demo, setup
+from adarag.errors import AdaRagError
+
+_COMMANDS = {"setup": setup, "ask": ask, "demo": demo}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every sub-command."""
+    parser = argparse.ArgumentParser(prog="adarag", description=__doc__)
+    parser.add_argument("--config", help="JSON configuration file (AdaRagConfig fields)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, module in _COMMANDS.items():
+        module.add_arguments(commands.add_parser(name, help=module.HELP, description=module.HELP))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2 for a bad request)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(_COMMANDS[args.command].run(args) or 0)
+    except AdaRagError as err:
+        print(f"adarag {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Bundled data: a 240-passage slice of the 2WikiMultihopQA corpus (Apache-2.0) and questions."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from adarag.schema import Chunk
+
+
+def demo_corpus() -> list[Chunk]:
+    """The bundled demo passages as chunks (title line + text)."""
+    rows = resources.files(__name__).joinpath("demo_corpus.jsonl").read_text().splitlines()
+    chunks = []
+    for line in rows:
+        record = json.loads(line)
+        text = f"{record['title']}\n{record['text']}"
+        chunks.append(Chunk(text, chunk_id=record["id"], metadata={"title": record["title"]}))
+    return chunks
+
+
+def demo_questions() -> list[dict[str, object]]:
+    """Questions answerable from the demo corpus, with gold answers."""
+    text = resources.files(__name__).joinpath("demo_questions.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -1,0 +1,132 @@
+"""Inputs and outputs of one forward step of the runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adarag.cache.entry import ChunkKV
+from adarag.engine.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """How one prompt segment gets its KV.
+
+    Attributes:
+        start: First absolute position of the segment.
+        end: One past its last position.
+        cached: KV computed earlier (re-positioned to ``start`` if stored elsewhere), or None to
+            compute the segment in full.
+        recompute_ratio: Fraction of the segment's tokens recomputed when ``cached`` is given.
+    """
+
+    start: int
+    end: int
+    cached: ChunkKV | None = None
+    recompute_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.start <= self.end, f"negative segment [{self.start}, {self.end})"
+        assert 0.0 <= self.recompute_ratio <= 1.0, f"ratio {self.recompute_ratio}"
+        if self.cached is not None:
+            assert self.cached.num_tokens == self.end - self.start, (
+                f"cached KV has {self.cached.num_tokens} tokens, segment {self.end - self.start}"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the segment."""
+        return self.end - self.start
+
+    @property
+    def is_computed_in_full(self) -> bool:
+        """Every token of the segment runs through every layer."""
+        return self.cached is None or self.recompute_ratio >= 1.0
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """One prompt to prefill: its tokens (at positions 0..n-1) and per-segment plans.
+
+    Attributes:
+        token_ids: [num_tokens] int64.
+        segments: Plans covering ``0..num_tokens`` in order, without gaps.
+        extra_capacity: Free KV rows reserved after the prompt for decoding.
+        collect_segment_attention: Also return chunk-granularity attention per layer.
+    """
+
+    token_ids: torch.Tensor
+    segments: tuple[SegmentPlan, ...]
+    extra_capacity: int = 0
+    collect_segment_attention: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.segments, "a batch needs at least one segment"
+        assert self.segments[0].start == 0, "segments must start at position 0"
+        for before, after in zip(self.segments, self.segments[1:], strict=False):
+            assert before.end == after.start, f"gap or overlap at {before.end}/{after.start}"
+        assert self.segments[-1].end == self.token_ids.numel(), "segments must cover the prompt"
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt length."""
+        return int(self.token_ids.numel())
+
+    @property
+    def cu_segments(self) -> list[int]:
+        """Segment boundaries, ``num_segments + 1`` offsets."""
+        return [self.segments[0].start, *(segment.end for segment in self.segments)]
+
+
+@dataclass(frozen=True)
+class PrefillOutput:
+    """What a prefill returns.
+
+    Attributes:
+        kv: The fused KV of the prompt (``kv.length == num_tokens``), with room for decoding.
+        logits: [vocab] float32 logits of the last prompt token.
+        layer_hidden: [num_layers, hidden_size] last-token residual stream after each layer.
+        recomputed_positions: [num_recomputed] int64 positions run through every layer.
+        num_processed_tokens: Tokens that went through any layer computation.
+        segment_attention: [num_layers, num_segments, num_segments] mean attention mass from
+            query segment to key segment, when requested.
+    """
+
+    kv: KVCache
+    logits: torch.Tensor
+    layer_hidden: torch.Tensor
+    recomputed_positions: torch.Tensor
+    num_processed_tokens: int
+    segment_attention: torch.Tensor | None = None
+
+    @property
+    def num_recomputed_tokens(self) -> int:
+        """Tokens run through every layer."""
+        return int(self.recomputed_positions.numel())
+
+
+@dataclass(frozen=True)
+class SegmentSource:
+    """Where one segment's KV comes from in a fused prefill.
+
+    Attributes:
+        cached: KV computed earlier, or None to compute the segment in full.
+        recompute_ratio: Fraction of its tokens to recompute when ``cached`` is given.
+    """
+
+    cached: ChunkKV | None = None
+    recompute_ratio: float = 0.0
+
+
+def plan_segments(
+    cu_segments: list[int], sources: tuple[SegmentSource, ...]
+) -> tuple[SegmentPlan, ...]:
+    """Segment plans from boundaries and sources (one source per segment)."""
+    num_segments = len(cu_segments) - 1
+    assert len(sources) == num_segments, f"{len(sources)} sources for {num_segments} segments"
+    return tuple(
+        SegmentPlan(start, end, source.cached, source.recompute_ratio)
+        for start, end, source in zip(cu_segments, cu_segments[1:], sources, strict=False)
+    )

@@ -1,0 +1,60 @@
+"""The fused KV cache of one sequence, allocated once per request with room to decode."""
+
+from __future__ import annotations
+
+import torch
+
+from adarag.cache.entry import ChunkKV
+from adarag.kernels import Backend, rope_delta
+
+
+class KVCache:
+    """Keys and values of every layer: ``k, v [num_layers, capacity, num_kv_heads, head_dim]``.
+
+    Row ``j`` holds absolute position ``j``; ``length`` rows are filled.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        capacity: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_layers, capacity, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        """Rows allocated."""
+        return int(self.k.shape[1])
+
+    def load(
+        self, start: int, chunk: ChunkKV, inv_freq: torch.Tensor, backend: Backend = "auto"
+    ) -> None:
+        """Copy a chunk's KV to rows ``start..`` re-rotating its keys from where they were stored.
+
+        Args:
+            start: Target position of the chunk's first token.
+            chunk: Cached KV; its keys carry RoPE of ``chunk.start_position + i``.
+            inv_freq: [head_dim // 2] RoPE inverse frequencies.
+            backend: Kernel backend for the re-rotation.
+        """
+        end = start + chunk.num_tokens
+        assert end <= self.capacity, f"chunk ends at {end}, capacity {self.capacity}"
+        keys = chunk.k.to(self.k.dtype)
+        shift = start - chunk.start_position
+        if shift != 0:
+            delta = torch.full((chunk.num_tokens,), shift, dtype=torch.int64, device=keys.device)
+            keys = rope_delta(keys, delta, inv_freq, backend=backend)
+        self.k[:, start:end] = keys
+        self.v[:, start:end] = chunk.v.to(self.v.dtype)
+
+    def segment(self, start: int, end: int) -> ChunkKV:
+        """A copy of rows ``start..end`` as a cacheable chunk entry."""
+        assert 0 <= start < end <= self.length, f"rows [{start}, {end}) of {self.length}"
+        return ChunkKV(self.k[:, start:end].clone(), self.v[:, start:end].clone(), start)

@@ -1,0 +1,142 @@
+"""A decoder-only transformer assembled from per-layer pieces, loaded from HF weights.
+
+Llama, Mistral, Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm) share this layout. The
+engine's runner drives the layers one by one through :class:`DecoderLayer.project_qkv` and
+:class:`DecoderLayer.finish`, so attention (full, selective or decode) stays in the runner.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from adarag.engine.spec import ModelSpec
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in float32 as transformers does."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., size]."""
+        input_dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(input_dtype)
+
+
+class SelfAttention(nn.Module):
+    """Attention projections (q, k and v fused in one matmul); attention runs in the runner."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        q_size = spec.num_heads * spec.head_dim
+        kv_size = spec.num_kv_heads * spec.head_dim
+        self.qkv_proj = nn.Linear(spec.hidden_size, q_size + 2 * kv_size, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(q_size, spec.hidden_size, bias=False)
+        self.split_sizes = (q_size, kv_size, kv_size)
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.num_heads = spec.num_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU feed-forward, gate and up fused in one matmul: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [num_tokens, hidden_size]."""
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """A pre-norm decoder layer split around its attention."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.self_attn = SelfAttention(spec)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = GatedMLP(spec)
+
+    def project_qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values before RoPE.
+
+        Args:
+            hidden: [num_tokens, hidden_size], the layer's input (residual stream).
+
+        Returns:
+            q [num_tokens, num_heads, head_dim], k and v [num_tokens, num_kv_heads, head_dim].
+        """
+        attn = self.self_attn
+        x = self.input_layernorm(hidden)
+        num_tokens = x.shape[0]
+        q, k, v = attn.qkv_proj(x).split(attn.split_sizes, dim=-1)
+        q = q.reshape(num_tokens, attn.num_heads, attn.head_dim)
+        k = k.reshape(num_tokens, attn.num_kv_heads, attn.head_dim)
+        v = v.reshape(num_tokens, attn.num_kv_heads, attn.head_dim)
+        if attn.q_norm is not None and attn.k_norm is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return q, k, v
+
+    def finish(self, hidden: torch.Tensor, attn_output: torch.Tensor) -> torch.Tensor:
+        """Output projection, residual, MLP and residual.
+
+        Args:
+            hidden: [num_tokens, hidden_size], the layer's input.
+            attn_output: [num_tokens, num_heads, head_dim].
+
+        Returns:
+            The layer's output [num_tokens, hidden_size].
+        """
+        hidden = hidden + self.self_attn.o_proj(attn_output.flatten(1))
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderModel(nn.Module):
+    """Embedding, decoder layers, final norm and LM head."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids [num_tokens] -> hidden [num_tokens, hidden_size]."""
+        return self.embed_tokens(token_ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden [num_tokens, hidden_size] (residual stream) -> float32 [num_tokens, vocab]."""
+        return self.lm_head(self.norm(hidden)).float()
+
+    @property
+    def decoder_layers(self) -> nn.ModuleList:
+        """The layers, bottom first."""
+        return self.layers
+
+    @property
+    def final_norm_weight(self) -> torch.Tensor:
+        """[hidden_size] weight of the final RMSNorm."""
+        return self.norm.weight
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """[vocab, hidden_size] weight of the LM head."""
+        return self.lm_head.weight

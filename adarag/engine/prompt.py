@@ -1,0 +1,90 @@
+"""Prompt assembly from token segments, with the model's chat template around them.
+
+The chat template is rendered once with a marker where the chunks go; the text before the marker
+is the system prefix, the text after it (with the question) is the query suffix. Each chunk is
+tokenized on its own with a fixed separator, so its ids -- and its cache key -- never depend on
+its neighbours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from adarag.config import PromptConfig
+from adarag.errors import InputError, MissingDependencyError
+from adarag.schema import PromptLayout
+
+_CHUNKS_MARKER = "\x00ADARAG_CHUNKS\x00"
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The Hugging Face fast tokenizer saved in a checkpoint directory."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise MissingDependencyError("transformers", "all") from err
+    return AutoTokenizer.from_pretrained(path)
+
+
+class PromptBuilder:
+    """Turns a question and chunk texts into a :class:`PromptLayout`."""
+
+    def __init__(self, tokenizer: Any, config: PromptConfig) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+
+    @cached_property
+    def _template_halves(self) -> tuple[str, str]:
+        """(text before the chunks, text after the question) of the rendered chat template."""
+        user_content = self.config.context_intro + _CHUNKS_MARKER
+        if getattr(self.tokenizer, "chat_template", None):
+            messages = [
+                {"role": "system", "content": self.config.system_prompt},
+                {"role": "user", "content": user_content + "\x01"},
+            ]
+            rendered = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        else:
+            rendered = f"{self.config.system_prompt}\n\n{user_content}\x01\nAnswer:"
+        head, tail = rendered.split(_CHUNKS_MARKER)
+        return head, tail.split("\x01", 1)[1]
+
+    @cached_property
+    def system_ids(self) -> tuple[int, ...]:
+        """Token ids of the system prefix (template head, system prompt, context intro)."""
+        return self._encode(self._template_halves[0])
+
+    def chunk_ids(self, text: str) -> tuple[int, ...]:
+        """Token ids of one chunk with its separator, tokenized alone."""
+        return self._encode(text + self.config.chunk_separator)
+
+    def query_ids(self, question: str) -> tuple[int, ...]:
+        """Token ids of the question and the template tail (assistant turn start)."""
+        text = self.config.question_template.format(question=question)
+        return self._encode(text + self._template_halves[1])
+
+    def layout(self, question: str, chunks: Sequence[str]) -> PromptLayout:
+        """Lay out a RAG prompt.
+
+        Raises:
+            InputError: The question is empty, there are no chunks, or a chunk is empty.
+        """
+        if not question.strip():
+            raise InputError("the question is empty; pass a non-empty question")
+        if not chunks:
+            raise InputError("no chunks given; pass at least one chunk of context")
+        for idx, text in enumerate(chunks):
+            if not text.strip():
+                raise InputError(f"chunk {idx} is empty; drop it or pass its text")
+        return PromptLayout(
+            self.system_ids,
+            tuple(self.chunk_ids(text) for text in chunks),
+            self.query_ids(question),
+        )
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,32 @@
+"""Next-token choice: greedy, or temperature with nucleus (top-p) sampling."""
+
+from __future__ import annotations
+
+import torch
+
+from adarag.schema import GenerationParams
+
+
+def make_generator(params: GenerationParams) -> torch.Generator | None:
+    """A seeded torch generator for sampling, or None for greedy or unseeded runs."""
+    if params.temperature == 0.0 or params.seed is None:
+        return None
+    generator = torch.Generator()
+    generator.manual_seed(params.seed)
+    return generator
+
+
+def sample_token(
+    logits: torch.Tensor, params: GenerationParams, generator: torch.Generator | None
+) -> int:
+    """Pick the next token from ``logits [vocab]``."""
+    if params.temperature == 0.0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float().cpu() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p
+        sorted_probs[outside] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))

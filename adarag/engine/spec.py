@@ -1,0 +1,159 @@
+"""The architecture facts of a supported model family, read from a Hugging Face config."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adarag.errors import ModelLoadError
+
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+"""HF ``model_type`` values the engine runs: pre-norm decoders with RoPE, GQA and SwiGLU."""
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary embedding parameters (no attention scaling: delta rotations stay exact)."""
+
+    theta: float
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes and per-family switches of a decoder-only model."""
+
+    family: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope: RopeSpec
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> ModelSpec:
+        """Build a spec from the parsed ``config.json`` of a checkpoint.
+
+        Raises:
+            ModelLoadError: The family, RoPE variant or attention layout is not supported.
+        """
+        family = config.get("model_type")
+        if family not in SUPPORTED_FAMILIES:
+            raise ModelLoadError(
+                f"model family {family!r} is not supported; supported families: "
+                f"{', '.join(SUPPORTED_FAMILIES)}"
+            )
+        window = config.get("sliding_window")
+        use_window = config.get("use_sliding_window", family == "mistral")
+        max_positions = int(config.get("max_position_embeddings", 4096))
+        if window is not None and use_window and int(window) < max_positions:
+            raise ModelLoadError(
+                f"sliding-window attention (window {window}) is not supported; use a checkpoint "
+                "with full attention"
+            )
+        hidden_size = int(config["hidden_size"])
+        num_heads = int(config["num_attention_heads"])
+        eos = config.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        return cls(
+            family=family,
+            num_layers=int(config["num_hidden_layers"]),
+            hidden_size=hidden_size,
+            num_heads=num_heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+            head_dim=int(config.get("head_dim") or hidden_size // num_heads),
+            intermediate_size=int(config["intermediate_size"]),
+            vocab_size=int(config["vocab_size"]),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope=_rope_spec(config),
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            eos_token_ids=eos_ids,
+        )
+
+    @classmethod
+    def from_checkpoint(cls, path: Path) -> ModelSpec:
+        """Read ``config.json`` of a checkpoint directory."""
+        return cls.from_hf_config(read_hf_config(path))
+
+
+def read_hf_config(path: Path) -> dict[str, Any]:
+    """Parse ``path/config.json``.
+
+    Raises:
+        ModelLoadError: The directory holds no readable ``config.json``.
+    """
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(
+            f"{path} is not a Hugging Face checkpoint directory: it has no config.json"
+        )
+    try:
+        return dict(json.loads(config_file.read_text()))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"cannot read {config_file}: {err}") from err
+
+
+def model_fingerprint(path: Path) -> str:
+    """A short digest that tells two checkpoints apart without hashing every weight byte.
+
+    It covers ``config.json`` and, for each safetensors file, its size, its header (tensor names,
+    shapes, offsets) and 64 evenly spaced 4 KiB samples of its data.
+    """
+    digest = hashlib.sha256((path / "config.json").read_bytes())
+    for weights in sorted(path.glob("*.safetensors")):
+        size = weights.stat().st_size
+        digest.update(f"{weights.name}:{size}".encode())
+        with weights.open("rb") as handle:
+            header_len = int.from_bytes(handle.read(8), "little")
+            digest.update(handle.read(min(header_len, 1 << 24)))
+            for sample_idx in range(64):
+                handle.seek(size * sample_idx // 64)
+                digest.update(handle.read(4096))
+    return digest.hexdigest()[:16]
+
+
+def _rope_spec(config: dict[str, Any]) -> RopeSpec:
+    # transformers >= 5 writes `rope_parameters`; older checkpoints `rope_theta` + `rope_scaling`.
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    rope_type = str(params.get("rope_type", params.get("type", "default")))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(
+            f"RoPE type {rope_type!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    if float(config.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ModelLoadError("partial rotary embeddings are not supported")
+    return RopeSpec(
+        theta=theta,
+        rope_type=rope_type,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(
+            params.get(
+                "original_max_position_embeddings", config.get("max_position_embeddings", 8192)
+            )
+        ),
+    )

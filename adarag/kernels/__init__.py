@@ -1,0 +1,18 @@
+"""Public kernel dispatchers: Triton on CUDA, pure-torch twins on the CPU."""
+
+from __future__ import annotations
+
+from adarag.kernels._dispatch import Backend
+from adarag.kernels.kv_scatter import kv_scatter
+from adarag.kernels.logit_lens import logit_lens
+from adarag.kernels.rope_delta import rope_delta
+from adarag.kernels.selective_attention import segment_attention_mass, selective_attention
+
+__all__ = [
+    "Backend",
+    "kv_scatter",
+    "logit_lens",
+    "rope_delta",
+    "segment_attention_mass",
+    "selective_attention",
+]

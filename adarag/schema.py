@@ -1,0 +1,150 @@
+"""Shared value types: chunks, prompt layouts, generation parameters and traces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Tier = Literal["hard", "soft", "independent", "miss"]
+"""Where a chunk's KV came from: exact prefix, same effective prefix, alone, or nowhere."""
+
+StopReason = Literal["confident", "exhausted", "static"]
+"""Why augmentation stopped: confidence passed τ, all k chunks used, or augmentation was off."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of retrieved text.
+
+    Attributes:
+        text: The chunk's text as it goes into the prompt.
+        chunk_id: Stable identifier from the knowledge base, when there is one.
+        score: Retrieval similarity, higher is better, when known.
+        metadata: Free-form source information (file, title, offsets).
+    """
+
+    text: str
+    chunk_id: str | None = None
+    score: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """A prompt as token segments: ``[system prefix][chunk 1]...[chunk k][query suffix]``.
+
+    Each segment is tokenized on its own, so a chunk's ids never depend on its neighbours.
+    """
+
+    system_ids: tuple[int, ...]
+    chunk_ids: tuple[tuple[int, ...], ...]
+    query_ids: tuple[int, ...]
+
+    @property
+    def segments(self) -> tuple[tuple[int, ...], ...]:
+        """All segments in prompt order."""
+        return (self.system_ids, *self.chunk_ids, self.query_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The concatenated prompt."""
+        return [token for segment in self.segments for token in segment]
+
+    @property
+    def cu_segments(self) -> list[int]:
+        """Cumulative segment offsets, length ``num_segments + 1``."""
+        offsets = [0]
+        for segment in self.segments:
+            offsets.append(offsets[-1] + len(segment))
+        return offsets
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt length in tokens."""
+        return self.cu_segments[-1]
+
+    def with_chunks(self, num_chunks: int) -> PromptLayout:
+        """The same prompt keeping only the first ``num_chunks`` chunks."""
+        return PromptLayout(self.system_ids, self.chunk_ids[:num_chunks], self.query_ids)
+
+
+class GenerationParams(BaseModel):
+    """Per-request decoding options."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_new_tokens: int = Field(default=64, ge=1, le=8192, description="Tokens to generate.")
+    temperature: float = Field(default=0.0, ge=0.0, le=10.0, description="0 means greedy.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    stop: tuple[str, ...] = Field(default=(), description="Strings that end the answer.")
+    seed: int | None = Field(default=None, description="Sampling seed; None is nondeterministic.")
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """One step of adaptive context augmentation (or the single step of a static prompt).
+
+    Attributes:
+        num_chunks: Chunks in the prompt at this step.
+        confidence: Combined confidence in [0, 1], or None when it was not computed.
+        kl_score: Normalised mean KL part of the uncertainty, in [0, 1].
+        entropy_score: Normalised entropy part of the uncertainty, in [0, 1].
+        num_processed_tokens: Prompt tokens run through at least one layer at this step.
+        num_recomputed_tokens: Prompt tokens recomputed through every layer at this step.
+        tiers: Tier of each chunk in the prompt at this step.
+        prefill_s: Wall time of this step's prefill.
+        confidence_s: Wall time of this step's confidence check.
+    """
+
+    num_chunks: int
+    confidence: float | None
+    kl_score: float | None
+    entropy_score: float | None
+    num_processed_tokens: int
+    num_recomputed_tokens: int
+    tiers: tuple[Tier, ...]
+    prefill_s: float
+    confidence_s: float
+
+
+@dataclass(frozen=True)
+class QueryTrace:
+    """What happened while answering one question."""
+
+    steps: tuple[StepTrace, ...]
+    stop_reason: StopReason
+    ttft_s: float
+    num_prompt_tokens: int
+
+    @property
+    def num_chunks_used(self) -> int:
+        """Chunks in the prompt the answer was decoded from."""
+        return self.steps[-1].num_chunks if self.steps else 0
+
+    @property
+    def num_processed_tokens(self) -> int:
+        """Prompt tokens processed over all steps."""
+        return sum(step.num_processed_tokens for step in self.steps)
+
+    @property
+    def num_recomputed_tokens(self) -> int:
+        """Prompt tokens recomputed over all steps."""
+        return sum(step.num_recomputed_tokens for step in self.steps)
+
+    @property
+    def recomputed_ratio(self) -> float:
+        """Recomputed tokens over the final prompt's tokens."""
+        return self.num_recomputed_tokens / max(self.num_prompt_tokens, 1)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An answer with the chunks it was conditioned on and its trace."""
+
+    text: str
+    chunks: tuple[Chunk, ...]
+    trace: QueryTrace
+    num_completion_tokens: int
+    num_cached_tokens: int

@@ -1,0 +1,68 @@
+"""Shared pieces of the benchmark scripts: data, timing, machine description, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA_DIR = REPO.parent / "shared" / "data"
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def load_jsonl(name: str, data_dir: Path | None = None, limit: int | None = None) -> list[dict]:
+    """Rows of ``<data_dir>/<name>`` (default ``../shared/data``)."""
+    path = (data_dir or DEFAULT_DATA_DIR) / name
+    if not path.is_file():
+        raise SystemExit(f"data file {path} not found; pass --data-dir")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows[:limit] if limit else rows
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Wall seconds of one call and its result."""
+    started = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - started, result
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Mean, p50 and p95 of a list of seconds."""
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"mean": statistics.fmean(values), "p50": statistics.median(values), "p95": p95}
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def write_results(name: str, payload: dict[str, Any], table: str) -> None:
+    """Write ``results/<name>.json`` and ``results/<name>.md``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(table + "\n")

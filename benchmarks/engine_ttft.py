@@ -1,0 +1,93 @@
+"""TTFT of adarag's engine: full prefill vs HF transformers, and fused prefill at several ratios.
+
+On musique passages (6 per question, ~3.7K tokens), with the real model. Each chunk's independent
+KV is precomputed (untimed, as the ingest path does); the system prefix KV is an exact hit. All
+variants of one question run back to back, interleaved, so machine noise hits them alike.
+
+    python benchmarks/engine_ttft.py --questions 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+from common import load_jsonl, machine, summary, timed, write_results
+from transformers import AutoModelForCausalLM
+
+from adarag.config import AdaRagConfig
+from adarag.engine.batch import SegmentSource
+from adarag.engine.generator import TorchGenerator
+from adarag.schema import PromptLayout
+
+RATIOS = (0.0, 0.05, 0.15, 0.3, 1.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--questions", type=int, default=5)
+    parser.add_argument("--passages", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per variant")
+    parser.add_argument("--data-dir", type=Path)
+    args = parser.parse_args()
+
+    generator = TorchGenerator(AdaRagConfig())
+    hf_model = AutoModelForCausalLM.from_pretrained(generator.checkpoint, dtype=torch.float32)
+    hf_model.eval()
+    rows = load_jsonl("musique_dev.jsonl", args.data_dir, args.questions)
+    times: dict[str, list[float]] = {"hf": [], "full": [], **{f"fused@{r}": [] for r in RATIOS}}
+    num_tokens = []
+    for row in rows:
+        passages = [p["text"] for p in row["passages"][: args.passages]]
+        layout = generator.layout(row["question"], passages)
+        num_tokens.append(layout.num_tokens)
+        system = generator.prefill(PromptLayout((), (), layout.system_ids))
+        system_kv = system.kv.segment(0, len(layout.system_ids))
+        chunk_kvs = [generator.compute_chunk(ids, system_kv) for ids in layout.chunk_ids]
+        token_ids = torch.tensor([layout.token_ids])
+        variants = {
+            "hf": lambda token_ids=token_ids: hf_model(token_ids).logits[0, -1].argmax(),
+            "full": lambda layout=layout: generator.prefill(layout).logits.argmax(),
+        }
+        for ratio in RATIOS:
+            sources = [SegmentSource(system_kv), *(SegmentSource(kv, ratio) for kv in chunk_kvs)]
+            sources.append(SegmentSource())
+            variants[f"fused@{ratio}"] = lambda layout=layout, sources=sources: generator.prefill(
+                layout, sources
+            ).logits.argmax()
+        with torch.inference_mode():
+            variants["full"]()  # warm-up
+            for _ in range(args.repeats):
+                for name, run in variants.items():
+                    times[name].append(timed(run)[0])
+        recent_full = statistics.median(times["full"][-args.repeats :])
+        print(f"{row['id']}: {layout.num_tokens} tokens, full {recent_full:.2f} s")
+
+    stats = {name: summary(values) for name, values in times.items()}
+    full_mean = stats["full"]["mean"]
+    lines = [
+        f"Engine TTFT, {len(rows)} musique questions x {args.passages} passages "
+        f"(mean {statistics.fmean(num_tokens):.0f} tokens), {args.repeats} interleaved runs each.",
+        f"Machine: {machine()['cpu']}, {machine()['cores']} cores, torch {torch.__version__}.",
+        "",
+        "| variant | mean TTFT (s) | p50 (s) | p95 (s) | speed-up vs our full prefill |",
+        "|---|---|---|---|---|",
+    ]
+    for name, stat in stats.items():
+        lines.append(
+            f"| {name} | {stat['mean']:.2f} | {stat['p50']:.2f} | {stat['p95']:.2f} | "
+            f"{full_mean / stat['mean']:.2f}x |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    write_results(
+        "engine_ttft",
+        {"machine": machine(), "num_tokens": num_tokens, "times": times, "stats": stats},
+        table,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Shared fixtures: seeding, tiny random-weight checkpoints, the real model's config."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from adarag.config import AdaRagConfig
+from tests.tiny_models import TINY_FAMILIES, build_tiny_checkpoint
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One saved HF checkpoint per tiny family (with a tiny tokenizer and chat template)."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {name: build_tiny_checkpoint(name, root / name) for name in TINY_FAMILIES}
+
+
+@pytest.fixture()
+def tiny_config(tmp_path: Path):
+    """Config factory for a tiny checkpoint, with its own home directory."""
+
+    def make(checkpoint: Path, **overrides: object) -> AdaRagConfig:
+        engine = {"model": str(checkpoint), **overrides.pop("engine", {})}  # type: ignore[dict-item]
+        return AdaRagConfig.build(home=tmp_path / "home", engine=engine, **overrides)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def real_config(tmp_path_factory: pytest.TempPathFactory) -> AdaRagConfig:
+    """Config of the real default model (SmolLM2-135M-Instruct), provisioned by `make install`.
+
+    In CI a missing model fails; elsewhere the test is skipped.
+    """
+    from adarag.engine.loader import DEFAULT_MODEL_NAME
+
+    config = AdaRagConfig.build(home=tmp_path_factory.mktemp("real-home"))
+    shared_home = AdaRagConfig().home
+    model_dir = shared_home / "models" / DEFAULT_MODEL_NAME
+    if not (model_dir / "model.safetensors").is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"the real model is missing at {model_dir}; run `make install`")
+        pytest.skip(f"real model not provisioned at {model_dir}")
+    return AdaRagConfig.build(config, engine={"model": str(model_dir)})
