@@ -10,8 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 Tier = Literal["hard", "soft", "independent", "miss"]
 """Where a chunk's KV came from: exact prefix, same effective prefix, alone, or nowhere."""
 
-StopReason = Literal["confident", "exhausted", "static"]
-"""Why augmentation stopped: confidence passed τ, all k chunks used, or augmentation was off."""
+StopReason = Literal["confident", "exhausted", "static", "no_context"]
+"""Why augmentation stopped: confidence passed τ, all k chunks used, augmentation was off, or
+retrieval found nothing."""
 
 
 @dataclass(frozen=True)
@@ -111,12 +112,21 @@ class StepTrace:
 
 @dataclass(frozen=True)
 class QueryTrace:
-    """What happened while answering one question."""
+    """What happened while answering one question.
+
+    Attributes:
+        steps: One entry per augmentation step (one for a static prompt).
+        stop_reason: Why augmentation stopped.
+        ttft_s: Seconds from the request to the first token (retrieval included).
+        num_prompt_tokens: Tokens of the prompt the answer was decoded from.
+        retrieval_s: Seconds spent retrieving.
+    """
 
     steps: tuple[StepTrace, ...]
     stop_reason: StopReason
     ttft_s: float
     num_prompt_tokens: int
+    retrieval_s: float = 0.0
 
     @property
     def num_chunks_used(self) -> int:
