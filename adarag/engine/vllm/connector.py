@@ -1,0 +1,141 @@
+"""adarag's out-of-tree vLLM KV connector: hands a prompt's fused KV to vLLM as computed tokens.
+
+vLLM builds two instances of the class named in ``KVTransferConfig(kv_connector="AdaRagConnector",
+kv_connector_module_path="adarag.engine.vllm.connector", kv_role="kv_both")``:
+
+- the **scheduler** one answers :meth:`get_num_new_matched_tokens` from the request's
+  ``kv_transfer_params`` (every prompt token but the last), records the load once vLLM allocated
+  blocks, and turns it into slot mappings in :meth:`build_connector_meta`
+  (:class:`~adarag.engine.vllm.scheduling.ConnectorScheduler`);
+- the **worker** one, bound to the generator's :class:`KVHandoff` after start-up, writes the
+  fused rows into every layer's paged blocks in :meth:`start_load_kv`, before vLLM's forward of
+  the remaining prompt token. Loads are synchronous; there is nothing to save.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from adarag.engine.vllm.handoff import KVHandoff
+from adarag.engine.vllm.kv_writer import attention_layers, write_rows
+from adarag.engine.vllm.scheduling import ConnectorScheduler, KVLoad
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AdaRagConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler side tells the worker side for one step: the loads to perform."""
+
+    loads: list[KVLoad] = field(default_factory=list)
+
+
+class AdaRagConnector(KVConnectorBase_V1):
+    """Supplies adarag's fused context KV to vLLM (see the module docstring)."""
+
+    _cache_hit_source = CacheHitSource.HOST  # fused KV waits in host memory
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._block_size = vllm_config.cache_config.block_size
+        self._scheduler = ConnectorScheduler(self._block_size)
+        self._handoff: KVHandoff | None = None
+        self._failed_block_ids: set[int] = set()
+
+    # --- worker side
+
+    def bind_handoff(self, handoff: KVHandoff) -> None:
+        """Attach the generator's handoff, where fused KV waits under its handoff id."""
+        assert self.role == KVConnectorRole.WORKER, "only the worker side writes KV"
+        self._handoff = handoff
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        """Write this step's fused rows into vLLM's paged cache (before the forward)."""
+        metadata = self._get_connector_metadata()
+        assert isinstance(metadata, AdaRagConnectorMetadata)
+        if not metadata.loads:
+            return
+        assert self._handoff is not None, "the generator did not bind its KV handoff"
+        layers = attention_layers(forward_context.no_compile_layers)
+        for load in metadata.loads:
+            context = self._handoff.get(load.handoff_id)
+            if context is None:
+                # The request was dropped meanwhile: vLLM recomputes the blocks it cannot load.
+                logger.warning("no fused KV for request %s; vLLM recomputes it", load.request_id)
+                self._failed_block_ids.update(s // self._block_size for s in load.slot_mapping)
+                continue
+            device = next(iter(layers.values())).kv_cache.device
+            slots = torch.tensor(load.slot_mapping, dtype=torch.int64, device=device)
+            write_rows(layers, context, load.start, load.end, slots)
+            self._handoff.record_written(load.handoff_id, load.end - load.start)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Loads finish inside :meth:`start_load_kv`; nothing to wait for."""
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        """Nothing to save: adarag stores chunk KV from its own prefill."""
+
+    def wait_for_save(self) -> None:
+        """Nothing is saved."""
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Blocks of requests whose fused KV was gone (reported once)."""
+        failed, self._failed_block_ids = self._failed_block_ids, set()
+        return failed
+
+    # --- scheduler side
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """Context tokens adarag supplies beyond vLLM's own hit; loaded synchronously."""
+        num_tokens = self._scheduler.num_new_matched_tokens(
+            request.kv_transfer_params, request.num_prompt_tokens, num_computed_tokens
+        )
+        return num_tokens, False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        """Remember the load of a request vLLM just allocated blocks for."""
+        self._scheduler.on_allocated(
+            request.request_id, request.kv_transfer_params, num_external_tokens
+        )
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """The loads of requests scheduled this step, as slot mappings."""
+        return AdaRagConnectorMetadata(self._scheduler.take_loads(scheduler_output))
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Free the blocks now; nothing is sent anywhere."""
+        self._scheduler.forget(request.request_id)
+        return False, None

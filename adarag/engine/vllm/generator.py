@@ -1,0 +1,231 @@
+"""The vLLM-backed generator: adarag fuses the context KV, vLLM decodes, samples and streams.
+
+:meth:`VLLMGenerator.prefill` runs adarag's fusion loop over the layers of the model vLLM
+loaded (through :class:`~adarag.engine.vllm.adapter.VLLMDecoderAdapter`, no second copy of the
+weights), so the pipeline gets logits and logit-lens signals as from the torch engine.
+:meth:`VLLMGenerator.decode_tokens` hands the fused KV of every prompt token but the last to
+vLLM's worker through adarag's connector and submits the prompt; vLLM treats those tokens as
+computed, computes the last one, then decodes and samples with its own scheduler, paged memory
+and batching.
+
+Prefix caching: a connector-fed request carries a cache salt of its own, so vLLM hashes the
+blocks holding fused (approximate) KV apart from every other prompt's: a plain request with the
+same tokens never reuses them, and a fused request never reuses blocks computed for another.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any
+
+import torch
+from vllm import SamplingParams
+from vllm.sampling_params import RequestOutputKind
+
+from adarag.config import AdaRagConfig
+from adarag.engine.batch import PrefillOutput
+from adarag.engine.generator_base import FusionGenerator
+from adarag.engine.loader import resolve_checkpoint
+from adarag.engine.prompt import load_tokenizer
+from adarag.engine.spec import ModelSpec, model_fingerprint, read_hf_config
+from adarag.engine.vllm.adapter import VLLMDecoderAdapter
+from adarag.engine.vllm.connector import AdaRagConnector
+from adarag.engine.vllm.engine import EngineDriver, RequestProgress, build_engine
+from adarag.engine.vllm.handoff import FusedContext, HandoffRequest, KVHandoff
+from adarag.errors import ConfigError, InputError
+from adarag.schema import GenerationParams, PromptLayout
+
+logger = logging.getLogger(__name__)
+
+
+class VLLMTokenStream(Iterator[int]):
+    """Generated token ids of one vLLM request, and what was reported about its prompt.
+
+    Iterating steps the engine; closing it (or dropping it) aborts an unfinished request.
+    """
+
+    def __init__(self, tokens: Generator[int, None, None], progress: RequestProgress) -> None:
+        self._tokens = tokens
+        self._progress = progress
+
+    def __next__(self) -> int:
+        return next(self._tokens)
+
+    def close(self) -> None:
+        """Stop early: abort the request in vLLM and release its fused KV."""
+        self._tokens.close()
+
+    @property
+    def num_cached_tokens(self) -> int | None:
+        """Prompt tokens vLLM did not compute (its prefix-cache hit plus the connector's)."""
+        return self._progress.num_cached_tokens
+
+    @property
+    def num_connector_tokens(self) -> int:
+        """Prompt tokens whose KV adarag's connector wrote into vLLM's cache."""
+        return self._progress.num_connector_tokens
+
+
+class VLLMGenerator(FusionGenerator):
+    """A generator backed by an in-process vLLM engine (``EngineConfig.backend == "vllm"``).
+
+    Example:
+        >>> generator = VLLMGenerator(AdaRagConfig.build(engine={"backend": "vllm"}))
+        >>> layout = generator.layout("Who wrote Hamlet?", ["Hamlet is a play by Shakespeare."])
+        >>> output = generator.prefill(layout, max_new_tokens=16)
+        >>> "".join(generator.stream(layout, output, GenerationParams(max_new_tokens=16)))
+
+    Args:
+        config: The configuration; ``config.engine`` sizes and configures vLLM.
+
+    Raises:
+        ModelLoadError: The checkpoint is missing or of a family the vLLM adapter does not
+            support (checked before vLLM starts).
+        ConfigError: ``engine.device`` is not where vLLM placed the model.
+    """
+
+    model: VLLMDecoderAdapter
+
+    def __init__(self, config: AdaRagConfig) -> None:
+        engine_config = config.engine
+        checkpoint = resolve_checkpoint(engine_config.model, config.home)
+        spec = ModelSpec.from_hf_config(read_hf_config(checkpoint))
+        if engine_config.num_threads is not None:
+            # Before vLLM starts: its CPU worker then disables torch.set_num_threads.
+            torch.set_num_threads(engine_config.num_threads)
+        started = time.perf_counter()
+        max_model_len = engine_config.max_context_tokens or spec.max_position_embeddings
+        engine = build_engine(checkpoint, engine_config, max_model_len)
+        self.startup_s = time.perf_counter() - started
+        self.driver = EngineDriver(engine)
+        self.handoff = KVHandoff()
+        engine.collective_rpc(_bind_handoff, args=(self.handoff,))
+        vllm_model = engine.collective_rpc(_loaded_model)[0]
+        model = VLLMDecoderAdapter(vllm_model, spec)
+        if model.device != torch.device(engine_config.device):
+            raise ConfigError(
+                f"vLLM placed the model on {model.device}, but engine.device is "
+                f"{engine_config.device!r}; set engine.device to {str(model.device)!r}"
+            )
+        super().__init__(
+            config,
+            checkpoint,
+            spec,
+            model_fingerprint(checkpoint),
+            model,
+            load_tokenizer(checkpoint),
+        )
+        logger.info(
+            "vLLM engine for %s (%s, %d layers) started in %.1f s",
+            checkpoint.name,
+            spec.family,
+            spec.num_layers,
+            self.startup_s,
+        )
+
+    def decode_tokens(
+        self, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
+    ) -> VLLMTokenStream:
+        """Generated token ids from vLLM, fed the fused KV of all prompt tokens but the last.
+
+        Args:
+            layout: The prompt the prefill computed.
+            output: The prefill; rows ``0..n-2`` of ``output.kv`` go to vLLM as computed.
+            params: Decoding options (vLLM samples).
+        """
+        num_context = layout.num_tokens - 1
+        assert output.kv.length >= num_context, f"prefill has {output.kv.length} rows"
+        handoff_id = uuid.uuid4().hex
+        context = FusedContext(output.kv.k[:, :num_context], output.kv.v[:, :num_context])
+        self.handoff.put(handoff_id, context)
+        sampling = self._sampling(params, HandoffRequest(handoff_id, num_context).to_params())
+        return self._submit(
+            layout.token_ids, sampling, cache_salt=handoff_id, handoff_id=handoff_id
+        )
+
+    def generate(
+        self, token_ids: Sequence[int], params: GenerationParams, cache_salt: str | None = None
+    ) -> VLLMTokenStream:
+        """Plain vLLM generation: vLLM computes the whole prompt (or reuses its prefix cache).
+
+        Args:
+            token_ids: The prompt.
+            params: Decoding options.
+            cache_salt: Keeps the request's prefix-cache blocks apart from other salts'.
+
+        Raises:
+            InputError: The prompt is empty.
+        """
+        if not token_ids:
+            raise InputError("the prompt is empty; pass at least one token id")
+        return self._submit(token_ids, self._sampling(params, None), cache_salt, handoff_id=None)
+
+    def close(self) -> None:
+        """Shut vLLM down; the generator is unusable afterwards."""
+        self.driver.shutdown()
+
+    def _decode_rows(self, max_new_tokens: int) -> int:
+        return 0  # vLLM decodes into its own paged blocks
+
+    def _sampling(
+        self, params: GenerationParams, kv_transfer_params: dict[str, Any] | None
+    ) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            stop_token_ids=sorted(self.eos_token_ids),
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args=None
+            if kv_transfer_params is None
+            else {"kv_transfer_params": kv_transfer_params},
+        )
+
+    def _submit(
+        self,
+        token_ids: Sequence[int],
+        sampling: SamplingParams,
+        cache_salt: str | None,
+        handoff_id: str | None,
+    ) -> VLLMTokenStream:
+        request_id, progress = self.driver.submit(token_ids, sampling, cache_salt)
+        return VLLMTokenStream(self._tokens(request_id, progress, handoff_id), progress)
+
+    def _tokens(
+        self, request_id: str, progress: RequestProgress, handoff_id: str | None
+    ) -> Generator[int, None, None]:
+        try:
+            while True:
+                self.driver.wait(request_id)
+                if handoff_id is not None:
+                    progress.num_connector_tokens = self.handoff.num_written(handoff_id)
+                while progress.tokens:
+                    token = progress.tokens.popleft()
+                    if token in self.eos_token_ids:
+                        return
+                    yield token
+                if progress.finished:
+                    return
+        finally:
+            self.driver.release(request_id)
+            if handoff_id is not None:
+                self.handoff.drop(handoff_id)
+
+
+def _bind_handoff(worker: object, handoff: KVHandoff) -> None:
+    """Runs in vLLM's worker: attach the generator's handoff to the worker-side connector."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    connector = get_kv_transfer_group()
+    assert isinstance(connector, AdaRagConnector), f"vLLM runs {type(connector).__name__}"
+    connector.bind_handoff(handoff)
+
+
+def _loaded_model(worker: object) -> torch.nn.Module:
+    """Runs in vLLM's worker: the model it loaded."""
+    return worker.model_runner.get_model()  # type: ignore[attr-defined]
