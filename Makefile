@@ -41,6 +41,7 @@ lint: install
 
 bench: install
 	$(BIN)/python benchmarks/engine_ttft.py
+	$(BIN)/python benchmarks/vllm_ttft.py
 
 clean:
 	rm -rf $(VENV)

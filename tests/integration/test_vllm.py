@@ -39,9 +39,13 @@ def vllm_generator(real_config):
     from adarag.engine.vllm import VLLMGenerator
 
     engine = {"backend": "vllm", "vllm_kv_cache_bytes": 1 << 30, "num_threads": NUM_THREADS}
+    # vLLM's CPU worker replaces torch.set_num_threads in this process; later tests get it back.
+    set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
     generator = VLLMGenerator(AdaRagConfig.build(real_config, engine=engine))
     yield generator
     generator.close()
+    torch.set_num_threads = set_num_threads
+    torch.set_num_threads(num_threads)
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +115,19 @@ def test_ratio_015_over_vllm_layers_matches_the_torch_engine(vllm_generator, lay
     assert kl == pytest.approx(torch_kl, rel=1e-3, abs=1e-5)
     assert entropy == pytest.approx(torch_entropy, rel=1e-3)
     assert list(vllm_generator.decode_tokens(layout, output, GREEDY)) == expected
+
+
+def test_interleaved_streams_each_get_their_own_tokens(
+    vllm_generator, layout, vllm_alone, torch_fused
+):
+    fused_output, fused_expected = torch_fused
+    plain_expected, _ = vllm_alone
+    fused = vllm_generator.decode_tokens(layout, fused_output, GREEDY)
+    plain = vllm_generator.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
+    fused_tokens, plain_tokens = [next(fused)], [next(plain)]  # both in flight, batched by vLLM
+    for tokens, stream in ((fused_tokens, fused), (plain_tokens, plain)):
+        tokens.extend(stream)
+    assert (fused_tokens, plain_tokens) == (fused_expected, plain_expected)
 
 
 def test_prefix_cache_never_serves_fused_blocks_to_plain_requests(

@@ -12,13 +12,13 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm import SamplingParams
 from vllm.config import KVTransferConfig
 from vllm.engine.arg_utils import EngineArgs
+from vllm.inputs.engine import tokens_input
 from vllm.outputs import RequestOutput
 from vllm.v1.engine.llm_engine import LLMEngine
 from vllm.v1.executor.uniproc_executor import UniProcExecutor
@@ -101,18 +101,19 @@ class EngineDriver:
         self._lock = threading.Lock()
 
     def submit(
-        self, token_ids: Sequence[int], sampling: SamplingParams, cache_salt: str | None = None
-    ) -> tuple[str, RequestProgress]:
-        """Add a request for ``token_ids``; returns its id and its progress record."""
-        prompt: dict[str, object] = {"prompt_token_ids": list(token_ids)}
-        if cache_salt is not None:
-            prompt["cache_salt"] = cache_salt
+        self,
+        token_ids: list[int],
+        sampling: SamplingParams,
+        progress: RequestProgress,
+        cache_salt: str | None = None,
+    ) -> str:
+        """Add a request for ``token_ids`` whose outputs go to ``progress``; returns its id."""
+        prompt = tokens_input(token_ids, cache_salt=cache_salt)
         with self._lock:
             request_id = f"adarag-{next(self._request_ids)}"
-            progress = RequestProgress()
+            self.engine.add_request(request_id, prompt, sampling)
             self._progress[request_id] = progress
-            self.engine.add_request(request_id, prompt, sampling)  # type: ignore[arg-type]
-        return request_id, progress
+        return request_id
 
     def wait(self, request_id: str) -> RequestProgress:
         """Step the engine until ``request_id`` has new tokens or is finished."""

@@ -44,7 +44,9 @@ logger = logging.getLogger(__name__)
 class VLLMTokenStream(Iterator[int]):
     """Generated token ids of one vLLM request, and what was reported about its prompt.
 
-    Iterating steps the engine; closing it (or dropping it) aborts an unfinished request.
+    The request is submitted at the first ``next()`` and each ``next()`` steps the engine until
+    a token is ready; closing the stream (or dropping it) aborts an unfinished request and
+    releases its fused KV.
     """
 
     def __init__(self, tokens: Generator[int, None, None], progress: RequestProgress) -> None:
@@ -78,6 +80,10 @@ class VLLMGenerator(FusionGenerator):
         >>> output = generator.prefill(layout, max_new_tokens=16)
         >>> "".join(generator.stream(layout, output, GenerationParams(max_new_tokens=16)))
 
+    vLLM runs in this process (its worker-side connector and model must be reachable), so its
+    CPU worker's process-wide settings apply here too: it binds memory to the NUMA node and
+    replaces ``torch.set_num_threads`` with a no-op; ``engine.num_threads`` is applied before.
+
     Args:
         config: The configuration; ``config.engine`` sizes and configures vLLM.
 
@@ -102,22 +108,20 @@ class VLLMGenerator(FusionGenerator):
         self.startup_s = time.perf_counter() - started
         self.driver = EngineDriver(engine)
         self.handoff = KVHandoff()
-        engine.collective_rpc(_bind_handoff, args=(self.handoff,))
-        vllm_model = engine.collective_rpc(_loaded_model)[0]
-        model = VLLMDecoderAdapter(vllm_model, spec)
-        if model.device != torch.device(engine_config.device):
-            raise ConfigError(
-                f"vLLM placed the model on {model.device}, but engine.device is "
-                f"{engine_config.device!r}; set engine.device to {str(model.device)!r}"
-            )
-        super().__init__(
-            config,
-            checkpoint,
-            spec,
-            model_fingerprint(checkpoint),
-            model,
-            load_tokenizer(checkpoint),
-        )
+        try:
+            engine.collective_rpc(_bind_handoff, args=(self.handoff,))
+            model = VLLMDecoderAdapter(engine.apply_model(_the_model)[0], spec)
+            if model.device != torch.device(engine_config.device):
+                raise ConfigError(
+                    f"vLLM placed the model on {model.device}, but engine.device is "
+                    f"{engine_config.device!r}; set engine.device to {str(model.device)!r}"
+                )
+        except BaseException:
+            self.driver.shutdown()
+            raise
+        fingerprint = model_fingerprint(checkpoint)
+        tokenizer = load_tokenizer(checkpoint)
+        super().__init__(config, checkpoint, spec, fingerprint, model, tokenizer)
         logger.info(
             "vLLM engine for %s (%s, %d layers) started in %.1f s",
             checkpoint.name,
@@ -138,13 +142,11 @@ class VLLMGenerator(FusionGenerator):
         """
         num_context = layout.num_tokens - 1
         assert output.kv.length >= num_context, f"prefill has {output.kv.length} rows"
-        handoff_id = uuid.uuid4().hex
+        handoff = HandoffRequest(uuid.uuid4().hex, num_context)
         context = FusedContext(output.kv.k[:, :num_context], output.kv.v[:, :num_context])
-        self.handoff.put(handoff_id, context)
-        sampling = self._sampling(params, HandoffRequest(handoff_id, num_context).to_params())
-        return self._submit(
-            layout.token_ids, sampling, cache_salt=handoff_id, handoff_id=handoff_id
-        )
+        sampling = self._sampling(params, handoff.to_params())
+        # The salt keeps blocks of fused KV out of every other prompt's prefix-cache lookups.
+        return self._stream(layout.token_ids, sampling, handoff.handoff_id, (handoff, context))
 
     def generate(
         self, token_ids: Sequence[int], params: GenerationParams, cache_salt: str | None = None
@@ -161,7 +163,7 @@ class VLLMGenerator(FusionGenerator):
         """
         if not token_ids:
             raise InputError("the prompt is empty; pass at least one token id")
-        return self._submit(token_ids, self._sampling(params, None), cache_salt, handoff_id=None)
+        return self._stream(token_ids, self._sampling(params, None), cache_salt, None)
 
     def close(self) -> None:
         """Shut vLLM down; the generator is unusable afterwards."""
@@ -186,24 +188,35 @@ class VLLMGenerator(FusionGenerator):
             else {"kv_transfer_params": kv_transfer_params},
         )
 
-    def _submit(
+    def _stream(
         self,
         token_ids: Sequence[int],
         sampling: SamplingParams,
         cache_salt: str | None,
-        handoff_id: str | None,
+        fused: tuple[HandoffRequest, FusedContext] | None,
     ) -> VLLMTokenStream:
-        request_id, progress = self.driver.submit(token_ids, sampling, cache_salt)
-        return VLLMTokenStream(self._tokens(request_id, progress, handoff_id), progress)
+        progress = RequestProgress()
+        tokens = self._tokens(list(token_ids), sampling, cache_salt, fused, progress)
+        return VLLMTokenStream(tokens, progress)
 
     def _tokens(
-        self, request_id: str, progress: RequestProgress, handoff_id: str | None
+        self,
+        token_ids: list[int],
+        sampling: SamplingParams,
+        cache_salt: str | None,
+        fused: tuple[HandoffRequest, FusedContext] | None,
+        progress: RequestProgress,
     ) -> Generator[int, None, None]:
+        """Submit, then yield tokens as vLLM produces them; always release what was taken."""
+        request_id = None
+        if fused is not None:
+            self.handoff.put(fused[0].handoff_id, fused[1])
         try:
+            request_id = self.driver.submit(token_ids, sampling, progress, cache_salt)
             while True:
                 self.driver.wait(request_id)
-                if handoff_id is not None:
-                    progress.num_connector_tokens = self.handoff.num_written(handoff_id)
+                if fused is not None:
+                    progress.num_connector_tokens = self.handoff.num_written(fused[0].handoff_id)
                 while progress.tokens:
                     token = progress.tokens.popleft()
                     if token in self.eos_token_ids:
@@ -212,9 +225,10 @@ class VLLMGenerator(FusionGenerator):
                 if progress.finished:
                     return
         finally:
-            self.driver.release(request_id)
-            if handoff_id is not None:
-                self.handoff.drop(handoff_id)
+            if request_id is not None:
+                self.driver.release(request_id)
+            if fused is not None:
+                self.handoff.drop(fused[0].handoff_id)
 
 
 def _bind_handoff(worker: object, handoff: KVHandoff) -> None:
@@ -226,6 +240,6 @@ def _bind_handoff(worker: object, handoff: KVHandoff) -> None:
     connector.bind_handoff(handoff)
 
 
-def _loaded_model(worker: object) -> torch.nn.Module:
-    """Runs in vLLM's worker: the model it loaded."""
-    return worker.model_runner.get_model()  # type: ignore[attr-defined]
+def _the_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Runs in vLLM's worker (``apply_model``): hands back the model it loaded."""
+    return model
