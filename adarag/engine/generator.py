@@ -12,7 +12,6 @@ from adarag.config import AdaRagConfig
 from adarag.engine.batch import PrefillOutput
 from adarag.engine.generator_base import FusionGenerator
 from adarag.engine.loader import load_model, resolve_checkpoint
-from adarag.engine.model import DecoderModel
 from adarag.engine.prompt import load_tokenizer
 from adarag.engine.sampler import make_generator, sample_token
 from adarag.engine.spec import ModelSpec, model_fingerprint, read_hf_config
@@ -30,8 +29,6 @@ class TorchGenerator(FusionGenerator):
         >>> output = generator.prefill(layout, max_new_tokens=16)
         >>> "".join(generator.stream(layout, output, GenerationParams(max_new_tokens=16)))
     """
-
-    model: DecoderModel
 
     def __init__(self, config: AdaRagConfig) -> None:
         engine_config = config.engine

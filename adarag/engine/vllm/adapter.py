@@ -11,6 +11,7 @@ vLLM's CPU backend repacks linear weights for oneDNN, so linears are called, nev
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -31,8 +32,8 @@ class VLLMLayer:
     """One vLLM decoder layer split around its attention."""
 
     def __init__(self, layer: nn.Module, spec: ModelSpec) -> None:
-        self.layer = layer
-        self.attn = layer.self_attn
+        self.layer: Any = layer  # vLLM's decoder layer class of the family
+        self.attn: Any = layer.self_attn
         self.num_heads = spec.num_heads
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
@@ -89,9 +90,9 @@ class VLLMDecoderAdapter:
 
     def __init__(self, model: nn.Module, spec: ModelSpec) -> None:
         check_supported(type(model).__name__, spec.family)
-        self.vllm_model = model
+        self.vllm_model: Any = model  # vLLM's causal-LM class of the family
         self.spec = spec
-        self._layers = [VLLMLayer(layer, spec) for layer in model.model.layers]
+        self._layers = [VLLMLayer(layer, spec) for layer in cast(Any, model).model.layers]
         assert len(self._layers) == spec.num_layers, (
             f"vLLM model has {len(self._layers)} layers, the checkpoint {spec.num_layers}"
         )

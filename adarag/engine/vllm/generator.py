@@ -15,6 +15,7 @@ same tokens never reuses them, and a fused request never reuses blocks computed 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind
+from vllm.v1.worker.worker_base import WorkerBase
 
 from adarag.config import AdaRagConfig
 from adarag.engine.batch import PrefillOutput
@@ -109,7 +111,7 @@ class VLLMGenerator(FusionGenerator):
         self.driver = EngineDriver(engine)
         self.handoff = KVHandoff()
         try:
-            engine.collective_rpc(_bind_handoff, args=(self.handoff,))
+            engine.collective_rpc(functools.partial(_bind_handoff, handoff=self.handoff))
             model = VLLMDecoderAdapter(engine.apply_model(_the_model)[0], spec)
             if model.device != torch.device(engine_config.device):
                 raise ConfigError(
@@ -231,7 +233,7 @@ class VLLMGenerator(FusionGenerator):
                 self.handoff.drop(fused[0].handoff_id)
 
 
-def _bind_handoff(worker: object, handoff: KVHandoff) -> None:
+def _bind_handoff(worker: WorkerBase, handoff: KVHandoff) -> None:
     """Runs in vLLM's worker: attach the generator's handoff to the worker-side connector."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 

@@ -54,4 +54,5 @@ def write_rows(
         cache = layer.kv_cache
         keys = context.k[layer_idx, start:end].to(cache.dtype).contiguous()
         values = context.v[layer_idx, start:end].to(cache.dtype).contiguous()
-        layer.impl.do_kv_cache_update(layer, keys, values, cache, slot_mapping)
+        impl: Any = layer.impl  # every non-MLA backend implements do_kv_cache_update
+        impl.do_kv_cache_update(layer, keys, values, cache, slot_mapping)
