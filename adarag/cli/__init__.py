@@ -7,10 +7,15 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from adarag.cli import ask, demo, setup
+from adarag.cli import ask, demo, profile, setup
 from adarag.errors import AdaRagError
 
-_COMMANDS = {"setup": setup, "ask": ask, "demo": demo}
+_COMMANDS = {
+    "setup": setup,
+    "ask": ask,
+    "demo": demo,
+    "profile": profile,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -129,6 +129,7 @@ class TorchGenerator:
         output = self.prefill(layout, sources)
         return output.kv.segment(len(system_ids), layout.num_tokens)
 
+    @torch.inference_mode()
     def lens_signals(
         self, output: PrefillOutput, num_lens_layers: int
     ) -> tuple[list[float], float]:

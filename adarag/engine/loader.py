@@ -139,7 +139,7 @@ def load_model(path: Path, spec: ModelSpec, dtype: torch.dtype, device: str) -> 
         raise ModelLoadError(f"checkpoint {path} has weights of the wrong shape: {err}") from err
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
 _FUSED_WEIGHTS = {
