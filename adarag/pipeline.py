@@ -18,6 +18,7 @@ from adarag.augment import (
     StepResult,
     ThresholdStop,
 )
+from adarag.augment.confidence import mean
 from adarag.augment.controller import AugmentationOutcome, ScoredStep
 from adarag.cache.entry import ChunkKV
 from adarag.cache.profile import ModelProfile, find_profile, generic_profile
@@ -232,6 +233,43 @@ class AdaRAG:
         prepared = self._prefill(question, found, params, started, retrieval_s)
         return AnswerStream(self, prepared, params)
 
+    def answer_each_step(
+        self,
+        question: str,
+        chunks: Sequence[Chunk | str],
+        params: GenerationParams | None = None,
+    ) -> list[tuple[StepTrace, str]]:
+        """Run every augmentation step (no early stop) and decode an answer from each.
+
+        For calibration and analysis: step ``i`` is exactly what :meth:`query` would decode from
+        if it stopped there (same tiers, same reuse of steps ``1..i-1``).
+        """
+        params = params or GenerationParams()
+        found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
+        generator = self.generator
+        layout = generator.layout(question, [chunk.text for chunk in found])
+        generator.check_fits(layout, params.max_new_tokens)
+        estimator = self._controller().estimator
+        results = []
+        for num_chunks in range(1, len(found) + 1):
+            step_layout = layout.with_chunks(num_chunks)
+            output, hits, prefill_s = self._fused_prefill(step_layout, params.max_new_tokens)
+            lens_started = time.perf_counter()
+            kl, entropy = generator.lens_signals(output, self.config.augment.num_lens_layers)
+            result = StepResult(
+                LensSignals(tuple(kl), entropy),
+                output.num_processed_tokens,
+                output.num_recomputed_tokens,
+                prefill_s,
+                time.perf_counter() - lens_started,
+            )
+            scored = ScoredStep(num_chunks, result, estimator(result.signals), 0.0)
+            with self._engine_lock:
+                answer = "".join(generator.stream(step_layout, output, params)).strip()
+                self._write_back(step_layout, output, hits)
+            results.append((_step_trace(scored, tuple(hit.tier for hit in hits)), answer))
+        return results
+
     async def aquery(
         self,
         question: str,
@@ -409,6 +447,8 @@ def _step_trace(step: ScoredStep, tiers: tuple[Tier, ...]) -> StepTrace:
         tiers=tiers,
         prefill_s=result.prefill_s,
         confidence_s=result.confidence_s + step.scoring_s,
+        mean_kl=mean(result.signals.kl),
+        entropy=result.signals.entropy,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from adarag.augment.calibrate import CalibrationFit, OperatingPoint
 from adarag.cache.profile import ModelProfile
 from adarag.errors import MissingDependencyError
 
@@ -61,3 +62,39 @@ def plot_profile(profile: ModelProfile, directory: Path) -> list[Path]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [*paths, path]
+
+
+def plot_tradeoff(result: CalibrationFit, path: Path) -> Path:
+    """Quality against cost over τ, one line per λ, the chosen setting marked."""
+    plt = pyplot()
+    fig, axis = plt.subplots(figsize=(6.5, 4.5))
+    by_weight: dict[float, list[OperatingPoint]] = {}
+    for point in result.points:
+        by_weight.setdefault(point.kl_weight, []).append(point)
+    for weight, points in sorted(by_weight.items()):
+        points = sorted(points, key=lambda p: p.cost)
+        is_chosen = weight == result.chosen.kl_weight
+        axis.plot(
+            [p.cost for p in points],
+            [p.quality for p in points],
+            alpha=1.0 if is_chosen else 0.25,
+            linewidth=2 if is_chosen else 1,
+            label=f"λ = {weight:.1f}" if is_chosen or weight in (0.0, 1.0) else None,
+        )
+    chosen = result.chosen
+    axis.scatter(
+        [chosen.cost],
+        [chosen.quality],
+        color="red",
+        zorder=5,
+        label=f"chosen τ = {chosen.threshold:.2f}, λ = {chosen.kl_weight:.1f}",
+    )
+    axis.set_xlabel("cost: tokens processed / static top-k prompt tokens")
+    axis.set_ylabel("quality: F1 with the full-recomputation answer")
+    axis.set_title("Adaptive augmentation trade-off (calibration split)")
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

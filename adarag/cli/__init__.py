@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from adarag.cli import ask, demo, profile, setup
+from adarag.cli import ask, calibrate, demo, profile, setup
 from adarag.errors import AdaRagError
 
 _COMMANDS = {
@@ -15,6 +15,7 @@ _COMMANDS = {
     "ask": ask,
     "demo": demo,
     "profile": profile,
+    "calibrate": calibrate,
 }
 
 
