@@ -128,13 +128,17 @@ def _attention_block(
     probs = tl.math.exp2(scores - new_max[:, None])
     alpha = tl.math.exp2(row_max - new_max)
     row_sum = row_sum * alpha + tl.sum(probs, 1)
-    # accumulate probs @ values; in WRITE_MASS mode the values are one-hot segment indicators
+    # accumulate probs @ values; in WRITE_MASS mode the values are one-hot segment indicators,
+    # multiplied on float16 tensor cores (probs in [0, 1] keep 11 bits) unless dots run in float32
     if WRITE_MASS:
         in_segment = (keys[:, None] >= segment_starts[None, :]) & (
             keys[:, None] < segment_ends[None, :]
         )
-        values = in_segment.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(probs, values, input_precision="ieee")
+        acc = acc * alpha[:, None]
+        if q.dtype == tl.float32:
+            acc += tl.dot(probs, in_segment.to(tl.float32), input_precision=DOT_PRECISION)
+        else:
+            acc += tl.dot(probs.to(tl.float16), in_segment.to(tl.float16))
     else:
         v_mask = is_key[:, None] & (dims < HEAD_DIM)[None, :]
         v_tile = tl.load(

@@ -73,3 +73,13 @@ def test_rows_outside_the_cache_are_dropped(device):
     kv_scatter_triton(k_cache, v_cache, rows, rows, positions, block_rows=1)
     written = k_cache.sum(dim=(1, 2)) != 0
     assert written.tolist() == [False, True, False, False]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_llama_8b_shapes_match_twin_on_gpu(dtype):
+    def scatter(*args):
+        kv_scatter(*args, backend="triton")
+
+    actual, expected = _scatter_both((8192, 1229, 8, 128), dtype, dtype, "cuda", scatter)
+    assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])

@@ -54,3 +54,14 @@ def test_signals_are_bounded(backend, device):
     assert torch.all(kl >= -1e-5)
     assert abs(float(kl[1])) < 1e-5
     assert 0.0 <= float(entropy) <= math.log(50) + 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_llama_8b_shapes_match_twin_on_gpu(dtype):
+    hidden, norm_weight, eps, lm_head_weight = _inputs((4, 4096, 128256), dtype, "cuda")
+    lm_head_weight /= 30  # logits of a realistic spread
+    kl, entropy = logit_lens(hidden, norm_weight, eps, lm_head_weight, backend="triton")
+    expected_kl, expected_entropy = logit_lens_ref(hidden, norm_weight, eps, lm_head_weight)
+    torch.testing.assert_close(kl, expected_kl, atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(entropy, expected_entropy, atol=1e-3, rtol=1e-4)

@@ -87,3 +87,12 @@ def test_rotation_preserves_pair_norms():
     out = rope_delta_ref(k, delta, inv_freq)
     pair_norm = lambda x: x[..., :8].pow(2) + x[..., 8:].pow(2)  # noqa: E731
     torch.testing.assert_close(pair_norm(out), pair_norm(k), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_llama_8b_shapes_match_twin_on_gpu(dtype):
+    k, delta, inv_freq = _inputs(((32,), 2000, 8, 128), dtype, "cuda", max_delta=32768)
+    assert_close(
+        rope_delta(k, delta, inv_freq, backend="triton"), rope_delta_ref(k, delta, inv_freq), dtype
+    )

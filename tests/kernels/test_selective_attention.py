@@ -147,3 +147,19 @@ def test_segment_masses_sum_to_one(backend, dtype, device):
 
 def test_tolerance_table_covers_every_dtype():
     assert set(TOLERANCES) == set(DTYPES)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("ratio", [0.05, 0.3])
+def test_llama_8b_shapes_match_twin_on_gpu(ratio, dtype):
+    # 32 heads over 8, head_dim 128, 4K context; the query suffix is always selected
+    num_kv = 4096
+    chosen = torch.randperm(num_kv - 32)[: int(ratio * num_kv)].sort().values
+    positions = torch.cat((chosen, torch.arange(num_kv - 32, num_kv))).tolist()
+    q, k, v, q_positions, scale = _inputs((32, 8, 128), num_kv, positions, dtype, "cuda")
+    out = selective_attention(q, k, v, q_positions, scale, backend="triton")
+    assert_close(out, selective_attention_ref(q, k, v, q_positions, scale), dtype)
+    cu = torch.tensor([0, 100, *range(612, num_kv, 512), num_kv], device="cuda")
+    mass = segment_attention_mass(q, k, q_positions, scale, cu, backend="triton")
+    assert_close(mass, segment_attention_mass_ref(q, k, q_positions, scale, cu), dtype)
