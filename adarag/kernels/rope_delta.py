@@ -10,8 +10,8 @@ Inputs: ``k [..., num_tokens, num_kv_heads, head_dim]`` (any float dtype, last d
 ``delta_positions [num_tokens]`` int64 (target minus stored position), ``inv_freq [head_dim // 2]``
 float32. Output: same shape and dtype as ``k``, contiguous; angles and products are computed in
 float32. The Triton kernel treats ``k`` as ``[batch, num_tokens, num_kv_heads, head_dim]`` rows
-(the leading dimensions flattened into ``batch``, usually the layers): one program rotates a block
-of (token, head) rows of one batch entry, both halves at once.
+(the leading dimensions flattened into ``batch``, usually the layers): one program computes the
+angles of a block of tokens once and rotates every head of those tokens in one batch entry.
 Source: RoFormer (Su et al., 2021) eq. 34; delta re-rotation as in LMCache's ``fused_encode`` and
 the AdaCache design note, section "Selective recomputation", step 1.
 """
@@ -43,12 +43,40 @@ def rope_delta_ref(
     return (k32 * cos + rotated_half * sin).to(k.dtype)
 
 
+def _rotate_head(
+    k_ptr,
+    out_ptr,
+    token_idx,
+    cos,
+    sin,
+    mask,
+    stride_k_token,
+    stride_out_token,
+    HALF_DIM: tl.constexpr,
+    HALF_DIM_PADDED: tl.constexpr,
+):
+    """Rotate one head of a block of tokens by precomputed ``cos``/``sin``."""
+    cols = tl.arange(0, HALF_DIM_PADDED)
+    # load both halves, upcast to float32: [BLOCK_TOKENS, HALF_DIM_PADDED]
+    k_rows = k_ptr + token_idx * stride_k_token
+    x1 = tl.load(k_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(k_rows[:, None] + HALF_DIM + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    # rotate: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
+    out1 = x1 * cos - x2 * sin
+    out2 = x2 * cos + x1 * sin
+    # store in the output dtype
+    out_rows = out_ptr + token_idx * stride_out_token
+    out_dtype = out_ptr.dtype.element_ty
+    tl.store(out_rows[:, None] + cols[None, :], out1.to(out_dtype), mask=mask)
+    tl.store(out_rows[:, None] + HALF_DIM + cols[None, :], out2.to(out_dtype), mask=mask)
+
+
 def _rope_delta_kernel(
     k_ptr,
     out_ptr,
     delta_ptr,
     inv_freq_ptr,
-    num_rows,
+    num_tokens,
     num_kv_heads,
     stride_k_batch,
     stride_k_token,
@@ -58,40 +86,40 @@ def _rope_delta_kernel(
     stride_out_head,
     HALF_DIM: tl.constexpr,
     HALF_DIM_PADDED: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr,
 ):
-    """Rotate ``BLOCK_ROWS`` (token, head) rows of one batch entry; grid (row blocks, batch)."""
+    """Rotate every head of BLOCK_TOKENS tokens of one batch entry; grid (token blocks, batch)."""
     batch_idx = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    token_idx = tl.program_id(0) * BLOCK_TOKENS + tl.arange(0, BLOCK_TOKENS)
     cols = tl.arange(0, HALF_DIM_PADDED)
-    token_idx = rows // num_kv_heads
-    head_idx = rows % num_kv_heads
-    row_mask = rows < num_rows
-    mask = row_mask[:, None] & (cols < HALF_DIM)[None, :]
-    # angles in float32 from the integer deltas: [BLOCK_ROWS, HALF_DIM_PADDED]
-    delta = tl.load(delta_ptr + token_idx, mask=row_mask, other=0).to(tl.float32)
+    is_token = token_idx < num_tokens
+    mask = is_token[:, None] & (cols < HALF_DIM)[None, :]
+    # angles in float32 from the integer deltas, once for all heads: [BLOCK_TOKENS, HALF_DIM_PADDED]
+    delta = tl.load(delta_ptr + token_idx, mask=is_token, other=0).to(tl.float32)
     inv_freq = tl.load(inv_freq_ptr + cols, mask=cols < HALF_DIM, other=0.0)
     angles = delta[:, None] * inv_freq[None, :]
     cos, sin = tl.cos(angles), tl.sin(angles)
-    # load both halves of every row, upcast to float32
-    k_rows = k_ptr + batch_idx * stride_k_batch + token_idx * stride_k_token
-    k_rows += head_idx * stride_k_head
-    x1 = tl.load(k_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(k_rows[:, None] + HALF_DIM + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    # rotate: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
-    out1 = x1 * cos - x2 * sin
-    out2 = x2 * cos + x1 * sin
-    # store in the output dtype
-    out_rows = out_ptr + batch_idx * stride_out_batch + token_idx * stride_out_token
-    out_rows += head_idx * stride_out_head
-    out_dtype = out_ptr.dtype.element_ty
-    tl.store(out_rows[:, None] + cols[None, :], out1.to(out_dtype), mask=mask)
-    tl.store(out_rows[:, None] + HALF_DIM + cols[None, :], out2.to(out_dtype), mask=mask)
+    # rotate head by head
+    k_batch_ptr = k_ptr + batch_idx * stride_k_batch
+    out_batch_ptr = out_ptr + batch_idx * stride_out_batch
+    for head_idx in range(num_kv_heads):
+        _rotate_head(
+            k_batch_ptr + head_idx * stride_k_head,
+            out_batch_ptr + head_idx * stride_out_head,
+            token_idx,
+            cos,
+            sin,
+            mask,
+            stride_k_token,
+            stride_out_token,
+            HALF_DIM,
+            HALF_DIM_PADDED,
+        )
 
 
 @functools.cache
 def _compiled_kernel() -> Any:
-    (kernel,) = jit_kernels(_rope_delta_kernel)
+    _, kernel = jit_kernels(_rotate_head, _rope_delta_kernel)
     return kernel
 
 
@@ -100,7 +128,7 @@ def rope_delta_triton(
     delta_positions: torch.Tensor,
     inv_freq: torch.Tensor,
     *,
-    block_rows: int | None = None,
+    block_tokens: int | None = None,
 ) -> torch.Tensor:
     """Triton implementation of :func:`rope_delta_ref` (same arguments and result).
 
@@ -108,8 +136,8 @@ def rope_delta_triton(
         k: [..., num_tokens, num_kv_heads, head_dim], last dim contiguous.
         delta_positions: [num_tokens] int64.
         inv_freq: [head_dim // 2] float32.
-        block_rows: (token, head) rows per program; a power of two. Default: 2048 elements of
-            each half per program, which compiles for sm_90 without register spills on 4 warps.
+        block_tokens: Tokens per program; a power of two. Default: 2048 elements of each half
+            per head, which compiles for sm_90 without register spills on 4 warps.
     """
     assert k.dim() >= 3, f"k must be [..., num_tokens, num_kv_heads, head_dim], got {k.shape}"
     num_tokens, num_kv_heads, head_dim = k.shape[-3:]
@@ -126,21 +154,22 @@ def rope_delta_triton(
     assert k.device == delta_positions.device == inv_freq.device, "tensors on different devices"
     half_dim = head_dim // 2
     half_dim_padded = 1 << max(half_dim - 1, 0).bit_length()
-    if block_rows is None:
-        block_rows = max(1, 2048 // half_dim_padded)
-    assert block_rows & (block_rows - 1) == 0, f"block_rows must be a power of two: {block_rows}"
+    if block_tokens is None:
+        block_tokens = max(1, 2048 // half_dim_padded)
+    assert block_tokens & (block_tokens - 1) == 0, (
+        f"block_tokens must be a power of two: {block_tokens}"
+    )
     keys = k.reshape(-1, num_tokens, num_kv_heads, head_dim)
     out = torch.empty(keys.shape, dtype=k.dtype, device=k.device)
-    num_rows = num_tokens * num_kv_heads
     if out.numel() == 0:
         return out.view(k.shape)
-    grid = (math.ceil(num_rows / block_rows), keys.shape[0])
+    grid = (math.ceil(num_tokens / block_tokens), keys.shape[0])
     _compiled_kernel()[grid](
         keys,
         out,
         delta_positions.contiguous(),
         inv_freq.contiguous(),
-        num_rows,
+        num_tokens,
         num_kv_heads,
         keys.stride(0),
         keys.stride(1),
@@ -150,7 +179,7 @@ def rope_delta_triton(
         out.stride(2),
         HALF_DIM=half_dim,
         HALF_DIM_PADDED=half_dim_padded,
-        BLOCK_ROWS=block_rows,
+        BLOCK_TOKENS=block_tokens,
         num_warps=4,
     )
     return out.view(k.shape)

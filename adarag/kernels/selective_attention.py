@@ -26,7 +26,8 @@ accumulators) for both ops. A program owns ``BLOCK_M`` rows of one KV head, a ro
 group. It walks key blocks from 0: blocks before the block's first query position need no mask,
 the rest up to its last position are masked by ``j <= p_i``, and later keys are never read. The
 constexpr ``WRITE_MASS`` swaps the value tile for the one-hot segment membership of the keys, so
-the same loop accumulates ``sum_j a_ij [j in segment s]`` and writes float32 segment masses.
+the same loop accumulates ``sum_j a_ij [j in segment s]`` and writes float32 segment masses (the
+products run on float16 tensor cores for 16-bit inputs, in IEEE float32 for float32 inputs).
 Source: AdaCache section 3.1; CacheBlend section 4; FlashAttention-2 (Dao, 2023) algorithm 1 and
 Triton's fused-attention tutorial.
 """

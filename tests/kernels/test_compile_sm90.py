@@ -53,7 +53,7 @@ KERNELS = {
     "rope_delta": [
         "adarag.kernels.rope_delta",
         {"k_ptr": "*bf16", "out_ptr": "*bf16", "delta_ptr": "*i64", "inv_freq_ptr": "*fp32"},
-        {"HALF_DIM": 64, "HALF_DIM_PADDED": 64, "BLOCK_ROWS": 32},
+        {"HALF_DIM": 64, "HALF_DIM_PADDED": 64, "BLOCK_TOKENS": 32},
         4,
         3,
     ],

@@ -9,14 +9,14 @@ from adarag.kernels import rope_delta
 from adarag.kernels.rope_delta import rope_delta_ref, rope_delta_triton
 from tests.kernels.conftest import DTYPES, assert_close
 
-# (leading dims, num_tokens, num_kv_heads, head_dim); with block_rows=16 the (token, head) rows
-# fall on a block boundary, one short of it and one past it.
+# (leading dims, num_tokens, num_kv_heads, head_dim); with block_tokens=16 the tokens fall on a
+# block boundary, one short of it and one past it.
 SHAPES = [
     ((), 1, 1, 16),
     ((2,), 15, 1, 32),
     ((2,), 16, 1, 32),
     ((2,), 17, 1, 32),
-    ((3,), 11, 3, 64),
+    ((3,), 33, 3, 64),
     ((2, 2), 5, 2, 80),  # head_dim 80: half 40 is padded to 64 columns
 ]
 
@@ -36,7 +36,7 @@ def _inputs(shape, dtype, device, max_delta=4096):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_kernel_matches_twin(shape, dtype, device):
     k, delta, inv_freq = _inputs(shape, dtype, device)
-    out = rope_delta_triton(k, delta, inv_freq, block_rows=16)
+    out = rope_delta_triton(k, delta, inv_freq, block_tokens=16)
     assert out.shape == k.shape and out.dtype == dtype and out.is_contiguous()
     assert_close(out, rope_delta_ref(k, delta, inv_freq), dtype)
 
