@@ -59,11 +59,14 @@ def jit_kernels(*functions: Callable[..., None]) -> tuple[Any, ...]:
     """Triton-jit an op's kernel functions on first use, so that importing the op needs no Triton.
 
     An op file writes its jit functions at module level as plain functions whose bodies use
-    ``tl`` (bound under ``TYPE_CHECKING`` only) and call each other by name. This binds them to
-    one private scope -- the module's globals plus ``triton``, ``tl`` and the jitted functions
-    themselves -- and applies ``triton.jit``. Triton's compiler and its interpreter
-    (``TRITON_INTERPRET=1``) both resolve a kernel's names in that scope, so calls between the
-    functions reach the jitted versions; the module's own globals are left untouched.
+    ``tl`` (bound under ``TYPE_CHECKING`` only) and call each other by name. Their parameters are
+    Triton values and stay unannotated (Triton reads annotations as specialisation hints), hence
+    their ``type: ignore[no-untyped-def]``. This binds the functions to one private scope -- the
+    module's globals plus ``triton``, ``tl`` and the jitted functions themselves -- and applies
+    ``triton.jit``. Triton's compiler and its interpreter (``TRITON_INTERPRET=1``) both resolve a
+    kernel's names in that scope (the interpreter re-executes kernels in their globals, so a
+    closure would not do), and calls between the functions reach the jitted versions; the
+    module's own globals are left untouched. Callers cache the result (``functools.cache``).
 
     Args:
         *functions: Plain functions of one module, in any order.

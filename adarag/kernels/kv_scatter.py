@@ -35,7 +35,7 @@ def kv_scatter_ref(
     v_cache.index_copy_(0, positions, v.to(v_cache.dtype))
 
 
-def _copy_rows(
+def _copy_rows(  # type: ignore[no-untyped-def]
     src_ptr,
     dst_ptr,
     token_idx,
@@ -60,7 +60,7 @@ def _copy_rows(
     tl.store(dst_rows[:, None] + dims[None, :], rows.to(dst_ptr.dtype.element_ty), mask=mask)
 
 
-def _kv_scatter_kernel(
+def _kv_scatter_kernel(  # type: ignore[no-untyped-def]
     k_cache_ptr,
     v_cache_ptr,
     k_ptr,

@@ -48,7 +48,7 @@ def logit_lens_ref(
     return kl, entropy
 
 
-def _logit_lens_kernel(
+def _logit_lens_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     weight_ptr,
     block_max_ptr,

@@ -43,7 +43,7 @@ def rope_delta_ref(
     return (k32 * cos + rotated_half * sin).to(k.dtype)
 
 
-def _rotate_head(
+def _rotate_head(  # type: ignore[no-untyped-def]
     k_ptr,
     out_ptr,
     token_idx,
@@ -71,7 +71,7 @@ def _rotate_head(
     tl.store(out_rows[:, None] + HALF_DIM + cols[None, :], out2.to(out_dtype), mask=mask)
 
 
-def _rope_delta_kernel(
+def _rope_delta_kernel(  # type: ignore[no-untyped-def]
     k_ptr,
     out_ptr,
     delta_ptr,
