@@ -115,7 +115,7 @@ def masked_sdpa(
     q: torch.Tensor, k_expanded: torch.Tensor, v_expanded: torch.Tensor, mask: torch.Tensor
 ) -> Callable[[], torch.Tensor]:
     """One SDPA call with a boolean mask: [1, heads, num_q, dim] against expanded K/V."""
-    q_heads = q.transpose(0, 1)[None]
+    q_heads = q.transpose(0, 1)[None].contiguous()  # SDPA's layout, prepared untimed
     return lambda: F.scaled_dot_product_attention(
         q_heads, k_expanded, v_expanded, attn_mask=mask, scale=q.shape[-1] ** -0.5
     )[0].transpose(0, 1)
@@ -153,8 +153,8 @@ def bench_attention(args: argparse.Namespace, timer: Timer, device: torch.device
         k = torch.randn(num_kv, args.kv_heads, args.head_dim, dtype=args.dtype, device=device)
         v = torch.randn_like(k)
         group = args.heads // args.kv_heads
-        k_expanded = k.repeat_interleave(group, dim=1).transpose(0, 1)[None]
-        v_expanded = v.repeat_interleave(group, dim=1).transpose(0, 1)[None]
+        k_expanded = k.repeat_interleave(group, dim=1).transpose(0, 1)[None].contiguous()
+        v_expanded = v.repeat_interleave(group, dim=1).transpose(0, 1)[None].contiguous()
         for ratio in args.ratios:
             positions = selected_positions(num_kv, ratio, device)
             num_q = positions.numel()

@@ -108,6 +108,17 @@ def test_mass_with_more_segments_than_head_dim(device):
     assert torch.all(mass[:, :, 3] == 0)
 
 
+def test_kernel_reads_strided_views(device):
+    # q is a view into a fused projection, k and v rows of a [capacity, heads, dim] cache
+    qkv = torch.randn(7, 6 + 2 + 2, 32, device=device)
+    q = qkv[:, :6]
+    cache_k, cache_v = torch.randn(2, 50, 2, 32, device=device)
+    k, v = cache_k[:40], cache_v[:40]
+    q_positions = torch.tensor([0, 9, 16, 17, 30, 38, 39], device=device)
+    out = selective_attention_triton(q, k, v, q_positions, 0.2, tiling=SMALL_TILES)
+    assert_close(out, selective_attention_ref(q, k, v, q_positions, 0.2), torch.float32)
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("heads", [(4, 4, 16), (9, 3, 64)], ids=str)
 def test_mask_never_shows_a_later_key(heads, backend, device):
