@@ -22,8 +22,8 @@ from adarag.augment.confidence import mean
 from adarag.augment.controller import AugmentationOutcome, ScoredStep
 from adarag.cache.entry import ChunkKV
 from adarag.cache.profile import ModelProfile, find_profile, generic_profile
-from adarag.cache.store import TieredKVStore
-from adarag.cache.tiers import TieredCache, TierHit
+from adarag.cache.store import StoreStats, TieredKVStore
+from adarag.cache.tiers import TieredCache, TierHit, TierStats
 from adarag.config import AdaRagConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.detokenizer import StreamingDetokenizer
@@ -43,6 +43,14 @@ from adarag.schema import (
 logger = logging.getLogger(__name__)
 
 NO_CONTEXT_ANSWER = "I found no context for this question in the knowledge base."
+
+
+@dataclass(frozen=True)
+class CacheReport:
+    """Cache statistics: tier hits and recomputed tokens, store sizes and events."""
+
+    tiers: TierStats
+    store: StoreStats
 
 
 @dataclass
@@ -147,6 +155,13 @@ class AdaRAG:
                 self.profile.sink_chunk_idx,
             )
         return self._cache
+
+    def cache_stats(self) -> CacheReport:
+        """Hits per tier, recomputed tokens, and the store's sizes and evictions."""
+        cache = self.cache
+        store = cache.store
+        store_stats = store.snapshot() if isinstance(store, TieredKVStore) else StoreStats()
+        return CacheReport(cache.stats, store_stats)
 
     def close(self) -> None:
         """Write memory-only cache entries to disk, so a later process reuses them."""
@@ -313,10 +328,14 @@ class AdaRAG:
     def _fused_prefill(
         self, layout: PromptLayout, max_new_tokens: int
     ) -> tuple[PrefillOutput, list[TierHit], float]:
-        """Look the chunks up in the tiers and run the fused prefill; returns its wall time."""
-        system_kv = self._ensure_system_kv()
+        """Look the chunks up in the tiers and run the fused prefill; returns its wall time.
+
+        With every tier disabled this is a full recomputation, the system prefix included.
+        """
+        tiers = self.config.cache
+        reuse = tiers.hard.enabled or tiers.soft.enabled or tiers.independent.enabled
         hits = self.cache.lookup(layout.chunk_ids)
-        sources = [SegmentSource(system_kv)]
+        sources = [SegmentSource(self._ensure_system_kv()) if reuse else SegmentSource()]
         sources += [SegmentSource(hit.kv, hit.recompute_ratio) for hit in hits]
         sources.append(SegmentSource())
         started = time.perf_counter()
@@ -480,6 +499,13 @@ class AnswerStream(Iterator[str]):
         delta = next(self._deltas)
         self._parts.append(delta)
         return delta
+
+    def cache_stats(self) -> CacheReport:
+        """Hits per tier, recomputed tokens, and the store's sizes and evictions."""
+        cache = self.cache
+        store = cache.store
+        store_stats = store.snapshot() if isinstance(store, TieredKVStore) else StoreStats()
+        return CacheReport(cache.stats, store_stats)
 
     def close(self) -> None:
         """Stop decoding early (the prompt's KV is still written back to the cache)."""

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from adarag.cli import ask, calibrate, demo, profile, setup
+from adarag.cli import ask, bench, calibrate, demo, profile, setup
 from adarag.errors import AdaRagError
 
 _COMMANDS = {
@@ -16,6 +16,7 @@ _COMMANDS = {
     "demo": demo,
     "profile": profile,
     "calibrate": calibrate,
+    "bench": bench,
 }
 
 

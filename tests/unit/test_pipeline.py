@@ -62,7 +62,9 @@ def test_the_trace_is_complete(make_rag):
         assert step.prefill_s > 0 and step.confidence_s > 0
         assert len(step.tiers) == step.num_chunks
     assert answer.num_completion_tokens > 0
-    assert answer.num_cached_tokens == trace.num_prompt_tokens - trace.steps[-1].num_recomputed_tokens
+    assert (
+        answer.num_cached_tokens == trace.num_prompt_tokens - trace.steps[-1].num_recomputed_tokens
+    )
 
 
 def test_static_mode_is_one_step_over_all_chunks(make_rag):
