@@ -40,10 +40,13 @@ def record_questions(
     """Run every step of each question; quality = token F1 with the full-recomputation answer.
 
     The reference answer is decoded from all chunks with full recomputation (no cache), the
-    quality the design asks to judge first; gold F1 per step is kept for reporting.
+    quality the design asks to judge first; gold F1 per step is kept for reporting. Each
+    question's chunks are warmed first (as ingest does), so every step sees the KV a production
+    query would.
     """
     recorded = []
     for item in questions:
+        rag.warm(item.chunks)
         layout = rag.generator.layout(item.question, item.chunks)
         full = rag.generator.prefill(layout, max_new_tokens=params.max_new_tokens)
         reference = "".join(rag.generator.stream(layout, full, params)).strip()
