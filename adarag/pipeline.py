@@ -107,8 +107,8 @@ class AdaRAG:
         generator: Generator | None = None,
         **overrides: Any,
     ) -> None:
-        self.config = AdaRagConfig.build(config, **overrides) if overrides else config
-        self.config = self.config or AdaRagConfig()
+        base = config or AdaRagConfig()
+        self.config: AdaRagConfig = AdaRagConfig.build(base, **overrides) if overrides else base
         self.retriever = retriever
         self._generator = generator
         self._engine_lock = threading.RLock()
@@ -499,13 +499,6 @@ class AnswerStream(Iterator[str]):
         delta = next(self._deltas)
         self._parts.append(delta)
         return delta
-
-    def cache_stats(self) -> CacheReport:
-        """Hits per tier, recomputed tokens, and the store's sizes and evictions."""
-        cache = self.cache
-        store = cache.store
-        store_stats = store.snapshot() if isinstance(store, TieredKVStore) else StoreStats()
-        return CacheReport(cache.stats, store_stats)
 
     def close(self) -> None:
         """Stop decoding early (the prompt's KV is still written back to the cache)."""

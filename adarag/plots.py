@@ -49,9 +49,9 @@ def plot_profile(profile: ModelProfile, directory: Path) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     fig, axis = plt.subplots(figsize=(7, 3.5))
-    layers = range(1, profile.num_layers + 1)
-    axis.plot(layers, profile.predecessor_share, label="share on predecessor chunk")
-    axis.plot(layers, profile.sink_share, label="share on the strongest other earlier chunk")
+    layer_numbers = range(1, profile.num_layers + 1)
+    axis.plot(layer_numbers, profile.predecessor_share, label="share on predecessor chunk")
+    axis.plot(layer_numbers, profile.sink_share, label="share on the strongest other earlier chunk")
     for band in profile.bands[1:]:
         axis.axvline(band.start + 0.5, color="grey", linestyle=":")
     axis.set_xlabel("layer")

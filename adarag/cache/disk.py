@@ -148,5 +148,5 @@ class DiskTier:
 def _checksum(k: torch.Tensor, v: torch.Tensor) -> str:
     hasher = hashlib.blake2b(digest_size=16)
     for tensor in (k, v):
-        hasher.update(tensor.contiguous().view(torch.uint8).numpy())
+        hasher.update(tensor.contiguous().view(torch.uint8).numpy().data)
     return hasher.hexdigest()

@@ -92,8 +92,9 @@ class TieredKVStore:
         self.stats = StoreStats()
         self._lock = threading.RLock()
         self._index = _Index()
-        use_disk = directory is not None and config.disk_capacity_bytes > 0
-        self.disk = DiskTier(directory, model_fingerprint) if use_disk else None
+        self.disk: DiskTier | None = None
+        if directory is not None and config.disk_capacity_bytes > 0:
+            self.disk = DiskTier(directory, model_fingerprint)
         if self.disk is not None:
             for header in self.disk.scan():  # oldest first: a newer file's keys win
                 for key in header.keys:

@@ -145,6 +145,6 @@ def _entry_tiers(trace: QueryTrace) -> Counter[str]:
     A static query has one step holding every chunk; an augmented one adds its last chunk at each
     step (the earlier ones are the previous steps' hard hits).
     """
-    tiers = Counter(trace.steps[0].tiers[:-1])
+    tiers: Counter[str] = Counter(trace.steps[0].tiers[:-1])
     tiers.update(step.tiers[-1] for step in trace.steps)
     return tiers
