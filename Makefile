@@ -38,6 +38,7 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check adarag tests benchmarks examples integrations
 	$(BIN)/ruff format --check adarag tests benchmarks examples integrations
+	$(BIN)/mypy adarag
 
 bench: install
 	$(BIN)/python benchmarks/engine_ttft.py

@@ -6,11 +6,24 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from adarag.augment import (
+    AugmentationController,
+    ConfidenceParams,
+    LensConfidence,
+    LensSignals,
+    StepResult,
+    ThresholdStop,
+)
+from adarag.augment.confidence import mean
+from adarag.augment.controller import AugmentationOutcome, ScoredStep
 from adarag.cache.entry import ChunkKV
+from adarag.cache.profile import ModelProfile, find_profile, generic_profile
+from adarag.cache.store import StoreStats, TieredKVStore
+from adarag.cache.tiers import TieredCache, TierHit, TierStats
 from adarag.config import AdaRagConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.detokenizer import StreamingDetokenizer
@@ -32,6 +45,14 @@ logger = logging.getLogger(__name__)
 NO_CONTEXT_ANSWER = "I found no context for this question in the knowledge base."
 
 
+@dataclass(frozen=True)
+class CacheReport:
+    """Cache statistics: tier hits and recomputed tokens, store sizes and events."""
+
+    tiers: TierStats
+    store: StoreStats
+
+
 @dataclass
 class _Prepared:
     """A question after retrieval and prefill, ready to decode."""
@@ -41,6 +62,7 @@ class _Prepared:
     chunks: tuple[Chunk, ...]
     trace: QueryTrace
     num_cached_tokens: int
+    write_back: Callable[[], None] | None = None
 
 
 class AdaRAG:
@@ -85,13 +107,13 @@ class AdaRAG:
         generator: Generator | None = None,
         **overrides: Any,
     ) -> None:
-        self.config = AdaRagConfig.build(config, **overrides) if overrides else config
-        self.config = self.config or AdaRagConfig()
+        base = config or AdaRagConfig()
+        self.config: AdaRagConfig = AdaRagConfig.build(base, **overrides) if overrides else base
         self.retriever = retriever
         self._generator = generator
-        self._engine_lock = threading.Lock()
-        self._system_kv: ChunkKV | None = None
-        self._chunk_kv: dict[tuple[int, ...], ChunkKV] = {}
+        self._engine_lock = threading.RLock()
+        self._cache: TieredCache | None = None
+        self._profile: ModelProfile | None = None
 
     @property
     def generator(self) -> Generator:
@@ -101,6 +123,58 @@ class AdaRAG:
                 if self._generator is None:
                     self._generator = create_generator(self.config)
         return self._generator
+
+    @property
+    def profile(self) -> ModelProfile:
+        """The model's attention-sink profile and calibration (generic when never profiled)."""
+        if self._profile is None:
+            generator = self.generator
+            name, num_layers = generator.checkpoint.name, generator.spec.num_layers
+            found = find_profile(
+                name, generator.fingerprint, num_layers, [self.config.home / "profiles"]
+            )
+            if found is None:
+                logger.warning("no attention profile for %s; run `adarag profile`", name)
+                found = generic_profile(name, generator.fingerprint, num_layers)
+            self._profile = found
+        return self._profile
+
+    @property
+    def cache(self) -> TieredCache:
+        """The three-tier chunk-KV cache of this model (opened on first use)."""
+        if self._cache is None:
+            generator = self.generator
+            store_config = self.config.cache.store
+            root = store_config.directory or self.config.home / "kv"
+            store = TieredKVStore(store_config, root / generator.fingerprint, generator.fingerprint)
+            self._cache = TieredCache(
+                self.config.cache,
+                store,
+                generator.fingerprint,
+                generator.prompts.system_ids,
+                self.profile.sink_chunk_idx,
+            )
+        return self._cache
+
+    def cache_stats(self) -> CacheReport:
+        """Hits per tier, recomputed tokens, and the store's sizes and evictions."""
+        cache = self.cache
+        store = cache.store
+        store_stats = store.snapshot() if isinstance(store, TieredKVStore) else StoreStats()
+        return CacheReport(cache.stats, store_stats)
+
+    def close(self) -> None:
+        """Write memory-only cache entries to disk, so a later process reuses them."""
+        if self._cache is not None:
+            store = self._cache.store
+            if isinstance(store, TieredKVStore):
+                store.flush()
+
+    def __enter__(self) -> AdaRAG:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # --- retrieval and warming
 
@@ -121,16 +195,19 @@ class AdaRAG:
         return list(self.retriever.retrieve(question, k))
 
     def warm(self, chunks: Sequence[Chunk | str]) -> int:
-        """Precompute the independent KV of chunks not cached yet; returns how many were new."""
-        generator = self.generator
+        """Precompute the independent KV of chunks not cached yet; returns how many were new.
+
+        Entries go to the disk tier at once, so they survive restarts.
+        """
+        generator, cache = self.generator, self.cache
         system_kv = self._ensure_system_kv()
         computed = 0
         for chunk in chunks:
             text = chunk.text if isinstance(chunk, Chunk) else chunk
             ids = generator.prompts.chunk_ids(text)
-            if ids not in self._chunk_kv:
+            if not cache.has_independent(ids):
                 with self._engine_lock:
-                    self._chunk_kv[ids] = generator.compute_chunk(ids, system_kv)
+                    cache.put_independent(ids, generator.compute_chunk(ids, system_kv))
                 computed += 1
         return computed
 
@@ -171,6 +248,43 @@ class AdaRAG:
         prepared = self._prefill(question, found, params, started, retrieval_s)
         return AnswerStream(self, prepared, params)
 
+    def answer_each_step(
+        self,
+        question: str,
+        chunks: Sequence[Chunk | str],
+        params: GenerationParams | None = None,
+    ) -> list[tuple[StepTrace, str]]:
+        """Run every augmentation step (no early stop) and decode an answer from each.
+
+        For calibration and analysis: step ``i`` is exactly what :meth:`query` would decode from
+        if it stopped there (same tiers, same reuse of steps ``1..i-1``).
+        """
+        params = params or GenerationParams()
+        found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
+        generator = self.generator
+        layout = generator.layout(question, [chunk.text for chunk in found])
+        generator.check_fits(layout, params.max_new_tokens)
+        estimator = self._controller().estimator
+        results = []
+        for num_chunks in range(1, len(found) + 1):
+            step_layout = layout.with_chunks(num_chunks)
+            output, hits, prefill_s = self._fused_prefill(step_layout, params.max_new_tokens)
+            lens_started = time.perf_counter()
+            kl, entropy = generator.lens_signals(output, self.config.augment.num_lens_layers)
+            result = StepResult(
+                LensSignals(tuple(kl), entropy),
+                output.num_processed_tokens,
+                output.num_recomputed_tokens,
+                prefill_s,
+                time.perf_counter() - lens_started,
+            )
+            scored = ScoredStep(num_chunks, result, estimator(result.signals), 0.0)
+            with self._engine_lock:
+                answer = "".join(generator.stream(step_layout, output, params)).strip()
+                self._write_back(step_layout, output, hits)
+            results.append((_step_trace(scored, tuple(hit.tier for hit in hits)), answer))
+        return results
+
     async def aquery(
         self,
         question: str,
@@ -201,13 +315,39 @@ class AdaRAG:
     # --- internals
 
     def _ensure_system_kv(self) -> ChunkKV:
-        if self._system_kv is None:
-            generator = self.generator
-            system_ids = generator.prompts.system_ids
+        cache = self.cache
+        system_kv = cache.system_kv()
+        if system_kv is None:
+            system_ids = self.generator.prompts.system_ids
             with self._engine_lock:
-                output = generator.prefill(PromptLayout((), (), system_ids))
-            self._system_kv = output.kv.segment(0, len(system_ids))
-        return self._system_kv
+                output = self.generator.prefill(PromptLayout((), (), system_ids))
+            system_kv = output.kv.segment(0, len(system_ids))
+            cache.put_system(system_kv)
+        return system_kv
+
+    def _fused_prefill(
+        self, layout: PromptLayout, max_new_tokens: int
+    ) -> tuple[PrefillOutput, list[TierHit], float]:
+        """Look the chunks up in the tiers and run the fused prefill; returns its wall time.
+
+        With every tier disabled this is a full recomputation, the system prefix included.
+        """
+        tiers = self.config.cache
+        reuse = tiers.hard.enabled or tiers.soft.enabled or tiers.independent.enabled
+        hits = self.cache.lookup(layout.chunk_ids)
+        sources = [SegmentSource(self._ensure_system_kv()) if reuse else SegmentSource()]
+        sources += [SegmentSource(hit.kv, hit.recompute_ratio) for hit in hits]
+        sources.append(SegmentSource())
+        started = time.perf_counter()
+        with self._engine_lock:
+            output = self.generator.prefill(layout, sources, max_new_tokens=max_new_tokens)
+        self.cache.record(layout.num_tokens, output.num_recomputed_tokens)
+        return output, hits, time.perf_counter() - started
+
+    def _write_back(self, layout: PromptLayout, output: PrefillOutput, hits: list[TierHit]) -> None:
+        cu = layout.cu_segments
+        fused = [output.kv.segment(cu[i + 1], cu[i + 2]) for i in range(len(layout.chunk_ids))]
+        self.cache.write_back(layout.chunk_ids, hits, fused)
 
     def _prefill(
         self,
@@ -217,42 +357,74 @@ class AdaRAG:
         started: float,
         retrieval_s: float,
     ) -> _Prepared:
+        """Adaptive augmentation (or one static step) up to the KV the answer decodes from."""
         generator = self.generator
         layout = generator.layout(question, [chunk.text for chunk in chunks])
         generator.check_fits(layout, params.max_new_tokens)
-        system_kv = self._ensure_system_kv()
-        ratio = self.config.cache.independent.recompute_ratio
-        sources = [SegmentSource(system_kv)]
-        tiers: list[Tier] = []
-        for ids in layout.chunk_ids:
-            cached = self._chunk_kv.get(ids)
-            sources.append(SegmentSource(cached, ratio) if cached else SegmentSource())
-            tiers.append("independent" if cached else "miss")
-        sources.append(SegmentSource())
-        prefill_started = time.perf_counter()
-        with self._engine_lock:
-            output = generator.prefill(layout, sources, max_new_tokens=params.max_new_tokens)
-        prefill_s = time.perf_counter() - prefill_started
-        step = StepTrace(
-            num_chunks=len(chunks),
-            confidence=None,
-            kl_score=None,
-            entropy_score=None,
-            num_processed_tokens=output.num_processed_tokens,
-            num_recomputed_tokens=output.num_recomputed_tokens,
-            tiers=tuple(tiers),
-            prefill_s=prefill_s,
-            confidence_s=0.0,
-        )
+        steps: dict[int, tuple[PromptLayout, PrefillOutput, list[TierHit]]] = {}
+        tiers: dict[int, tuple[Tier, ...]] = {}
+
+        def run_step(num_chunks: int) -> StepResult:
+            step_layout = layout.with_chunks(num_chunks)
+            output, hits, prefill_s = self._fused_prefill(step_layout, params.max_new_tokens)
+            lens_started = time.perf_counter()
+            kl, entropy = generator.lens_signals(output, self.config.augment.num_lens_layers)
+            confidence_s = time.perf_counter() - lens_started
+            steps[num_chunks] = (step_layout, output, hits)
+            tiers[num_chunks] = tuple(hit.tier for hit in hits)
+            return StepResult(
+                LensSignals(tuple(kl), entropy),
+                output.num_processed_tokens,
+                output.num_recomputed_tokens,
+                prefill_s,
+                confidence_s,
+            )
+
+        def keep_step(num_chunks: int) -> None:
+            # Algorithm 1, line 18: c_i goes to the hard tier; the next step reuses it as is.
+            self._write_back(*steps.pop(num_chunks))
+
+        controller = self._controller()
+        if self.config.augment.enabled:
+            outcome = controller.run(len(chunks), run_step, keep_step)
+        else:
+            result = run_step(len(chunks))
+            scored = ScoredStep(len(chunks), result, controller.estimator(result.signals), 0.0)
+            outcome = AugmentationOutcome((scored,), "static")
+        final_layout, output, hits = steps[outcome.num_chunks]
         trace = QueryTrace(
-            steps=(step,),
-            stop_reason="static",
+            steps=tuple(_step_trace(step, tiers[step.num_chunks]) for step in outcome.steps),
+            stop_reason=outcome.stop_reason,
             ttft_s=time.perf_counter() - started,
-            num_prompt_tokens=layout.num_tokens,
+            num_prompt_tokens=final_layout.num_tokens,
             retrieval_s=retrieval_s,
         )
-        num_cached = layout.num_tokens - output.num_recomputed_tokens
-        return _Prepared(layout, output, tuple(chunks), trace, num_cached)
+        used = tuple(chunks[: len(final_layout.chunk_ids)])
+        return _Prepared(
+            final_layout,
+            output,
+            used,
+            trace,
+            final_layout.num_tokens - output.num_recomputed_tokens,
+            write_back=lambda: self._write_back(final_layout, output, hits),
+        )
+
+    def _controller(self) -> AugmentationController:
+        """The controller from the config, falling back to the profile's calibration."""
+        augment = self.config.augment
+        num_layers = self.generator.spec.num_layers
+        if augment.num_lens_layers > num_layers:
+            raise ConfigError(
+                f"augment.num_lens_layers is {augment.num_lens_layers} but the model has only "
+                f"{num_layers} layers; set it between 2 and {num_layers}"
+            )
+        calibration = self.profile.calibration
+        threshold = calibration.threshold if augment.threshold is None else augment.threshold
+        kl_weight = calibration.kl_weight if augment.kl_weight is None else augment.kl_weight
+        params = ConfidenceParams(kl_weight, calibration.kl_scale, calibration.entropy_scale)
+        return AugmentationController(
+            LensConfidence(params, augment.estimator), ThresholdStop(threshold)
+        )
 
     def _decode_steps(
         self, prepared: _Prepared, params: GenerationParams, counter: list[int]
@@ -261,18 +433,42 @@ class AdaRAG:
         assert prepared.layout is not None and prepared.output is not None
         tokens = self.generator.decode_tokens(prepared.layout, prepared.output, params)
         detokenizer = StreamingDetokenizer(self.generator.prompts.tokenizer, params.stop)
-        while not detokenizer.stopped:
-            with self._engine_lock:
-                token = next(tokens, None)
-            if token is None:
-                break
-            counter[0] += 1
-            delta = detokenizer.push(token)
-            if delta:
-                yield delta
-        tail = detokenizer.flush()
-        if tail:
-            yield tail
+        try:
+            while not detokenizer.stopped:
+                with self._engine_lock:
+                    token = next(tokens, None)
+                if token is None:
+                    break
+                counter[0] += 1
+                delta = detokenizer.push(token)
+                if delta:
+                    yield delta
+            tail = detokenizer.flush()
+            if tail:
+                yield tail
+        finally:
+            # after the answer, off the time-to-first-token path (also when the stream is closed)
+            if prepared.write_back is not None:
+                with self._engine_lock:
+                    prepared.write_back()
+                prepared.write_back = None
+
+
+def _step_trace(step: ScoredStep, tiers: tuple[Tier, ...]) -> StepTrace:
+    result = step.result
+    return StepTrace(
+        num_chunks=step.num_chunks,
+        confidence=step.confidence.value,
+        kl_score=step.confidence.kl_score,
+        entropy_score=step.confidence.entropy_score,
+        num_processed_tokens=result.num_processed_tokens,
+        num_recomputed_tokens=result.num_recomputed_tokens,
+        tiers=tiers,
+        prefill_s=result.prefill_s,
+        confidence_s=result.confidence_s + step.scoring_s,
+        mean_kl=mean(result.signals.kl),
+        entropy=result.signals.entropy,
+    )
 
 
 def _no_context(retrieval_s: float) -> _Prepared:
@@ -303,6 +499,12 @@ class AnswerStream(Iterator[str]):
         delta = next(self._deltas)
         self._parts.append(delta)
         return delta
+
+    def close(self) -> None:
+        """Stop decoding early (the prompt's KV is still written back to the cache)."""
+        close = getattr(self._deltas, "close", None)
+        if close is not None:
+            close()
 
     @property
     def text(self) -> str:

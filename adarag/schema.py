@@ -97,6 +97,8 @@ class StepTrace:
         tiers: Tier of each chunk in the prompt at this step.
         prefill_s: Wall time of this step's prefill.
         confidence_s: Wall time of this step's confidence check.
+        mean_kl: Raw mean logit-lens KL to the final layer (nats), before normalising.
+        entropy: Raw entropy of the final next-token distribution (nats), before normalising.
     """
 
     num_chunks: int
@@ -108,6 +110,8 @@ class StepTrace:
     tiers: tuple[Tier, ...]
     prefill_s: float
     confidence_s: float
+    mean_kl: float | None = None
+    entropy: float | None = None
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,11 @@ def tiny_config(tmp_path: Path):
 
     def make(checkpoint: Path, **overrides: object) -> AdaRagConfig:
         engine = {"model": str(checkpoint), **overrides.pop("engine", {})}  # type: ignore[dict-item]
-        return AdaRagConfig.build(home=tmp_path / "home", engine=engine, **overrides)
+        # tiny models have 2 layers: the logit lens reads both
+        augment = {"num_lens_layers": 2, **overrides.pop("augment", {})}  # type: ignore[dict-item]
+        return AdaRagConfig.build(
+            home=tmp_path / "home", engine=engine, augment=augment, **overrides
+        )
 
     return make
 

@@ -1,1 +1,24 @@
-"""adarag.augment."""
+"""Adaptive context augmentation: confidence, stop rules and the controller."""
+
+from __future__ import annotations
+
+from adarag.augment.confidence import (
+    Confidence,
+    ConfidenceParams,
+    LensConfidence,
+    LensSignals,
+)
+from adarag.augment.controller import AugmentationController, AugmentationOutcome, StepResult
+from adarag.augment.policies import StopRule, ThresholdStop
+
+__all__ = [
+    "AugmentationController",
+    "AugmentationOutcome",
+    "Confidence",
+    "ConfidenceParams",
+    "LensConfidence",
+    "LensSignals",
+    "StepResult",
+    "StopRule",
+    "ThresholdStop",
+]

@@ -7,10 +7,17 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from adarag.cli import ask, demo, setup
+from adarag.cli import ask, bench, calibrate, demo, profile, setup
 from adarag.errors import AdaRagError
 
-_COMMANDS = {"setup": setup, "ask": ask, "demo": demo}
+_COMMANDS = {
+    "setup": setup,
+    "ask": ask,
+    "demo": demo,
+    "profile": profile,
+    "calibrate": calibrate,
+    "bench": bench,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ backend's own layers), computes chunk KV, reads logit-lens signals, and decodes 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Protocol
 
 from adarag.cache.entry import ChunkKV
@@ -21,6 +22,7 @@ class Generator(Protocol):
     """What :class:`adarag.pipeline.AdaRAG` needs from a backend."""
 
     spec: ModelSpec
+    checkpoint: Path
     fingerprint: str
     prompts: PromptBuilder
     eos_token_ids: frozenset[int]

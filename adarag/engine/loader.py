@@ -107,7 +107,7 @@ def convert_gguf(gguf: Path, target: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The weights are de-quantized in memory; drop the GGUF marker so the result is a plain model.
     del model.config.quantization_config
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers attribute, not a module
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     shutil.rmtree(target, ignore_errors=True)
@@ -139,7 +139,7 @@ def load_model(path: Path, spec: ModelSpec, dtype: torch.dtype, device: str) -> 
         raise ModelLoadError(f"checkpoint {path} has weights of the wrong shape: {err}") from err
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
 _FUSED_WEIGHTS = {

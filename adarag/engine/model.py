@@ -7,6 +7,8 @@ engine's runner drives the layers one by one through :class:`DecoderLayer.projec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
@@ -127,9 +129,9 @@ class DecoderModel(nn.Module):
         return self.lm_head(self.norm(hidden)).float()
 
     @property
-    def decoder_layers(self) -> nn.ModuleList:
+    def decoder_layers(self) -> Sequence[DecoderLayer]:
         """The layers, bottom first."""
-        return self.layers
+        return self.layers  # type: ignore[return-value]  # a ModuleList of DecoderLayer
 
     @property
     def final_norm_weight(self) -> torch.Tensor:

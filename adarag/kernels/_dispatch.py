@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Literal
+import types
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 
@@ -51,3 +53,41 @@ def use_triton(backend: Backend, *tensors: torch.Tensor) -> bool:
             "the CPU); set kernels.backend to 'auto' or 'torch' on this machine"
         )
     return True
+
+
+def jit_kernels(*functions: Callable[..., None]) -> tuple[Any, ...]:
+    """Triton-jit an op's kernel functions on first use, so that importing the op needs no Triton.
+
+    An op file writes its jit functions at module level as plain functions whose bodies use
+    ``tl`` (bound under ``TYPE_CHECKING`` only) and call each other by name. Their parameters are
+    Triton values and stay unannotated (Triton reads annotations as specialisation hints), hence
+    their ``type: ignore[no-untyped-def]``. This binds the functions to one private scope -- the
+    module's globals plus ``triton``, ``tl`` and the jitted functions themselves -- and applies
+    ``triton.jit``. Triton's compiler and its interpreter (``TRITON_INTERPRET=1``) both resolve a
+    kernel's names in that scope (the interpreter re-executes kernels in their globals, so a
+    closure would not do), and calls between the functions reach the jitted versions; the
+    module's own globals are left untouched. Callers cache the result (``functools.cache``).
+
+    Args:
+        *functions: Plain functions of one module, in any order.
+
+    Returns:
+        The jitted functions, in the order given.
+    """
+    import triton
+    import triton.language as tl
+
+    scope: dict[str, Any] = {**functions[0].__globals__, "triton": triton, "tl": tl}
+    jitted = []
+    for function in functions:
+        assert function.__globals__ is functions[0].__globals__, "kernels of one module only"
+        rebound = types.FunctionType(
+            function.__code__, scope, function.__name__, function.__defaults__
+        )
+        rebound.__qualname__ = function.__qualname__
+        rebound.__module__ = function.__module__
+        rebound.__doc__ = function.__doc__
+        rebound.__annotations__ = function.__annotations__
+        scope[function.__name__] = triton.jit(rebound)
+        jitted.append(scope[function.__name__])
+    return tuple(jitted)

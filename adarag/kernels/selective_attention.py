@@ -18,15 +18,33 @@ holds position ``j``); ``q_positions [num_q]`` int64, ascending and unique; ``cu
 [num_segments + 1]`` int64. Outputs: ``out [num_q, num_heads, head_dim]`` in q's dtype; ``mass
 [num_q, num_heads, num_segments]`` float32. The mask is by absolute position, never bottom-right
 aligned: a selected token never attends to a later position (CacheBlend's public code does, see
-``notes/kv_reuse_prior_art.md`` section 1.5). Source: AdaCache section 3.1; CacheBlend section 4.
+``notes/kv_reuse_prior_art.md`` section 1.5).
+
+The Triton kernel is one FlashAttention-2 style forward (online softmax in base 2, float32
+accumulators) for both ops. A program owns ``BLOCK_M`` rows of one KV head, a row being a
+(query, query head of the KV head's group) pair, so every K/V tile it loads serves the whole GQA
+group. It walks key blocks from 0: blocks before the block's first query position need no mask,
+the rest up to its last position are masked by ``j <= p_i``, and later keys are never read. The
+constexpr ``WRITE_MASS`` swaps the value tile for the one-hot segment membership of the keys, so
+the same loop accumulates ``sum_j a_ij [j in segment s]`` and writes float32 segment masses (the
+products run on float16 tensor cores for 16-bit inputs, in IEEE float32 for float32 inputs).
+Source: AdaCache section 3.1; CacheBlend section 4; FlashAttention-2 (Dao, 2023) algorithm 1 and
+Triton's fused-attention tutorial.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+from typing import TYPE_CHECKING, Any, NamedTuple
+
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from adarag.kernels._dispatch import Backend, use_triton
+from adarag.kernels._dispatch import Backend, is_triton_interpreted, jit_kernels, use_triton
+
+if TYPE_CHECKING:
+    import triton.language as tl
 
 
 def selective_attention_ref(
@@ -68,6 +86,361 @@ def segment_attention_mass_ref(
     return mass[..., :num_segments]
 
 
+def _attention_block(  # type: ignore[no-untyped-def]
+    acc,
+    row_sum,
+    row_max,
+    q,
+    k_head_ptr,
+    v_head_ptr,
+    positions,
+    segment_starts,
+    segment_ends,
+    key_start,
+    num_kv,
+    scale_log2,
+    stride_k_token,
+    stride_v_token,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_MASKED: tl.constexpr,
+    WRITE_MASS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One key block of the online softmax: update ``acc``, ``row_sum`` and ``row_max``."""
+    keys = key_start + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM_PADDED)
+    # keys of unmasked blocks all exist (their blocks end at or before num_kv)
+    is_key = (keys < num_kv) | (not IS_MASKED)
+    # load K^T: [HEAD_DIM_PADDED, BLOCK_N]
+    k_mask = is_key[None, :] & (dims < HEAD_DIM)[:, None]
+    k_tile = tl.load(
+        k_head_ptr + keys[None, :] * stride_k_token + dims[:, None], mask=k_mask, other=0.0
+    ).to(q.dtype)
+    # scores in log2 units: [BLOCK_M, BLOCK_N]
+    scores = tl.dot(q, k_tile, input_precision=DOT_PRECISION) * scale_log2
+    # mask: row i sees key j only when j <= p_i (absolute positions)
+    if IS_MASKED:
+        visible = (keys[None, :] <= positions[:, None]) & is_key[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+    # online softmax: rescale what was accumulated under the old row maximum
+    new_max = tl.maximum(row_max, tl.max(scores, 1))
+    probs = tl.math.exp2(scores - new_max[:, None])
+    alpha = tl.math.exp2(row_max - new_max)
+    row_sum = row_sum * alpha + tl.sum(probs, 1)
+    # accumulate probs @ values; in WRITE_MASS mode the values are one-hot segment indicators,
+    # multiplied on float16 tensor cores (probs in [0, 1] keep 11 bits) unless dots run in float32
+    if WRITE_MASS:
+        in_segment = (keys[:, None] >= segment_starts[None, :]) & (
+            keys[:, None] < segment_ends[None, :]
+        )
+        acc = acc * alpha[:, None]
+        if q.dtype == tl.float32:
+            acc += tl.dot(probs, in_segment.to(tl.float32), input_precision=DOT_PRECISION)
+        else:
+            acc += tl.dot(probs.to(tl.float16), in_segment.to(tl.float16))
+    else:
+        v_mask = is_key[:, None] & (dims < HEAD_DIM)[None, :]
+        v_tile = tl.load(
+            v_head_ptr + keys[:, None] * stride_v_token + dims[None, :], mask=v_mask, other=0.0
+        ).to(q.dtype)
+        acc = acc * alpha[:, None]
+        acc += tl.dot(probs.to(v_tile.dtype), v_tile, input_precision=DOT_PRECISION)
+    return acc, row_sum, new_max
+
+
+def _selective_attention_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    positions_ptr,
+    cu_segments_ptr,
+    out_ptr,
+    num_q,
+    num_kv,
+    num_segments,
+    scale_log2,
+    stride_q_token,
+    stride_q_head,
+    stride_k_token,
+    stride_k_head,
+    stride_v_token,
+    stride_v_head,
+    stride_out_token,
+    stride_out_head,
+    GROUP_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    OUT_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    WRITE_MASS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    """Attention (or segment mass) of BLOCK_M (query, head) rows; grid (row blocks, kv heads)."""
+    kv_head = tl.program_id(1)
+    # the last row blocks see the most keys: launch them first to shorten the tail
+    row_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    token_idx = rows // GROUP_SIZE
+    head_idx = kv_head * GROUP_SIZE + rows % GROUP_SIZE
+    is_row = token_idx < num_q
+    dims = tl.arange(0, HEAD_DIM_PADDED)
+    # load positions (padding rows stand at 0) and the queries: [BLOCK_M, HEAD_DIM_PADDED]
+    positions = tl.load(positions_ptr + token_idx, mask=is_row, other=0).to(tl.int32)
+    q_rows = q_ptr + token_idx * stride_q_token + head_idx * stride_q_head
+    q_mask = is_row[:, None] & (dims < HEAD_DIM)[None, :]
+    q = tl.load(q_rows[:, None] + dims[None, :], mask=q_mask, other=0.0)
+    # the K/V tiles follow q's dtype: the input dtype, or float32 where dots must run in it
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+    # segment bounds of the one-hot values (empty segments past num_segments): [OUT_DIM]
+    segments = tl.arange(0, OUT_DIM)
+    if WRITE_MASS:
+        is_segment = segments < num_segments
+        segment_starts = tl.load(cu_segments_ptr + segments, mask=is_segment, other=0)
+        segment_ends = tl.load(cu_segments_ptr + segments + 1, mask=is_segment, other=0)
+        num_columns = num_segments
+    else:
+        segment_starts = tl.zeros([OUT_DIM], dtype=tl.int64)
+        segment_ends = segment_starts
+        num_columns = HEAD_DIM
+    # key range: [0, unmasked_end) is visible to every row, [unmasked_end, kv_end) needs the mask
+    first_position = tl.min(tl.where(is_row, positions, num_kv - 1), 0)
+    last_position = tl.max(positions, 0)
+    unmasked_end = (tl.minimum(first_position + 1, num_kv) // BLOCK_N) * BLOCK_N
+    kv_end = tl.minimum(last_position + 1, num_kv)
+    # accumulators in float32
+    acc = tl.zeros([BLOCK_M, OUT_DIM], dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    k_head_ptr = k_ptr + kv_head * stride_k_head
+    v_head_ptr = v_ptr + kv_head * stride_v_head
+    for key_start in range(0, unmasked_end, BLOCK_N):
+        acc, row_sum, row_max = _attention_block(
+            acc,
+            row_sum,
+            row_max,
+            q,
+            k_head_ptr,
+            v_head_ptr,
+            positions,
+            segment_starts,
+            segment_ends,
+            key_start,
+            num_kv,
+            scale_log2,
+            stride_k_token,
+            stride_v_token,
+            HEAD_DIM,
+            HEAD_DIM_PADDED,
+            BLOCK_N,
+            False,
+            WRITE_MASS,
+            DOT_PRECISION,
+        )
+    for key_start in range(unmasked_end, kv_end, BLOCK_N):
+        acc, row_sum, row_max = _attention_block(
+            acc,
+            row_sum,
+            row_max,
+            q,
+            k_head_ptr,
+            v_head_ptr,
+            positions,
+            segment_starts,
+            segment_ends,
+            key_start,
+            num_kv,
+            scale_log2,
+            stride_k_token,
+            stride_v_token,
+            HEAD_DIM,
+            HEAD_DIM_PADDED,
+            BLOCK_N,
+            True,
+            WRITE_MASS,
+            DOT_PRECISION,
+        )
+    # normalise and store: outputs in the output dtype, masses in float32
+    acc = acc / row_sum[:, None]
+    out_rows = out_ptr + token_idx * stride_out_token + head_idx * stride_out_head
+    out_columns = tl.arange(0, OUT_DIM)
+    out_mask = is_row[:, None] & (out_columns < num_columns)[None, :]
+    out_values = acc.to(out_ptr.dtype.element_ty)
+    tl.store(out_rows[:, None] + out_columns[None, :], out_values, mask=out_mask)
+
+
+@functools.cache
+def _compiled_kernel() -> Any:
+    _, kernel = jit_kernels(_attention_block, _selective_attention_kernel)
+    return kernel
+
+
+class AttentionTiling(NamedTuple):
+    """Launch settings of the attention kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def _default_tiling(dtype: torch.dtype, head_dim_padded: int, write_mass: bool) -> AttentionTiling:
+    """Fixed launch settings, not autotuned (the first call compiles once per shape class).
+
+    Chosen so that the kernel compiles for sm_90 without register spills up to head_dim 128
+    (checked with ptxas): 16-bit inputs use 128-row tiles on 8 warps with 64 keys per step (32
+    for head_dim 128; larger heads take 64 x 16); float32 dots run in IEEE float32 without tensor
+    cores, in 32 x 32 tiles; the mass pass of 16-bit inputs holds no value tile and takes 128 x 64.
+    Triton's interpreter has no registers to spill and pays per program step, so it takes the
+    largest tiles.
+    """
+    if is_triton_interpreted():
+        return AttentionTiling(block_m=128, block_n=64, num_warps=4, num_stages=1)
+    if dtype == torch.float32:
+        return AttentionTiling(block_m=32, block_n=32, num_warps=4, num_stages=2)
+    if write_mass:
+        return AttentionTiling(block_m=128, block_n=64, num_warps=8, num_stages=2)
+    if head_dim_padded <= 64:
+        return AttentionTiling(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    if head_dim_padded <= 128:
+        return AttentionTiling(block_m=128, block_n=32, num_warps=8, num_stages=3)
+    return AttentionTiling(block_m=64, block_n=16, num_warps=4, num_stages=2)
+
+
+def _launch_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: torch.Tensor,
+    scale: float,
+    cu_segments: torch.Tensor | None,
+    tiling: AttentionTiling | None,
+) -> torch.Tensor:
+    """Check the inputs and run the kernel; output or mass (``cu_segments`` given)."""
+    assert q.dim() == 3 and k.dim() == 3, f"q {tuple(q.shape)} and k {tuple(k.shape)} must be 3-D"
+    num_q, num_heads, head_dim = q.shape
+    num_kv, num_kv_heads, _ = k.shape
+    assert k.shape[2] == head_dim, f"q head_dim {head_dim} != k head_dim {k.shape[2]}"
+    assert v.shape == k.shape, f"v {tuple(v.shape)} must match k {tuple(k.shape)}"
+    assert num_heads % num_kv_heads == 0, f"{num_heads} heads over {num_kv_heads} KV heads"
+    assert q.dtype == k.dtype == v.dtype, f"dtypes differ: q {q.dtype}, k {k.dtype}, v {v.dtype}"
+    assert q.dtype in (torch.float32, torch.float16, torch.bfloat16), f"dtype {q.dtype}"
+    assert q_positions.shape == (num_q,), f"q_positions must be [{num_q}]"
+    assert not q_positions.is_floating_point(), "q_positions must be an integer tensor"
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        assert tensor.stride(-1) == 1, f"{name}'s last dimension must be contiguous"
+        assert tensor.device == q_positions.device, f"{name} is on {tensor.device}"
+    assert num_kv > 0, "attention over an empty KV cache"
+    write_mass = cu_segments is not None
+    head_dim_padded = max(16, 1 << (head_dim - 1).bit_length())
+    if cu_segments is None:
+        num_segments, out_dim = 0, head_dim_padded
+        cu_segments = q_positions  # never read
+        out = torch.empty(num_q, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    else:
+        assert cu_segments.dim() == 1 and cu_segments.numel() >= 2, "cu_segments needs 2+ bounds"
+        num_segments = cu_segments.numel() - 1
+        out_dim = max(16, 1 << (num_segments - 1).bit_length())
+        cu_segments = cu_segments.to(device=q.device, dtype=torch.int64).contiguous()
+        out = torch.empty(num_q, num_heads, num_segments, dtype=torch.float32, device=q.device)
+    if num_q == 0:
+        return out
+    tiling = tiling or _default_tiling(q.dtype, head_dim_padded, write_mass)
+    group_size = num_heads // num_kv_heads
+    # Triton's interpreter multiplies the raw bits of bfloat16 dot operands (triton-lang/triton
+    # #11584), so interpreted bfloat16 runs its dots on exact float32 upcasts.
+    dot_in_fp32 = q.dtype == torch.float32 or (
+        q.dtype == torch.bfloat16 and is_triton_interpreted()
+    )
+    grid = (math.ceil(num_q * group_size / tiling.block_m), num_kv_heads)
+    _compiled_kernel()[grid](
+        q,
+        k,
+        v,
+        q_positions.contiguous(),
+        cu_segments,
+        out,
+        num_q,
+        num_kv,
+        num_segments,
+        scale * math.log2(math.e),
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        GROUP_SIZE=group_size,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PADDED=head_dim_padded,
+        OUT_DIM=out_dim,
+        BLOCK_M=tiling.block_m,
+        BLOCK_N=tiling.block_n,
+        WRITE_MASS=write_mass,
+        DOT_PRECISION="ieee" if dot_in_fp32 else "tf32",
+        DOT_IN_FP32=dot_in_fp32,
+        num_warps=tiling.num_warps,
+        num_stages=tiling.num_stages,
+    )
+    return out
+
+
+def selective_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: torch.Tensor,
+    scale: float,
+    *,
+    tiling: AttentionTiling | None = None,
+) -> torch.Tensor:
+    """Triton implementation of :func:`selective_attention_ref`.
+
+    Args:
+        q: [num_q, num_heads, head_dim], last dim contiguous.
+        k: [num_kv, num_kv_heads, head_dim], last dim contiguous; row j is position j.
+        v: [num_kv, num_kv_heads, head_dim], last dim contiguous.
+        q_positions: [num_q] int64 positions, each < num_kv (any order).
+        scale: Softmax scale.
+        tiling: Launch settings; default :func:`_default_tiling`.
+
+    Returns:
+        out [num_q, num_heads, head_dim] in q's dtype, on q's device.
+    """
+    return _launch_attention(q, k, v, q_positions, scale, None, tiling)
+
+
+def segment_attention_mass_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_positions: torch.Tensor,
+    scale: float,
+    cu_segments: torch.Tensor,
+    *,
+    tiling: AttentionTiling | None = None,
+) -> torch.Tensor:
+    """Triton implementation of :func:`segment_attention_mass_ref`.
+
+    Args:
+        q: [num_q, num_heads, head_dim], last dim contiguous.
+        k: [num_kv, num_kv_heads, head_dim], last dim contiguous; row j is position j.
+        q_positions: [num_q] int64 positions, each < num_kv (any order).
+        scale: Softmax scale.
+        cu_segments: [num_segments + 1] int64 key-segment boundaries.
+        tiling: Launch settings; default :func:`_default_tiling`.
+
+    Returns:
+        mass [num_q, num_heads, num_segments] float32 on the CPU, as the twin returns it.
+    """
+    return _launch_attention(q, k, k, q_positions, scale, cu_segments, tiling).cpu()
+
+
 def selective_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -93,8 +466,6 @@ def selective_attention(
         out [num_q, num_heads, head_dim] in q's dtype.
     """
     if use_triton(backend, q, k, v):
-        from adarag.kernels.selective_attention_triton import selective_attention_triton
-
         return selective_attention_triton(q, k, v, q_positions, scale)
     return selective_attention_ref(q, k, v, q_positions, scale, query_block)
 
@@ -124,8 +495,6 @@ def segment_attention_mass(
         mass [num_q, num_heads, num_segments] float32 on the CPU; each row sums to 1.
     """
     if use_triton(backend, q, k):
-        from adarag.kernels.selective_attention_triton import segment_attention_mass_triton
-
         return segment_attention_mass_triton(q, k, q_positions, scale, cu_segments)
     return segment_attention_mass_ref(q, k, q_positions, scale, cu_segments, query_block)
 

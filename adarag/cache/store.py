@@ -1,0 +1,249 @@
+"""Chunk-KV storage: a byte-capped memory tier that spills to a byte-capped disk tier.
+
+An entry is one chunk's KV; several keys may point at it (a chunk's hard and soft keys share one
+copy). Entries evicted from memory are written to disk (if they are not there already); entries
+put with ``persist=True`` are written through at once; :meth:`TieredKVStore.flush` writes the rest.
+Every method takes one lock, so threads of one process may share a store; entries are immutable
+once stored, so readers never see a torn entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from adarag.cache.disk import DiskTier
+from adarag.cache.entry import ChunkKV
+from adarag.cache.eviction import EntryUsage, make_policy
+from adarag.cache.keys import digest
+from adarag.config import StoreConfig
+
+logger = logging.getLogger(__name__)
+
+
+class KVStore(Protocol):
+    """Key-value storage of chunk KV."""
+
+    def get(self, key: str) -> ChunkKV | None:
+        """The entry under ``key``, or None (a miss is normal flow)."""
+        ...
+
+    def contains(self, key: str) -> bool:
+        """Whether ``key`` is stored (in memory or on disk)."""
+        ...
+
+    def put(self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False) -> None:
+        """Store ``kv`` under every key in ``keys`` (replacing what they pointed at)."""
+        ...
+
+
+@dataclass
+class StoreStats:
+    """Sizes and events of a store."""
+
+    memory_bytes: int = 0
+    disk_bytes: int = 0
+    memory_entries: int = 0
+    disk_entries: int = 0
+    memory_evictions: int = 0
+    disk_evictions: int = 0
+    disk_reads: int = 0
+    disk_writes: int = 0
+
+
+@dataclass
+class _Entry:
+    keys: set[str]
+    usage: EntryUsage
+    kv: ChunkKV | None = None  # None: on disk only
+    memory_bytes: int = 0
+    disk_bytes: int = 0  # 0: not on disk
+
+
+@dataclass
+class _Index:
+    entries: dict[str, _Entry] = field(default_factory=dict)
+    key_to_entry: dict[str, str] = field(default_factory=dict)
+
+
+class TieredKVStore:
+    """Memory tier spilling to a disk tier, both capped in bytes, with a pluggable eviction policy.
+
+    Args:
+        config: Capacities, storage dtype, eviction policy.
+        directory: The disk tier's directory for this model, or None for memory only.
+        model_fingerprint: Tells this model's disk entries from any other's.
+
+    Raises:
+        CacheError: The disk directory is not writable.
+    """
+
+    def __init__(self, config: StoreConfig, directory: Path | None, model_fingerprint: str) -> None:
+        self.config = config
+        self.storage_dtype = getattr(torch, config.storage_dtype)
+        self.policy = make_policy(config.eviction_policy)
+        self.stats = StoreStats()
+        self._lock = threading.RLock()
+        self._index = _Index()
+        self.disk: DiskTier | None = None
+        if directory is not None and config.disk_capacity_bytes > 0:
+            self.disk = DiskTier(directory, model_fingerprint)
+        if self.disk is not None:
+            for header in self.disk.scan():  # oldest first: a newer file's keys win
+                for key in header.keys:
+                    self._unlink_key(key)
+                written = header.written_ns / 1e9
+                usage = EntryUsage(0, written, written)
+                self._link(
+                    header.entry_id, _Entry(set(header.keys), usage, disk_bytes=header.nbytes)
+                )
+                self.stats.disk_bytes += header.nbytes
+            self._evict_disk()
+
+    def get(self, key: str) -> ChunkKV | None:
+        """The entry under ``key`` (loaded from disk into memory if needed), or None."""
+        with self._lock:
+            entry_id = self._index.key_to_entry.get(key)
+            if entry_id is None:
+                return None
+            entry = self._index.entries[entry_id]
+            entry.usage.num_hits += 1
+            entry.usage.last_access = time.time()
+            kv = entry.kv
+            if kv is None:
+                kv = self.disk.read(entry_id) if self.disk is not None else None
+                self.stats.disk_reads += 1
+                if kv is None:  # corrupted or removed behind our back: a clean miss
+                    self._forget(entry_id)
+                    return None
+                entry.kv, entry.memory_bytes = kv, kv.nbytes
+                self.stats.memory_bytes += kv.nbytes
+                self._evict_memory(keep=entry_id)
+            return kv
+
+    def contains(self, key: str) -> bool:
+        """Whether ``key`` is stored in either tier."""
+        with self._lock:
+            return key in self._index.key_to_entry
+
+    def put(self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False) -> None:
+        """Store ``kv`` (in the storage dtype) under ``keys``.
+
+        Args:
+            keys: Every key the entry answers to; they stop pointing at older entries.
+            kv: The chunk's KV.
+            persist: Write it to disk now, not only when it is evicted from memory.
+        """
+        assert keys, "an entry needs at least one key"
+        stored = ChunkKV(
+            kv.k.to(self.storage_dtype).contiguous(),
+            kv.v.to(self.storage_dtype).contiguous(),
+            kv.start_position,
+        )
+        entry_id = digest(*sorted(keys))
+        with self._lock:
+            for key in keys:
+                self._unlink_key(key)
+            if entry_id in self._index.entries:
+                self._forget(entry_id)
+            now = time.time()
+            entry = _Entry(set(keys), EntryUsage(0, now, now), stored, stored.nbytes)
+            self._link(entry_id, entry)
+            self.stats.memory_bytes += stored.nbytes
+            if persist:
+                self._write_disk(entry_id, entry)
+            self._evict_memory(keep=entry_id)
+
+    def flush(self) -> None:
+        """Write every memory-only entry to disk (call before the process exits)."""
+        with self._lock:
+            for entry_id, entry in list(self._index.entries.items()):
+                if entry.kv is not None and not entry.disk_bytes:
+                    self._write_disk(entry_id, entry)
+
+    def snapshot(self) -> StoreStats:
+        """A copy of the current statistics."""
+        with self._lock:
+            entries = self._index.entries.values()
+            self.stats.memory_entries = sum(1 for e in entries if e.kv is not None)
+            self.stats.disk_entries = sum(1 for e in entries if e.disk_bytes)
+            return StoreStats(**vars(self.stats))
+
+    # --- internals (called with the lock held)
+
+    def _link(self, entry_id: str, entry: _Entry) -> None:
+        self._index.entries[entry_id] = entry
+        for key in entry.keys:
+            self._index.key_to_entry[key] = entry_id
+
+    def _unlink_key(self, key: str) -> None:
+        entry_id = self._index.key_to_entry.pop(key, None)
+        if entry_id is None:
+            return
+        entry = self._index.entries[entry_id]
+        entry.keys.discard(key)
+        # A file keeps its old key list; on restart the newest file claiming a key wins.
+        if not entry.keys:
+            self._forget(entry_id)
+
+    def _forget(self, entry_id: str) -> None:
+        entry = self._index.entries.pop(entry_id)
+        for key in entry.keys:
+            if self._index.key_to_entry.get(key) == entry_id:
+                del self._index.key_to_entry[key]
+        self.stats.memory_bytes -= entry.memory_bytes
+        if entry.disk_bytes and self.disk is not None:
+            self.disk.remove(entry_id)
+            self.stats.disk_bytes -= entry.disk_bytes
+
+    def _write_disk(self, entry_id: str, entry: _Entry) -> None:
+        kv = entry.kv
+        if self.disk is None or kv is None:
+            return
+        self.stats.disk_bytes -= entry.disk_bytes
+        entry.disk_bytes = self.disk.write(entry_id, tuple(sorted(entry.keys)), kv)
+        self.stats.disk_bytes += entry.disk_bytes
+        self.stats.disk_writes += 1
+        self._evict_disk(keep=entry_id)
+
+    def _priority(self, item: tuple[str, _Entry]) -> tuple[float, ...]:
+        return self.policy.priority(item[1].usage)
+
+    def _evict_memory(self, keep: str) -> None:
+        capacity = self.config.memory_capacity_bytes
+        while self.stats.memory_bytes > capacity:
+            resident = [(i, e) for i, e in self._index.entries.items() if e.kv is not None]
+            candidates = [(i, e) for i, e in resident if i != keep] or resident
+            victim_id, victim = min(
+                candidates, key=lambda item: self.policy.priority(item[1].usage)
+            )
+            if self.disk is not None and not victim.disk_bytes:
+                self._write_disk(victim_id, victim)
+            self.stats.memory_bytes -= victim.memory_bytes
+            self.stats.memory_evictions += 1
+            victim.kv, victim.memory_bytes = None, 0
+            if not victim.disk_bytes:  # no disk tier (or it refused the entry): gone
+                self._forget(victim_id)
+
+    def _evict_disk(self, keep: str | None = None) -> None:
+        if self.disk is None:
+            return
+        capacity = self.config.disk_capacity_bytes
+        while self.stats.disk_bytes > capacity:
+            on_disk = [(i, e) for i, e in self._index.entries.items() if e.disk_bytes and i != keep]
+            if not on_disk:
+                return
+            victim_id, victim = min(on_disk, key=self._priority)
+            self.disk.remove(victim_id)
+            self.stats.disk_bytes -= victim.disk_bytes
+            self.stats.disk_evictions += 1
+            victim.disk_bytes = 0
+            if victim.kv is None:
+                self._forget(victim_id)

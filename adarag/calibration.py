@@ -1,0 +1,80 @@
+"""Collecting calibration records: every augmentation step of validation questions, scored."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from adarag.augment.calibrate import QuestionRecord, StepRecord
+from adarag.augment.confidence import LensSignals
+from adarag.metrics import best_f1, token_f1
+from adarag.pipeline import AdaRAG
+from adarag.schema import GenerationParams, StepTrace
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ValidationQuestion:
+    """A question, its retrieved chunks (in order) and its gold answers."""
+
+    question: str
+    chunks: tuple[str, ...]
+    answers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RecordedQuestion:
+    """Calibration record of one question with the answers behind its qualities."""
+
+    record: QuestionRecord
+    step_answers: tuple[str, ...]
+    reference_answer: str
+    gold_f1: tuple[float, ...]
+
+
+def record_questions(
+    rag: AdaRAG, questions: Iterable[ValidationQuestion], params: GenerationParams
+) -> list[RecordedQuestion]:
+    """Run every step of each question; quality = token F1 with the full-recomputation answer.
+
+    The reference answer is decoded from all chunks with full recomputation (no cache), the
+    quality the design asks to judge first; gold F1 per step is kept for reporting. Each
+    question's chunks are warmed first (as ingest does), so every step sees the KV a production
+    query would.
+    """
+    recorded = []
+    for item in questions:
+        rag.warm(item.chunks)
+        layout = rag.generator.layout(item.question, item.chunks)
+        full = rag.generator.prefill(layout, max_new_tokens=params.max_new_tokens)
+        reference = "".join(rag.generator.stream(layout, full, params)).strip()
+        steps = rag.answer_each_step(item.question, item.chunks, params)
+        recorded.append(_record(steps, reference, item.answers, layout.num_tokens))
+        logger.info("recorded %d steps of %r", len(steps), item.question[:50])
+    return recorded
+
+
+def _record(
+    steps: Sequence[tuple[StepTrace, str]],
+    reference: str,
+    gold: Sequence[str],
+    num_static_tokens: int,
+) -> RecordedQuestion:
+    records = []
+    for trace, answer in steps:
+        assert trace.mean_kl is not None and trace.entropy is not None
+        records.append(
+            StepRecord(
+                LensSignals((trace.mean_kl,), trace.entropy),
+                trace.num_processed_tokens,
+                token_f1(answer, reference),
+            )
+        )
+    return RecordedQuestion(
+        QuestionRecord(tuple(records), num_static_tokens),
+        tuple(answer for _, answer in steps),
+        reference,
+        tuple(best_f1(answer, gold) for _, answer in steps),
+    )

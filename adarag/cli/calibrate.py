@@ -1,0 +1,116 @@
+"""``adarag calibrate``: fit λ, τ and the normalisers of the augmentation confidence."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from adarag.augment.calibrate import CalibrationFit, fit
+from adarag.cache.profile import Calibration
+from adarag.calibration import ValidationQuestion, record_questions
+from adarag.cli.options import add_model_arguments, build_config
+from adarag.data import demo_corpus, demo_questions
+from adarag.pipeline import AdaRAG
+from adarag.plots import plot_tradeoff
+from adarag.retrievers import MemoryRetriever
+from adarag.schema import Chunk, GenerationParams
+
+HELP = "fit the augmentation confidence (λ, τ, normalisers) on validation questions"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the command's options."""
+    parser.add_argument(
+        "--data",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="JSONL files of {question, answers, passages} (e.g. musique_dev.jsonl); "
+        "default: the bundled questions over the bundled corpus",
+    )
+    parser.add_argument("--offset", type=int, default=0, help="skip this many questions per file")
+    parser.add_argument("--questions", type=int, default=20, help="questions per file")
+    parser.add_argument("--chunks", type=int, default=6, help="k, chunks retrieved per question")
+    parser.add_argument(
+        "--cost-weight", type=float, default=0.3, help="objective: quality - w * cost ratio"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--output", type=Path, help="profile JSON to write (default: the home)")
+    parser.add_argument("--plot", type=Path, help="trade-off curve PNG (default: beside it)")
+    add_model_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Record every step of each question, fit, save into the model profile, plot."""
+    config = build_config(args)
+    rag = AdaRAG(config)
+    questions = _questions(args.data, args.offset, args.questions, args.chunks)
+    params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    recorded = record_questions(rag, questions, params)
+    result = fit([item.record for item in recorded], args.cost_weight)
+    chosen = result.chosen
+    calibration = Calibration(
+        threshold=round(chosen.threshold, 4),
+        kl_weight=round(chosen.kl_weight, 4),
+        kl_scale=round(result.kl_scale, 6),
+        entropy_scale=round(result.entropy_scale, 6),
+    )
+    profile = rag.profile.with_calibration(calibration)
+    output = args.output or config.home / "profiles" / f"{rag.generator.fingerprint}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(profile.to_json() + "\n")
+    records_path = output.with_name(output.stem + ".calibration-records.json")
+    records_path.write_text(json.dumps([asdict(item) for item in recorded]) + "\n")
+    plot = plot_tradeoff(result, args.plot or output.with_name(output.stem + ".tradeoff.png"))
+    _report(result, recorded, calibration, output, plot)
+    return 0
+
+
+def _report(
+    result: CalibrationFit, recorded: list, calibration: Calibration, output: Path, plot: Path
+) -> None:
+    chosen = result.chosen
+    depth = int(round(chosen.mean_chunks))
+    gold_static = sum(item.gold_f1[-1] for item in recorded) / len(recorded)
+    print(f"calibrated on {len(recorded)} questions: {calibration}")
+    print(
+        f"chosen λ={chosen.kl_weight:.2f} τ={chosen.threshold:.2f}: mean depth "
+        f"{chosen.mean_chunks:.2f} chunks (~{depth}), agreement with the full answer "
+        f"{chosen.quality:.3f}, cost {chosen.cost:.2f} of static top-k"
+    )
+    print(f"gold F1 of static top-k (fused, all chunks): {100 * gold_static:.1f}")
+    print(f"profile: {output}\ntrade-off curve: {plot}")
+
+
+def _questions(
+    files: list[Path], offset: int, count: int, num_chunks: int
+) -> list[ValidationQuestion]:
+    """Top-k chunks per question by BM25 over its own passages (or the bundled corpus)."""
+    if not files:
+        retriever = MemoryRetriever(demo_corpus())
+        return [
+            ValidationQuestion(
+                str(record["question"]),
+                tuple(c.text for c in retriever.retrieve(str(record["question"]), num_chunks)),
+                tuple(record["answers"]),  # type: ignore[arg-type]
+            )
+            for record in demo_questions()[offset : offset + count]
+        ]
+    questions = []
+    for path in files:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for row in rows[offset : offset + count]:
+            passages = [
+                Chunk(f"{p['title']}\n{p['text']}" if p.get("title") else p["text"])
+                for p in row["passages"]
+            ]
+            top = MemoryRetriever(passages).retrieve(row["question"], num_chunks)
+            if len(top) == num_chunks:
+                questions.append(
+                    ValidationQuestion(
+                        row["question"], tuple(c.text for c in top), tuple(row["answers"])
+                    )
+                )
+    return questions

@@ -1,0 +1,1 @@
+"""The benchmark harness behind ``adarag bench``: policies, workloads, runs and reports."""

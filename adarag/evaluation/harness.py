@@ -1,0 +1,150 @@
+"""Running a policy over a query stream and recording every query."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from adarag.config import AdaRagConfig
+from adarag.engine.interface import Generator
+from adarag.evaluation.policies import Policy
+from adarag.evaluation.workload import BenchQuestion, StreamItem, distinct_chunks
+from adarag.metrics import best_exact_match, best_f1
+from adarag.pipeline import AdaRAG
+from adarag.schema import GenerationParams, QueryTrace
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QueryRecord:
+    """What one query of the stream did and cost."""
+
+    policy: str
+    qid: str
+    is_repeat: bool
+    top_k: int
+    ttft_s: float
+    num_prompt_tokens: int
+    num_processed_tokens: int
+    num_recomputed_tokens: int
+    num_chunks_used: int
+    stop_reason: str
+    tier_hits: dict[str, int]
+    confidence_s: float
+    prefill_s: float
+    answer: str
+    f1: float
+    exact_match: float
+    store_memory_bytes: int
+    step_confidences: list[float] = field(default_factory=list)
+
+
+class BenchRunner:
+    """Runs policies over one workload, each with a fresh cache that starts from the same ingest.
+
+    Args:
+        generator: The model, shared by every policy.
+        base_config: Configuration the policies' overrides apply to.
+        work_dir: Scratch space for the ingest cache and each policy's cache.
+        params: Decoding options of every query.
+    """
+
+    def __init__(
+        self,
+        generator: Generator,
+        base_config: AdaRagConfig,
+        work_dir: Path,
+        params: GenerationParams,
+    ) -> None:
+        self.generator = generator
+        self.base_config = base_config
+        self.work_dir = work_dir
+        self.params = params
+        self._ingest_dir: Path | None = None
+
+    def ingest(self, questions: Sequence[BenchQuestion]) -> int:
+        """Precompute every chunk's independent KV once (the ingest path); returns how many."""
+        home = self.work_dir / "ingest"
+        config = AdaRagConfig.build(self.base_config, home=home)
+        rag = AdaRAG(config, generator=self.generator)
+        count = rag.warm(distinct_chunks(questions))
+        self._ingest_dir = home / "kv" / self.generator.fingerprint
+        return count
+
+    def run(
+        self,
+        policy: Policy,
+        questions: Sequence[BenchQuestion],
+        stream: Sequence[StreamItem],
+        top_k: int,
+    ) -> list[QueryRecord]:
+        """Answer the stream under ``policy``; its cache starts from the ingest (if it uses it)."""
+        home = self.work_dir / policy.name
+        shutil.rmtree(home, ignore_errors=True)
+        kv_dir = home / "kv" / self.generator.fingerprint
+        kv_dir.mkdir(parents=True)
+        if policy.uses_independent_tier and self._ingest_dir is not None:
+            for path in self._ingest_dir.iterdir():
+                os.link(path, kv_dir / path.name)  # shared read-only files, no copy
+        config = AdaRagConfig.build(self.base_config, home=home, **policy.overrides)
+        rag = AdaRAG(config, generator=self.generator)
+        rag.warm([])  # the system prefix, outside the timed queries
+        records = []
+        for position, item in enumerate(stream):
+            question = questions[item.question_idx]
+            answer = rag.query(
+                question.question, chunks=question.chunks[:top_k], params=self.params
+            )
+            trace = answer.trace
+            tiers = _entry_tiers(trace)
+            records.append(
+                QueryRecord(
+                    policy=policy.name,
+                    qid=question.qid,
+                    is_repeat=item.is_repeat,
+                    top_k=top_k,
+                    ttft_s=trace.ttft_s,
+                    num_prompt_tokens=trace.num_prompt_tokens,
+                    num_processed_tokens=trace.num_processed_tokens,
+                    num_recomputed_tokens=trace.num_recomputed_tokens,
+                    num_chunks_used=trace.num_chunks_used,
+                    stop_reason=trace.stop_reason,
+                    tier_hits=dict(tiers),
+                    confidence_s=sum(step.confidence_s for step in trace.steps),
+                    prefill_s=sum(step.prefill_s for step in trace.steps),
+                    answer=answer.text,
+                    f1=best_f1(answer.text, question.answers),
+                    exact_match=best_exact_match(answer.text, question.answers),
+                    store_memory_bytes=rag.cache_stats().store.memory_bytes,
+                    step_confidences=[s.confidence or 0.0 for s in trace.steps],
+                )
+            )
+            logger.info(
+                "%s %d/%d %s ttft %.2f s, %d chunks, %s",
+                policy.name,
+                position + 1,
+                len(stream),
+                question.qid,
+                trace.ttft_s,
+                trace.num_chunks_used,
+                dict(tiers),
+            )
+        shutil.rmtree(home, ignore_errors=True)
+        return records
+
+
+def _entry_tiers(trace: QueryTrace) -> Counter[str]:
+    """The tier each chunk came from when it entered the prompt.
+
+    A static query has one step holding every chunk; an augmented one adds its last chunk at each
+    step (the earlier ones are the previous steps' hard hits).
+    """
+    tiers: Counter[str] = Counter(trace.steps[0].tiers[:-1])
+    tiers.update(step.tiers[-1] for step in trace.steps)
+    return tiers

@@ -1,0 +1,118 @@
+"""The caching policies the benchmark compares, each a set of configuration overrides.
+
+Baselines follow the AdaCache paper's comparisons (section 4.1 and Figure 6):
+
+- ``full``: full recomputation, nothing reused;
+- ``prefix``: prefix caching -- exact-prefix (hard) reuse only, otherwise full compute;
+- ``promptcache``: independent chunk KV, no recomputation (PromptCache);
+- ``cacheblend``: independent chunk KV with a uniform 15% recomputation chosen by V deviation at
+  the second layer (CacheBlend);
+- ``adacache-static``: AdaCache's tiers and first-layer cross-attention selection, static top-k;
+- ``adacache``: tiers and adaptive context augmentation;
+- ``prefix+aca`` and ``cacheblend+aca``: augmentation on top of the two baselines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A named configuration to benchmark."""
+
+    name: str
+    description: str
+    overrides: dict[str, Any]
+
+    @property
+    def uses_independent_tier(self) -> bool:
+        """Whether ingest-time independent KV matters to this policy."""
+        return bool(self.overrides["cache"]["independent"]["enabled"])
+
+    @property
+    def augments(self) -> bool:
+        """Whether the policy adds chunks one at a time."""
+        return bool(self.overrides["augment"]["enabled"])
+
+
+def _policy(
+    name: str,
+    description: str,
+    *,
+    hard: bool,
+    soft: bool,
+    independent: bool,
+    independent_ratio: float = 0.2,
+    selection: str = "cross_attention",
+    augment: bool = False,
+) -> Policy:
+    cache = {
+        "hard": {"enabled": hard},
+        "soft": {"enabled": soft},
+        "independent": {"enabled": independent, "recompute_ratio": independent_ratio},
+        "recompute": {"selection_policy": selection},
+    }
+    return Policy(name, description, {"cache": cache, "augment": {"enabled": augment}})
+
+
+POLICIES: dict[str, Policy] = {
+    policy.name: policy
+    for policy in (
+        _policy("full", "full recomputation", hard=False, soft=False, independent=False),
+        _policy(
+            "prefix", "prefix caching (exact prefix only)", hard=True, soft=False, independent=False
+        ),
+        _policy(
+            "promptcache",
+            "independent chunk KV, no recomputation",
+            hard=False,
+            soft=False,
+            independent=True,
+            independent_ratio=0.0,
+        ),
+        _policy(
+            "cacheblend",
+            "independent KV + 15% recomputation by V deviation",
+            hard=False,
+            soft=False,
+            independent=True,
+            independent_ratio=0.15,
+            selection="kv_deviation",
+        ),
+        _policy(
+            "adacache-static",
+            "AdaCache tiers, static top-k",
+            hard=True,
+            soft=True,
+            independent=True,
+        ),
+        _policy(
+            "adacache",
+            "AdaCache tiers + adaptive augmentation",
+            hard=True,
+            soft=True,
+            independent=True,
+            augment=True,
+        ),
+        _policy(
+            "prefix+aca",
+            "prefix caching + adaptive augmentation",
+            hard=True,
+            soft=False,
+            independent=False,
+            augment=True,
+        ),
+        _policy(
+            "cacheblend+aca",
+            "CacheBlend + adaptive augmentation",
+            hard=False,
+            soft=False,
+            independent=True,
+            independent_ratio=0.15,
+            selection="kv_deviation",
+            augment=True,
+        ),
+    )
+}

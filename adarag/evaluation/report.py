@@ -1,0 +1,114 @@
+"""Aggregating benchmark records into per-policy summaries, a markdown table and ratios."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from adarag.evaluation.harness import QueryRecord
+from adarag.metrics import token_f1
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Mean, median and 95th percentile of TTFT in seconds."""
+
+    mean: float
+    p50: float
+    p95: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Latency | None:
+        """Latency of a non-empty list, else None."""
+        if not values:
+            return None
+        ordered = sorted(values)
+        p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+        return cls(statistics.fmean(values), statistics.median(values), p95)
+
+
+@dataclass(frozen=True)
+class PolicySummary:
+    """One policy over one stream."""
+
+    policy: str
+    num_queries: int
+    ttft: Latency
+    ttft_cold: Latency | None
+    ttft_warm: Latency | None
+    f1: float
+    exact_match: float
+    agreement_f1: float | None
+    recomputed_ratio: float
+    mean_processed_tokens: float
+    mean_prompt_tokens: float
+    mean_chunks_used: float
+    tier_hits: dict[str, int]
+    peak_store_bytes: int
+    confidence_share: float
+
+
+def summarize(records: Sequence[QueryRecord]) -> list[PolicySummary]:
+    """Per-policy summaries; agreement is token F1 with the ``full`` policy's answer."""
+    reference = {r.qid: r.answer for r in records if r.policy == "full"}
+    summaries = []
+    for policy in dict.fromkeys(r.policy for r in records):
+        rows = [r for r in records if r.policy == policy]
+        hits: Counter[str] = Counter()
+        for row in rows:
+            hits.update(row.tier_hits)
+        agreement = [token_f1(r.answer, reference[r.qid]) for r in rows if r.qid in reference]
+        summaries.append(
+            PolicySummary(
+                policy=policy,
+                num_queries=len(rows),
+                ttft=Latency.of([r.ttft_s for r in rows]),  # type: ignore[arg-type]
+                ttft_cold=Latency.of([r.ttft_s for r in rows if not r.is_repeat]),
+                ttft_warm=Latency.of([r.ttft_s for r in rows if r.is_repeat]),
+                f1=100 * statistics.fmean(r.f1 for r in rows),
+                exact_match=100 * statistics.fmean(r.exact_match for r in rows),
+                agreement_f1=100 * statistics.fmean(agreement) if agreement else None,
+                recomputed_ratio=sum(r.num_recomputed_tokens for r in rows)
+                / max(sum(r.num_prompt_tokens for r in rows), 1),
+                mean_processed_tokens=statistics.fmean(r.num_processed_tokens for r in rows),
+                mean_prompt_tokens=statistics.fmean(r.num_prompt_tokens for r in rows),
+                mean_chunks_used=statistics.fmean(r.num_chunks_used for r in rows),
+                tier_hits=dict(hits),
+                peak_store_bytes=max(r.store_memory_bytes for r in rows),
+                confidence_share=sum(r.confidence_s for r in rows)
+                / max(sum(r.prefill_s for r in rows), 1e-9),
+            )
+        )
+    return summaries
+
+
+def markdown_table(summaries: Sequence[PolicySummary]) -> str:
+    """The per-policy table."""
+    lines = [
+        "| policy | TTFT mean (s) | p50 | p95 | cold mean | warm mean | F1 | EM | agreement F1 "
+        "| recomputed | tokens processed | chunks used | tier hits (hard/soft/indep/miss) "
+        "| peak cache (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        hits = "/".join(str(s.tier_hits.get(t, 0)) for t in ("hard", "soft", "independent", "miss"))
+        agreement = "-" if s.agreement_f1 is None else f"{s.agreement_f1:.1f}"
+        cold = "-" if s.ttft_cold is None else f"{s.ttft_cold.mean:.2f}"
+        warm = "-" if s.ttft_warm is None else f"{s.ttft_warm.mean:.2f}"
+        lines.append(
+            f"| {s.policy} | {s.ttft.mean:.2f} | {s.ttft.p50:.2f} | {s.ttft.p95:.2f} | {cold} "
+            f"| {warm} | {s.f1:.1f} | {s.exact_match:.1f} | {agreement} "
+            f"| {s.recomputed_ratio:.1%} | {s.mean_processed_tokens:.0f} "
+            f"| {s.mean_chunks_used:.2f} | {hits} | {s.peak_store_bytes / 2**20:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def speedups(summaries: Sequence[PolicySummary], of: str = "adacache") -> dict[str, float]:
+    """Mean-TTFT ratio of every other policy to ``of`` (above 1: ``of`` is faster)."""
+    by_name = {s.policy: s for s in summaries}
+    if of not in by_name:
+        return {}
+    return {name: s.ttft.mean / by_name[of].ttft.mean for name, s in by_name.items() if name != of}

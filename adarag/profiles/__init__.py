@@ -1,0 +1,1 @@
+"""Packaged model profiles (attention sinks and augmentation calibration)."""

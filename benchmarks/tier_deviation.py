@@ -1,0 +1,120 @@
+"""Deviation from full prefill of KV taken from each cache tier, at several recomputation ratios.
+
+For each musique question, prompt ``P = [c1..c6]``. Chunks 3-6 take their KV from one tier at a
+time (chunks 1-2 are exact in every variant, so rows compare like with like):
+
+- hard: their KV from ``P`` itself (exact prefix);
+- soft: ``c_i``'s KV from a real earlier prompt ``[c1, d, c_{i-1}, c_i]`` -- the same effective
+  prefix (predecessor, and the sink chunk c1 of the model's profile) but another full prefix and
+  other positions; the benchmark checks that the soft keys match;
+- independent: ``c_i`` computed alone after the system prefix.
+
+Reported over chunks 3-6's rows: relative L2 of K and of V over all layers, and KL(full || fused)
+of the last-token logits. Run: ``python benchmarks/tier_deviation.py --questions 8``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+from common import load_jsonl, machine, write_results
+
+from adarag import AdaRAG
+from adarag.engine.batch import SegmentSource
+
+RATIOS = (0.0, 0.05, 0.15, 0.3, 0.5)
+
+
+def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """KL(reference || other) of two logit vectors, in nats."""
+    log_p, log_q = torch.log_softmax(reference, -1), torch.log_softmax(other, -1)
+    return float((log_p.exp() * (log_p - log_q)).sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--data-dir", type=Path)
+    args = parser.parse_args()
+
+    rag = AdaRAG()
+    generator, cache = rag.generator, rag.cache
+    config = rag.config.cache
+    rows = load_jsonl("musique_dev.jsonl", args.data_dir)
+    results: dict[str, dict[float, list[tuple[float, float, float]]]] = {
+        tier: {r: [] for r in RATIOS} for tier in ("hard", "soft", "independent")
+    }
+    for q_idx in range(args.questions):
+        row = rows[q_idx]
+        chunks = [p["text"] for p in row["passages"][:6]]
+        distractor = rows[(q_idx + 1) % len(rows)]["passages"][7]["text"]
+        layout = generator.layout(row["question"], chunks)
+        cu = layout.cu_segments
+        full = generator.prefill(layout)
+        exact = [full.kv.segment(cu[i + 1], cu[i + 2]) for i in range(6)]
+        system_kv = full.kv.segment(0, cu[1])
+        keys = cache.keys(layout.chunk_ids)
+        soft, independent = {}, {}
+        for i in range(2, 6):
+            earlier = generator.layout(
+                row["question"], [chunks[0], distractor, chunks[i - 1], chunks[i]]
+            )
+            earlier_keys = cache.keys(earlier.chunk_ids)
+            assert earlier_keys.soft[3] == keys.soft[i], "earlier prompt must share the soft key"
+            assert earlier_keys.hard[3] != keys.hard[i]
+            ecu = earlier.cu_segments
+            soft[i] = generator.prefill(earlier).kv.segment(ecu[4], ecu[5])
+            independent[i] = generator.compute_chunk(layout.chunk_ids[i], system_kv)
+        rows_slice = slice(cu[3], cu[7])
+        variants = {
+            "hard": dict(enumerate(exact)).get,
+            "soft": soft.get,
+            "independent": independent.get,
+        }
+        for tier, source_of in variants.items():
+            for ratio in RATIOS if tier != "hard" else (0.0,):
+                sources = [
+                    SegmentSource(system_kv),
+                    SegmentSource(exact[0]),
+                    SegmentSource(exact[1]),
+                ]
+                sources += [SegmentSource(source_of(i), ratio) for i in range(2, 6)]
+                sources.append(SegmentSource())
+                fused = generator.prefill(layout, sources)
+                dk = (fused.kv.k[:, rows_slice] - full.kv.k[:, rows_slice]).norm()
+                dv = (fused.kv.v[:, rows_slice] - full.kv.v[:, rows_slice]).norm()
+                rel_k = float(dk / full.kv.k[:, rows_slice].norm())
+                rel_v = float(dv / full.kv.v[:, rows_slice].norm())
+                results[tier][ratio].append(
+                    (rel_k, rel_v, kl_divergence(full.logits, fused.logits))
+                )
+        print(f"{row['id']} done")
+
+    lines = [
+        f"Deviation from full prefill, chunks 3-6 of {args.questions} musique prompts "
+        f"(6 passages each), real model; configured α = {config.soft.recompute_ratio}, "
+        f"β = {config.independent.recompute_ratio}; selection policy "
+        f"{config.recompute.selection_policy}.",
+        f"Machine: {machine()['cpu']}, {machine()['cores']} cores.",
+        "",
+        "| tier | recompute ratio | rel. L2 of K | rel. L2 of V | KL of last-token logits |",
+        "|---|---|---|---|---|",
+    ]
+    summary = {}
+    for tier, by_ratio in results.items():
+        for ratio, values in by_ratio.items():
+            if not values:
+                continue
+            means = [statistics.fmean(v[i] for v in values) for i in range(3)]
+            summary[f"{tier}@{ratio}"] = dict(zip(("rel_k", "rel_v", "kl"), means, strict=True))
+            lines.append(f"| {tier} | {ratio} | {means[0]:.4f} | {means[1]:.4f} | {means[2]:.4f} |")
+    table = "\n".join(lines)
+    print(table)
+    write_results("tier_deviation", {"machine": machine(), "summary": summary}, table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The stop rule and the controller, table-driven with fixed confidence values."""
+
+from __future__ import annotations
+
+import pytest
+
+from adarag.augment import (
+    AugmentationController,
+    ConfidenceParams,
+    LensConfidence,
+    LensSignals,
+    StepResult,
+    ThresholdStop,
+)
+from adarag.errors import ConfigError, InputError
+
+
+@pytest.mark.parametrize(
+    ("confidence", "step", "max_steps", "min_steps", "expected"),
+    [
+        (0.9, 1, 6, 1, "confident"),
+        (0.5, 1, 6, 1, "confident"),  # reaching τ is enough
+        (0.49, 1, 6, 1, None),
+        (0.49, 6, 6, 1, "exhausted"),
+        (0.9, 6, 6, 1, "confident"),  # confident wins over exhausted
+        (0.9, 1, 6, 2, None),  # not before min_steps
+        (0.9, 2, 6, 2, "confident"),
+        (0.0, 1, 1, 1, "exhausted"),
+    ],
+)
+def test_threshold_stop_rule(confidence, step, max_steps, min_steps, expected):
+    rule = ThresholdStop(threshold=0.5, min_steps=min_steps)
+    assert rule.decide(confidence, step, max_steps) == expected
+
+
+class _FixedConfidence:
+    """An estimator that returns preset confidences, one per step."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def __call__(self, signals):
+        from adarag.augment import Confidence
+
+        return Confidence(self.values[int(signals.entropy)], 0.0, 0.0)
+
+
+def _result(step: int) -> StepResult:
+    return StepResult(LensSignals((), float(step - 1)), 10 * step, step, 0.1, 0.001)
+
+
+@pytest.mark.parametrize(
+    ("confidences", "k", "steps_taken", "reason", "kept"),
+    [
+        ([0.9, 0.1, 0.1], 3, 1, "confident", []),
+        ([0.1, 0.2, 0.8, 0.9], 4, 3, "confident", [1, 2]),
+        ([0.1, 0.2, 0.3], 3, 3, "exhausted", [1, 2]),
+        ([0.1], 1, 1, "exhausted", []),
+    ],
+)
+def test_controller_runs_steps_until_the_rule_stops(confidences, k, steps_taken, reason, kept):
+    controller = AugmentationController(_FixedConfidence(confidences), ThresholdStop(0.7))
+    ran, keeps = [], []
+
+    def run_step(step):
+        ran.append(step)
+        return _result(step)
+
+    outcome = controller.run(k, run_step, keeps.append)
+    assert ran == list(range(1, steps_taken + 1))
+    assert outcome.stop_reason == reason
+    assert outcome.num_chunks == steps_taken
+    assert keeps == kept
+    assert [s.confidence.value for s in outcome.steps] == confidences[:steps_taken]
+
+
+def test_zero_chunks_is_rejected():
+    controller = AugmentationController(_FixedConfidence([1.0]), ThresholdStop(0.5))
+    with pytest.raises(InputError, match="k=0"):
+        controller.run(0, _result, lambda step: None)
+
+
+def test_confidence_combines_normalised_kl_and_entropy():
+    params = ConfidenceParams(kl_weight=0.25, kl_scale=2.0, entropy_scale=4.0)
+    signals = LensSignals(kl=(1.0, 3.0), entropy=1.0)  # mean KL 2.0 -> 1.0; entropy -> 0.25
+    combined = LensConfidence(params)(signals)
+    assert combined.kl_score == 1.0 and combined.entropy_score == 0.25
+    assert combined.value == pytest.approx(1 - (0.25 * 1.0 + 0.75 * 0.25))
+    assert LensConfidence(params, "entropy")(signals).value == pytest.approx(0.75)
+    assert LensConfidence(params, "kl")(signals).value == pytest.approx(0.0)
+    confident = LensConfidence(params)(LensSignals(kl=(0.0,), entropy=0.0))
+    assert confident.value == 1.0
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.1])
+def test_threshold_and_weight_outside_unit_interval_are_rejected(value):
+    with pytest.raises(ConfigError, match=r"τ\) must be in \[0, 1\]"):
+        ThresholdStop(threshold=value)
+    with pytest.raises(ConfigError, match=r"λ\) must be in \[0, 1\]"):
+        ConfidenceParams(kl_weight=value, kl_scale=1.0, entropy_scale=1.0)

@@ -1,0 +1,100 @@
+"""The benchmark harness: the query stream, and a tiny end-to-end ``adarag bench`` run."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from adarag.cli import main
+from adarag.evaluation.workload import query_stream
+from tests.unit.engine.helpers import CHUNKS
+
+
+def test_stream_asks_every_question_once_before_power_law_repeats():
+    stream = query_stream(num_questions=10, num_queries=400, zipf_s=1.1, seed=3)
+    first = stream[:10]
+    assert sorted(item.question_idx for item in first) == list(range(10))
+    assert not any(item.is_repeat for item in first)
+    assert all(item.is_repeat for item in stream[10:])
+    counts = Counter(item.question_idx for item in stream[10:])
+    frequencies = sorted(counts.values(), reverse=True)
+    assert frequencies[0] > 3 * frequencies[-1]  # a head of popular questions, a long tail
+    assert query_stream(10, 400, 1.1, seed=3) == stream
+
+
+def test_tiny_bench_run_writes_tables_json_and_plots(tiny_checkpoints, tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    rows = [
+        {
+            "id": "q1",
+            "question": "what is the capital of france?",
+            "answers": ["paris"],
+            "passages": [{"title": "", "text": text} for text in CHUNKS],
+        },
+        {
+            "id": "q2",
+            "question": "what runs through berlin?",
+            "answers": ["the spree"],
+            "passages": [{"title": "", "text": text} for text in reversed(CHUNKS)],
+        },
+    ]
+    (data_dir / "hotpotqa_dev.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "home": str(tmp_path / "home"),
+                "engine": {"model": str(tiny_checkpoints["llama"])},
+                "augment": {"num_lens_layers": 2, "threshold": 0.0},
+            }
+        )
+    )
+    out = tmp_path / "out"
+    status = main(
+        [
+            "--config",
+            str(config),
+            "bench",
+            "--dataset",
+            "hotpotqa",
+            "--data-dir",
+            str(data_dir),
+            "--limit",
+            "2",
+            "--queries",
+            "3",
+            "--top-k",
+            "2",
+            "--top-k-sweep",
+            "1",
+            "--policies",
+            "full",
+            "prefix",
+            "cacheblend",
+            "adacache",
+            "--max-new-tokens",
+            "2",
+            "--output",
+            str(out),
+        ]
+    )
+    assert status == 0
+    payload = json.loads((out / "hotpotqa.json").read_text())
+    names = [s["policy"] for s in payload["summaries"]]
+    assert names == ["full", "prefix", "cacheblend", "adacache"]
+    for summary in payload["summaries"]:
+        assert summary["num_queries"] == 3
+        assert summary["ttft"]["mean"] > 0
+    full = payload["summaries"][0]
+    assert full["agreement_f1"] == 100.0 and full["recomputed_ratio"] == 1.0
+    adacache = payload["summaries"][3]
+    assert adacache["mean_chunks_used"] == 1.0  # τ = 0: the first step is confident
+    assert set(payload["top_k_sweep"]) == {"1", "2"}
+    for name in (
+        "hotpotqa.md",
+        "hotpotqa_ttft_vs_f1.png",
+        "hotpotqa_depths.png",
+        "hotpotqa_ttft_vs_topk.png",
+    ):
+        assert (out / name).stat().st_size > 0

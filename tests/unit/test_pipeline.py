@@ -1,0 +1,120 @@
+"""AdaRAG with a tiny engine: augmentation steps, traces, streaming, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from adarag import AdaRAG, Chunk, MemoryRetriever
+from adarag.config import AdaRagConfig
+from adarag.errors import ConfigError, InputError
+from adarag.pipeline import NO_CONTEXT_ANSWER
+from adarag.schema import GenerationParams
+from tests.unit.engine.helpers import CHUNKS, QUESTION
+
+PARAMS = GenerationParams(max_new_tokens=4)
+
+
+@pytest.fixture()
+def make_rag(tiny_checkpoints, tiny_config):
+    def make(**overrides):
+        return AdaRAG(
+            tiny_config(tiny_checkpoints["llama"], **overrides),
+            retriever=MemoryRetriever([Chunk(text) for text in CHUNKS]),
+        )
+
+    return make
+
+
+def test_each_step_reuses_the_previous_steps_chunks_from_the_hard_tier(make_rag):
+    rag = make_rag(augment={"threshold": 1.0})  # never confident: every chunk is added
+    answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
+    layout = rag.generator.layout(QUESTION, CHUNKS)
+    steps = answer.trace.steps
+    assert [s.num_chunks for s in steps] == [1, 2, 3]
+    assert answer.trace.stop_reason == "exhausted"
+    for idx, step in enumerate(steps):
+        assert step.tiers[:idx] == ("hard",) * idx
+        assert step.tiers[idx] == "miss"
+        # only the new chunk and the query suffix are computed
+        expected = len(layout.chunk_ids[idx]) + len(layout.query_ids)
+        assert step.num_recomputed_tokens == expected
+        assert step.num_processed_tokens == expected
+
+
+def test_a_confident_first_step_stops_with_one_chunk(make_rag):
+    rag = make_rag(augment={"threshold": 0.0})
+    answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
+    assert answer.trace.stop_reason == "confident"
+    assert len(answer.trace.steps) == 1
+    assert answer.chunks == (Chunk(CHUNKS[0]),)
+
+
+def test_the_trace_is_complete(make_rag):
+    answer = make_rag(augment={"threshold": 1.0}).query(QUESTION, params=PARAMS)
+    trace = answer.trace
+    assert trace.ttft_s > 0 and trace.retrieval_s > 0
+    assert trace.num_prompt_tokens > 0
+    for step in trace.steps:
+        assert 0.0 <= step.confidence <= 1.0
+        assert 0.0 <= step.kl_score <= 1.0 and 0.0 <= step.entropy_score <= 1.0
+        assert step.prefill_s > 0 and step.confidence_s > 0
+        assert len(step.tiers) == step.num_chunks
+    assert answer.num_completion_tokens > 0
+    assert (
+        answer.num_cached_tokens == trace.num_prompt_tokens - trace.steps[-1].num_recomputed_tokens
+    )
+
+
+def test_static_mode_is_one_step_over_all_chunks(make_rag):
+    answer = make_rag(augment={"enabled": False}).query(QUESTION, params=PARAMS)
+    assert answer.trace.stop_reason == "static"
+    assert [s.num_chunks for s in answer.trace.steps] == [3]
+    assert answer.trace.steps[0].confidence is not None
+
+
+def test_stream_yields_deltas_and_knows_its_chunks_first(make_rag):
+    stream = make_rag().stream(QUESTION, params=GenerationParams(max_new_tokens=6))
+    assert stream.chunks and stream.trace.steps
+    deltas = list(stream)
+    assert "".join(deltas) == stream.text
+    assert stream.answer().text == stream.text.strip()
+
+
+def test_concurrent_async_queries_both_complete(make_rag):
+    rag = make_rag()
+
+    async def both():
+        return await asyncio.gather(
+            rag.aquery(QUESTION, params=PARAMS), rag.aquery("where is berlin?", params=PARAMS)
+        )
+
+    first, second = asyncio.run(both())
+    assert first.trace.steps and second.trace.steps
+
+
+def test_no_retrievable_context_gives_a_clear_answer(make_rag):
+    answer = make_rag().query("zzz qqq", params=PARAMS)
+    assert answer.text == NO_CONTEXT_ANSWER
+    assert answer.trace.stop_reason == "no_context" and answer.chunks == ()
+
+
+def test_bad_requests_are_rejected(make_rag):
+    rag = make_rag()
+    with pytest.raises(InputError, match="top_k must be at least 1"):
+        rag.query(QUESTION, top_k=0)
+    with pytest.raises(InputError, match="question is empty"):
+        rag.query("  ")
+
+
+def test_more_lens_layers_than_the_model_has_is_rejected(make_rag):
+    rag = make_rag(augment={"num_lens_layers": 5})
+    with pytest.raises(ConfigError, match="num_lens_layers is 5 but the model has only 2 layers"):
+        rag.query(QUESTION, params=PARAMS)
+
+
+@pytest.mark.parametrize("field", ["threshold", "kl_weight"])
+def test_threshold_and_weight_outside_unit_interval_are_config_errors(field):
+    with pytest.raises(ConfigError, match=field):
+        AdaRagConfig.build(augment={field: 1.5})
