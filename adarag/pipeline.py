@@ -6,8 +6,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from adarag.cache.entry import ChunkKV
@@ -15,6 +16,7 @@ from adarag.config import AdaRagConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.detokenizer import StreamingDetokenizer
 from adarag.engine.interface import Generator, create_generator
+from adarag.engine.prompt import PromptBuilder
 from adarag.errors import ConfigError, InputError
 from adarag.retrievers.base import Retriever
 from adarag.schema import (
@@ -68,12 +70,15 @@ class AdaRAG:
         >>> async for delta in rag.astream("..."): ...
 
     Calls from several threads or tasks are safe: engine work (each prefill and each decode
-    step) is serialised by one lock, so concurrent requests interleave step by step.
+    step) is serialised by one lock, so concurrent requests interleave step by step. Pipelines
+    made with :meth:`with_config` share the generator and that lock.
 
     Args:
         config: The configuration; defaults when None.
         retriever: Where chunks come from when a call passes none.
         generator: A ready generator (shares its weights); built from ``config`` when None.
+        engine_lock: The lock serialising engine work, shared with other pipelines that drive
+            the same generator; a new one when None (see :meth:`with_config`).
         **overrides: Config overrides, e.g. ``cache={"soft": {"recompute_ratio": 0.05}}``.
     """
 
@@ -83,13 +88,14 @@ class AdaRAG:
         *,
         retriever: Retriever | None = None,
         generator: Generator | None = None,
+        engine_lock: threading.Lock | None = None,
         **overrides: Any,
     ) -> None:
         self.config = AdaRagConfig.build(config, **overrides) if overrides else config
         self.config = self.config or AdaRagConfig()
         self.retriever = retriever
         self._generator = generator
-        self._engine_lock = threading.Lock()
+        self._engine_lock = engine_lock or threading.Lock()
         self._system_kv: ChunkKV | None = None
         self._chunk_kv: dict[tuple[int, ...], ChunkKV] = {}
 
@@ -101,6 +107,35 @@ class AdaRAG:
                 if self._generator is None:
                     self._generator = create_generator(self.config)
         return self._generator
+
+    @cached_property
+    def prompts(self) -> PromptBuilder:
+        """The prompt builder for this pipeline's ``config.prompt``."""
+        generator_prompts = self.generator.prompts
+        if generator_prompts.config == self.config.prompt:
+            return generator_prompts
+        return PromptBuilder(generator_prompts.tokenizer, self.config.prompt)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (for token-sized chunking and counting)."""
+        return self.generator.prompts.tokenizer
+
+    def with_config(self, **overrides: Any) -> AdaRAG:
+        """A pipeline with config overrides that shares this one's generator and engine lock.
+
+        Example:
+            >>> terse = rag.with_config(prompt={"system_prompt": "Answer in one word."})
+
+        Raises:
+            ConfigError: An override names no field or has an invalid value.
+        """
+        return AdaRAG(
+            AdaRagConfig.build(self.config, **overrides),
+            retriever=self.retriever,
+            generator=self.generator,
+            engine_lock=self._engine_lock,
+        )
 
     # --- retrieval and warming
 
@@ -127,7 +162,7 @@ class AdaRAG:
         computed = 0
         for chunk in chunks:
             text = chunk.text if isinstance(chunk, Chunk) else chunk
-            ids = generator.prompts.chunk_ids(text)
+            ids = self.prompts.chunk_ids(text)
             if ids not in self._chunk_kv:
                 with self._engine_lock:
                     self._chunk_kv[ids] = generator.compute_chunk(ids, system_kv)
@@ -198,12 +233,67 @@ class AdaRAG:
         )
         return AsyncAnswerStream(stream)
 
+    def generate(
+        self,
+        prompt: str | Sequence[Mapping[str, str]],
+        *,
+        params: GenerationParams | None = None,
+    ) -> AnswerStream:
+        """Prefill a plain prompt now (no retrieval, no chunk KV); return a stream of deltas.
+
+        Args:
+            prompt: Text already in the model's format, or chat messages (``{"role", "content"}``
+                mappings) rendered with the model's chat template.
+            params: Decoding options.
+
+        Raises:
+            InputError: The prompt is empty or does not fit the context.
+        """
+        generator = self.generator
+        started = time.perf_counter()
+        params = params or GenerationParams()
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise InputError("the prompt is empty; pass a non-empty prompt")
+            ids = self.prompts.text_ids(prompt)
+        else:
+            ids = self.prompts.chat_ids(prompt)
+        layout = PromptLayout((), (), ids)
+        with self._engine_lock:
+            output = generator.prefill(layout, max_new_tokens=params.max_new_tokens)
+        prefill_s = time.perf_counter() - started
+        step = StepTrace(
+            num_chunks=0,
+            confidence=None,
+            kl_score=None,
+            entropy_score=None,
+            num_processed_tokens=output.num_processed_tokens,
+            num_recomputed_tokens=output.num_recomputed_tokens,
+            tiers=(),
+            prefill_s=prefill_s,
+            confidence_s=0.0,
+        )
+        trace = QueryTrace(
+            steps=(step,), stop_reason="static", ttft_s=prefill_s, num_prompt_tokens=len(ids)
+        )
+        return AnswerStream(self, _Prepared(layout, output, (), trace, 0), params)
+
+    async def agenerate(
+        self,
+        prompt: str | Sequence[Mapping[str, str]],
+        *,
+        params: GenerationParams | None = None,
+    ) -> AsyncAnswerStream:
+        """Async :meth:`generate`; prefill and each decode step run in a worker thread."""
+        stream = await asyncio.to_thread(self.generate, prompt, params=params)
+        return AsyncAnswerStream(stream)
+
     # --- internals
 
     def _ensure_system_kv(self) -> ChunkKV:
         if self._system_kv is None:
             generator = self.generator
-            system_ids = generator.prompts.system_ids
+            system_ids = self.prompts.system_ids
             with self._engine_lock:
                 output = generator.prefill(PromptLayout((), (), system_ids))
             self._system_kv = output.kv.segment(0, len(system_ids))
@@ -218,7 +308,7 @@ class AdaRAG:
         retrieval_s: float,
     ) -> _Prepared:
         generator = self.generator
-        layout = generator.layout(question, [chunk.text for chunk in chunks])
+        layout = self.prompts.layout(question, [chunk.text for chunk in chunks])
         generator.check_fits(layout, params.max_new_tokens)
         system_kv = self._ensure_system_kv()
         ratio = self.config.cache.independent.recompute_ratio
