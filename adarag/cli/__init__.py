@@ -7,10 +7,16 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from adarag.cli import ask, demo, setup
+from adarag.cli import ask, chat, demo, ingest, setup
 from adarag.errors import AdaRagError
 
-_COMMANDS = {"setup": setup, "ask": ask, "demo": demo}
+_COMMANDS = {
+    "setup": setup,
+    "ingest": ingest,
+    "ask": ask,
+    "chat": chat,
+    "demo": demo,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

