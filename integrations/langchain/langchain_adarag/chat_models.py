@@ -82,8 +82,9 @@ class ChatAdaRag(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        answer = self._rag.generate(chat_messages(messages), params=self._params(stop)).answer()
-        return self._result(answer)
+        params = self._params(stop, **kwargs)
+        answer = self._rag.generate(chat_messages(messages), params=params).answer()
+        return self._result(answer, params)
 
     async def _agenerate(
         self,
@@ -92,8 +93,9 @@ class ChatAdaRag(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        stream = await self._rag.agenerate(chat_messages(messages), params=self._params(stop))
-        return self._result(await stream.answer())
+        params = self._params(stop, **kwargs)
+        stream = await self._rag.agenerate(chat_messages(messages), params=params)
+        return self._result(await stream.answer(), params)
 
     def _stream(
         self,
@@ -102,13 +104,14 @@ class ChatAdaRag(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        stream = self._rag.generate(chat_messages(messages), params=self._params(stop))
+        params = self._params(stop, **kwargs)
+        stream = self._rag.generate(chat_messages(messages), params=params)
         for delta in stream:
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
             if run_manager is not None:
                 run_manager.on_llm_new_token(delta, chunk=chunk)
             yield chunk
-        yield self._last_chunk(stream.answer())
+        yield self._last_chunk(stream.answer(), params)
 
     async def _astream(
         self,
@@ -117,42 +120,46 @@ class ChatAdaRag(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        stream = await self._rag.agenerate(chat_messages(messages), params=self._params(stop))
+        params = self._params(stop, **kwargs)
+        stream = await self._rag.agenerate(chat_messages(messages), params=params)
         async for delta in stream:
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
             if run_manager is not None:
                 await run_manager.on_llm_new_token(delta, chunk=chunk)
             yield chunk
-        yield self._last_chunk(await stream.answer())
+        yield self._last_chunk(await stream.answer(), params)
 
     # --- internals
 
-    def _params(self, stop: list[str] | None) -> GenerationParams:
+    def _params(self, stop: list[str] | None, **kwargs: Any) -> GenerationParams:
+        """Decoding options; ``max_tokens`` and ``temperature`` may be bound per call."""
         return GenerationParams(
-            max_new_tokens=self.max_tokens, temperature=self.temperature, stop=tuple(stop or ())
+            max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
+            temperature=kwargs.get("temperature", self.temperature),
+            stop=tuple(stop or ()),
         )
 
-    def _metadata(self, answer: Answer) -> dict[str, Any]:
-        hit_cap = answer.num_completion_tokens >= self.max_tokens
+    def _metadata(self, answer: Answer, params: GenerationParams) -> dict[str, Any]:
+        hit_cap = answer.num_completion_tokens >= params.max_new_tokens
         return {
             "model_name": self.adarag_config.engine.model,
             "finish_reason": "length" if hit_cap else "stop",
             "ttft_s": answer.trace.ttft_s,
         }
 
-    def _result(self, answer: Answer) -> ChatResult:
+    def _result(self, answer: Answer, params: GenerationParams) -> ChatResult:
         message = AIMessage(
             content=answer.text,
             usage_metadata=usage_metadata(answer),
-            response_metadata=self._metadata(answer),
+            response_metadata=self._metadata(answer, params),
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
-    def _last_chunk(self, answer: Answer) -> ChatGenerationChunk:
+    def _last_chunk(self, answer: Answer, params: GenerationParams) -> ChatGenerationChunk:
         message = AIMessageChunk(
             content="",
             usage_metadata=usage_metadata(answer),
-            response_metadata=self._metadata(answer),
+            response_metadata=self._metadata(answer, params),
             chunk_position="last",
         )
         return ChatGenerationChunk(message=message)
