@@ -91,8 +91,8 @@ class AdaRAG:
         engine_lock: threading.Lock | None = None,
         **overrides: Any,
     ) -> None:
-        self.config = AdaRagConfig.build(config, **overrides) if overrides else config
-        self.config = self.config or AdaRagConfig()
+        built = AdaRagConfig.build(config, **overrides) if overrides else config
+        self.config: AdaRagConfig = built or AdaRagConfig()
         self.retriever = retriever
         self._generator = generator
         self._engine_lock = engine_lock or threading.Lock()

@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
             warm_chunks(rag, kb.chunks(), desc="warming stored chunks")
         for record in demo_questions()[: args.questions]:
             question = str(record["question"])
-            print(f"\nQ: {question}  (gold: {', '.join(map(str, record['answers']))})\nA: ", end="")
+            gold = ", ".join(str(answer) for answer in record["answers"])  # type: ignore[attr-defined]
+            print(f"\nQ: {question}  (gold: {gold})\nA: ", end="")
             answer = stream_answer(rag.stream(question, params=params))
             print("\n".join(describe(answer)))
     print(

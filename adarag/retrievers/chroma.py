@@ -197,13 +197,10 @@ class ChromaRetriever:
             )
             if text
         ]
-        if chunks and self.min_top_score is not None and chunks[0].score < self.min_top_score:
-            logger.info(
-                "best of %d chunks scores %.3f < %.3f: no context",
-                len(chunks),
-                chunks[0].score,
-                self.min_top_score,
-            )
+        best_score = chunks[0].score if chunks else None
+        threshold = self.min_top_score
+        if best_score is not None and threshold is not None and best_score < threshold:
+            logger.info("best chunk scores %.3f < %.3f: no context", best_score, threshold)
             return []
         return chunks
 

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import PrivateAttr
 
 from adarag.config import DEFAULT_MODEL
 from adarag.retrievers import SentenceEmbedder
@@ -23,14 +23,13 @@ class AdaRagEmbedding(BaseEmbedding):
         >>> index = VectorStoreIndex.from_vector_store(store, embed_model=AdaRagEmbedding())
 
     Args:
-        model: ``"default"`` or a local sentence-transformers directory.
+        model: ``"default"`` or a local sentence-transformers directory (its ``model_name``).
     """
 
-    model: str = Field(default=DEFAULT_MODEL, description="'default' or a local directory.")
     _embedder: SentenceEmbedder = PrivateAttr()
 
     def __init__(self, model: str = DEFAULT_MODEL, **kwargs: Any) -> None:
-        super().__init__(model=model, model_name=model, **kwargs)
+        super().__init__(model_name=model, **kwargs)
         self._embedder = SentenceEmbedder(model)
 
     @classmethod

@@ -196,8 +196,9 @@ class AdaRagLLM(CustomLLM):
     def _completion_prompt(self, prompt: str, formatted: bool) -> Prompt:
         if formatted:
             return prompt
-        if self.completion_to_prompt is not default_completion_to_prompt:
-            return self.completion_to_prompt(prompt)
+        to_prompt = self.completion_to_prompt
+        if to_prompt is not None and to_prompt is not default_completion_to_prompt:
+            return to_prompt(prompt)
         return self._chat_prompt([ChatMessage(role=MessageRole.USER, content=prompt)])
 
     def _chat_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llama_index.core.base.llms.types import MessageRole
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.prompts import (
     BasePromptTemplate,
     ChatPromptTemplate,
@@ -32,8 +32,11 @@ def template_from_config(prompt: PromptConfig) -> ChatPromptTemplate:
         + CONTEXT_VAR
         + prompt.question_template.replace("{question}", QUERY_VAR)
     )
-    return ChatPromptTemplate.from_messages(
-        [(MessageRole.SYSTEM, _escape(prompt.system_prompt)), (MessageRole.USER, user)]
+    return ChatPromptTemplate(
+        message_templates=[
+            ChatMessage(role=MessageRole.SYSTEM, content=_escape(prompt.system_prompt)),
+            ChatMessage(role=MessageRole.USER, content=user),
+        ]
     )
 
 

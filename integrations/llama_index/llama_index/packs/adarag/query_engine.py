@@ -100,7 +100,7 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         self._retriever = retriever
         self._base_rag = rag or AdaRAG()
         self._rag = self._base_rag
-        self._qa_template = template_from_config(self._base_rag.config.prompt)
+        self._qa_template: BasePromptTemplate = template_from_config(self._base_rag.config.prompt)
         self.streaming = streaming
         self.params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature)
         super().__init__(callback_manager=callback_manager or Settings.callback_manager)
