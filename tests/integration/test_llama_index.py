@@ -20,6 +20,7 @@ from llama_index.core.base.response.schema import (  # noqa: E402
 )
 from llama_index.core.bridge.pydantic import Field  # noqa: E402
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler  # noqa: E402
+from llama_index.core.chat_engine import CondenseQuestionChatEngine  # noqa: E402
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler  # noqa: E402
 from llama_index.core.prompts import PromptTemplate  # noqa: E402
 from llama_index.packs.adarag import (  # noqa: E402
@@ -214,3 +215,16 @@ def test_llm_completes_chats_and_streams_with_usage(kb_rag):
 
     answer, parts = asyncio.run(run_async())
     assert answer.text and len([p for p in parts if p]) > 1
+
+
+def test_drops_into_a_condense_question_chat_engine(kb_rag, streaming_engine):
+    llm = AdaRagLLM(rag=kb_rag, max_new_tokens=16)
+    chat = CondenseQuestionChatEngine.from_defaults(query_engine=streaming_engine, llm=llm)
+
+    async def first_turn():
+        response = await chat.astream_chat("Who was the mother of Lothair II?")
+        return [token async for token in response.async_response_gen()]
+
+    assert len(asyncio.run(first_turn())) > 1
+    second = chat.stream_chat("When did she die?")
+    assert "".join(second.response_gen) and second.source_nodes
