@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from adarag.config import AdaRagConfig, RetrievalConfig
+from adarag.errors import ConfigError
 from adarag.retrievers.chroma import (
     EMBEDDING_DIMENSION_KEY,
     EMBEDDING_MODEL_KEY,
@@ -88,6 +89,7 @@ class KnowledgeBase:
         embedder: The embedding model; ``config.embedding_model`` when None.
 
     Raises:
+        ConfigError: Neither ``home``, ``config.chroma_directory`` nor ``client`` is given.
         KnowledgeBaseError: Another process holds the directory, or the collection was built
             with another embedding model.
     """
@@ -108,7 +110,10 @@ class KnowledgeBase:
         self._lock: DirectoryLock | None = None
         if client is None:
             if config.chroma_directory is None and home is None:
-                home = AdaRagConfig().home
+                raise ConfigError(
+                    "no Chroma directory: pass home=... (the knowledge base goes to <home>/chroma) "
+                    "or set retrieval.chroma_directory, or use KnowledgeBase.from_config(config)"
+                )
             self.directory = config.chroma_directory or Path(str(home)) / "chroma"
             self._lock = DirectoryLock(self.directory)
             self._lock.acquire()

@@ -20,6 +20,7 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.llm import default_completion_to_prompt
+from llama_index.packs.adarag.response import token_usage
 
 from adarag import AdaRAG, AdaRagConfig, Answer, GenerationParams
 
@@ -213,11 +214,4 @@ def _assistant(text: str) -> ChatMessage:
 
 
 def _usage(answer: Answer) -> dict[str, Any]:
-    return {
-        "usage": {
-            "prompt_tokens": answer.trace.num_prompt_tokens,
-            "completion_tokens": answer.num_completion_tokens,
-            "cached_tokens": answer.num_cached_tokens,
-            "total_tokens": answer.trace.num_prompt_tokens + answer.num_completion_tokens,
-        }
-    }
+    return {"usage": token_usage(answer)}

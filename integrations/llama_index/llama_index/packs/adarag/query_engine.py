@@ -24,18 +24,21 @@ from llama_index.core.instrumentation.events.synthesis import (
 )
 from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
-from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
-from llama_index.packs.adarag.events import AdaptiveStepEvent, AdaptiveStopEvent
+from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.packs.adarag.prompts import prompt_overrides, template_from_config
+from llama_index.packs.adarag.response import (
+    METADATA_KEY,
+    chunks_from_nodes,
+    describe,
+    token_usage,
+)
 from llama_index.packs.adarag.retriever import AdaRagRetriever
 
-from adarag import AdaRAG, Answer, AnswerStream, AsyncAnswerStream, Chunk, GenerationParams
+from adarag import AdaRAG, Answer, AnswerStream, AsyncAnswerStream, GenerationParams
 from adarag.retrievers import ChromaRetriever, KnowledgeBase, SentenceEmbedder
-from adarag.schema import QueryTrace
 
 dispatcher = instrument.get_dispatcher(__name__)
 
-METADATA_KEY = "adarag"
 QA_PROMPT_KEY = "text_qa_template"
 
 
@@ -215,9 +218,9 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
             CBEventType.SYNTHESIZE, payload={EventPayload.QUERY_STR: query_bundle.query_str}
         ) as event:
             stream = self._rag.stream(
-                query_bundle.query_str, chunks=_chunks(nodes), params=self.params
+                query_bundle.query_str, chunks=chunks_from_nodes(nodes), params=self.params
             )
-            used, metadata = self._describe(stream, nodes)
+            used, metadata = describe(stream, nodes)
             response: RESPONSE_TYPE
             if self.streaming:
                 tokens = self._finish(stream, metadata, query_bundle)
@@ -242,9 +245,9 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
             CBEventType.SYNTHESIZE, payload={EventPayload.QUERY_STR: query_bundle.query_str}
         ) as event:
             stream = await self._rag.astream(
-                query_bundle.query_str, chunks=_chunks(nodes), params=self.params
+                query_bundle.query_str, chunks=chunks_from_nodes(nodes), params=self.params
             )
-            used, metadata = self._describe(stream.stream, nodes)
+            used, metadata = describe(stream.stream, nodes)
             response: RESPONSE_TYPE
             if self.streaming:
                 tokens = self._afinish(stream, metadata, query_bundle)
@@ -278,52 +281,11 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
 
     # --- internals
 
-    def _describe(
-        self, stream: AnswerStream, nodes: list[NodeWithScore]
-    ) -> tuple[list[NodeWithScore], dict[str, Any]]:
-        """The nodes used, the response metadata, and the trace events (before any token)."""
-        by_id = {node.node_id: node for node in nodes}
-        used = [by_id[str(chunk.chunk_id)] for chunk in stream.chunks]
-        used_ids = [node.node_id for node in used]
-        unused_ids = [node.node_id for node in nodes if node.node_id not in set(used_ids)]
-        trace = stream.trace
-        for step_idx, step in enumerate(trace.steps):
-            dispatcher.event(
-                AdaptiveStepEvent(
-                    step_idx=step_idx,
-                    num_chunks=step.num_chunks,
-                    node_ids=used_ids[: step.num_chunks],
-                    confidence=step.confidence,
-                    tiers=list(step.tiers),
-                    num_recomputed_tokens=step.num_recomputed_tokens,
-                    prefill_s=step.prefill_s,
-                )
-            )
-        confidence = trace.steps[-1].confidence if trace.steps else None
-        dispatcher.event(
-            AdaptiveStopEvent(
-                stop_reason=trace.stop_reason,
-                node_ids=used_ids,
-                unused_node_ids=unused_ids,
-                confidence=confidence,
-                ttft_s=trace.ttft_s,
-                recomputed_ratio=trace.recomputed_ratio,
-            )
-        )
-        metadata: dict[str, Any] = {node.node_id: node.metadata for node in used}
-        metadata[METADATA_KEY] = _trace_metadata(trace, unused_ids)
-        return used, metadata
-
     def _record_usage(
         self, answer: Answer, metadata: dict[str, Any], query_bundle: QueryBundle
     ) -> None:
         """Put token usage in the metadata and report an LLM event (TokenCountingHandler)."""
-        usage = {
-            "prompt_tokens": answer.trace.num_prompt_tokens,
-            "completion_tokens": answer.num_completion_tokens,
-            "cached_tokens": answer.num_cached_tokens,
-            "total_tokens": answer.trace.num_prompt_tokens + answer.num_completion_tokens,
-        }
+        usage = token_usage(answer)
         metadata[METADATA_KEY]["usage"] = usage
         with self.callback_manager.event(
             CBEventType.LLM, payload={EventPayload.PROMPT: query_bundle.query_str}
@@ -348,45 +310,3 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         async for delta in stream:
             yield delta
         self._record_usage(await stream.answer(), metadata, query_bundle)
-
-
-def _chunks(nodes: list[NodeWithScore]) -> list[Chunk]:
-    """Nodes as adarag chunks (text as the LLM sees it; ids kept to map answers back)."""
-    return [
-        Chunk(
-            node.node.get_content(metadata_mode=MetadataMode.LLM),
-            chunk_id=node.node_id,
-            score=node.score,
-            metadata=dict(node.node.metadata),
-        )
-        for node in nodes
-        if node.node.get_content(metadata_mode=MetadataMode.LLM).strip()
-    ]
-
-
-def _trace_metadata(trace: QueryTrace, unused_ids: list[str]) -> dict[str, Any]:
-    steps = [
-        {
-            "num_chunks": step.num_chunks,
-            "confidence": step.confidence,
-            "kl_score": step.kl_score,
-            "entropy_score": step.entropy_score,
-            "tiers": list(step.tiers),
-            "num_processed_tokens": step.num_processed_tokens,
-            "num_recomputed_tokens": step.num_recomputed_tokens,
-            "prefill_s": step.prefill_s,
-            "confidence_s": step.confidence_s,
-        }
-        for step in trace.steps
-    ]
-    return {
-        "stop_reason": trace.stop_reason,
-        "confidence": steps[-1]["confidence"] if steps else None,
-        "num_chunks_used": trace.num_chunks_used,
-        "unused_node_ids": unused_ids,
-        "steps": steps,
-        "ttft_s": trace.ttft_s,
-        "retrieval_s": trace.retrieval_s,
-        "recomputed_ratio": trace.recomputed_ratio,
-        "usage": None,  # filled when the answer is complete
-    }
