@@ -59,7 +59,7 @@ def test_ingest_warms_new_chunks_and_reingest_does_no_work(kb_config, shared_rag
         started = time.perf_counter()
         again = ingest_and_warm(rag, kb, [corpus_path])
         assert again.added == () and again.num_files_unchanged == 1
-        assert time.perf_counter() - started < 2.0
+        assert time.perf_counter() - started < 5.0  # no tokenising, embedding or KV
         answer = rag.query(LOTHAIR_QUESTION, params=PARAMS)
         assert set(answer.trace.steps[-1].tiers) == {"independent"}
         assert answer.num_cached_tokens > 0
