@@ -1,5 +1,7 @@
 """adarag for LlamaIndex: AdaptiveCachedQueryEngine and the generator as an LLM."""
 
+from __future__ import annotations
+
 from llama_index.packs.adarag.embedding import AdaRagEmbedding
 from llama_index.packs.adarag.events import AdaptiveStepEvent, AdaptiveStopEvent
 from llama_index.packs.adarag.llm import AdaRagLLM
