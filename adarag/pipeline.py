@@ -6,8 +6,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from adarag.augment import (
@@ -28,6 +29,7 @@ from adarag.config import AdaRagConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.detokenizer import StreamingDetokenizer
 from adarag.engine.interface import Generator, create_generator
+from adarag.engine.prompt import PromptBuilder
 from adarag.errors import ConfigError, InputError
 from adarag.retrievers.base import Retriever
 from adarag.schema import (
@@ -90,12 +92,15 @@ class AdaRAG:
         >>> async for delta in rag.astream("..."): ...
 
     Calls from several threads or tasks are safe: engine work (each prefill and each decode
-    step) is serialised by one lock, so concurrent requests interleave step by step.
+    step) is serialised by one lock, so concurrent requests interleave step by step. Pipelines
+    made with :meth:`with_config` share the generator and that lock.
 
     Args:
         config: The configuration; defaults when None.
         retriever: Where chunks come from when a call passes none.
         generator: A ready generator (shares its weights); built from ``config`` when None.
+        engine_lock: The lock serialising engine work, shared with other pipelines that drive
+            the same generator; a new one when None (see :meth:`with_config`).
         **overrides: Config overrides, e.g. ``cache={"soft": {"recompute_ratio": 0.05}}``.
     """
 
@@ -105,13 +110,15 @@ class AdaRAG:
         *,
         retriever: Retriever | None = None,
         generator: Generator | None = None,
+        engine_lock: threading.RLock | None = None,
         **overrides: Any,
     ) -> None:
-        base = config or AdaRagConfig()
-        self.config: AdaRagConfig = AdaRagConfig.build(base, **overrides) if overrides else base
+        built = AdaRagConfig.build(config, **overrides) if overrides else config
+        self.config: AdaRagConfig = built or AdaRagConfig()
         self.retriever = retriever
         self._generator = generator
-        self._engine_lock = threading.RLock()
+        self._engine_lock = engine_lock or threading.RLock()
+        self._store: TieredKVStore | None = None
         self._cache: TieredCache | None = None
         self._profile: ModelProfile | None = None
 
@@ -145,16 +152,23 @@ class AdaRAG:
         if self._cache is None:
             generator = self.generator
             store_config = self.config.cache.store
-            root = store_config.directory or self.config.home / "kv"
-            store = TieredKVStore(store_config, root / generator.fingerprint, generator.fingerprint)
             self._cache = TieredCache(
                 self.config.cache,
-                store,
+                self._open_store(),
                 generator.fingerprint,
-                generator.prompts.system_ids,
+                self.prompts.system_ids,
                 self.profile.sink_chunk_idx,
             )
         return self._cache
+
+    def _open_store(self) -> TieredKVStore:
+        if self._store is None:
+            generator = self.generator
+            store_config = self.config.cache.store
+            root = store_config.directory or self.config.home / "kv"
+            directory = root / generator.fingerprint
+            self._store = TieredKVStore(store_config, directory, generator.fingerprint)
+        return self._store
 
     def cache_stats(self) -> CacheReport:
         """Hits per tier, recomputed tokens, and the store's sizes and evictions."""
@@ -175,6 +189,38 @@ class AdaRAG:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @cached_property
+    def prompts(self) -> PromptBuilder:
+        """The prompt builder for this pipeline's ``config.prompt``."""
+        generator_prompts = self.generator.prompts
+        if generator_prompts.config == self.config.prompt:
+            return generator_prompts
+        return PromptBuilder(generator_prompts.tokenizer, self.config.prompt)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (for token-sized chunking and counting)."""
+        return self.generator.prompts.tokenizer
+
+    def with_config(self, **overrides: Any) -> AdaRAG:
+        """A pipeline with config overrides that shares this one's generator and engine lock.
+
+        Example:
+            >>> terse = rag.with_config(prompt={"system_prompt": "Answer in one word."})
+
+        Raises:
+            ConfigError: An override names no field or has an invalid value.
+        """
+        clone = AdaRAG(
+            AdaRagConfig.build(self.config, **overrides),
+            retriever=self.retriever,
+            generator=self.generator,
+            engine_lock=self._engine_lock,
+        )
+        if clone.config.cache.store == self.config.cache.store:
+            clone._store = self._open_store()  # one store per directory: entries and stats shared
+        return clone
 
     # --- retrieval and warming
 
@@ -204,7 +250,7 @@ class AdaRAG:
         computed = 0
         for chunk in chunks:
             text = chunk.text if isinstance(chunk, Chunk) else chunk
-            ids = generator.prompts.chunk_ids(text)
+            ids = self.prompts.chunk_ids(text)
             if not cache.has_independent(ids):
                 with self._engine_lock:
                     cache.put_independent(ids, generator.compute_chunk(ids, system_kv))
@@ -262,7 +308,7 @@ class AdaRAG:
         params = params or GenerationParams()
         found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
         generator = self.generator
-        layout = generator.layout(question, [chunk.text for chunk in found])
+        layout = self.prompts.layout(question, [chunk.text for chunk in found])
         generator.check_fits(layout, params.max_new_tokens)
         estimator = self._controller().estimator
         results = []
@@ -312,13 +358,68 @@ class AdaRAG:
         )
         return AsyncAnswerStream(stream)
 
+    def generate(
+        self,
+        prompt: str | Sequence[Mapping[str, str]],
+        *,
+        params: GenerationParams | None = None,
+    ) -> AnswerStream:
+        """Prefill a plain prompt now (no retrieval, no chunk KV); return a stream of deltas.
+
+        Args:
+            prompt: Text already in the model's format, or chat messages (``{"role", "content"}``
+                mappings) rendered with the model's chat template.
+            params: Decoding options.
+
+        Raises:
+            InputError: The prompt is empty or does not fit the context.
+        """
+        generator = self.generator
+        started = time.perf_counter()
+        params = params or GenerationParams()
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise InputError("the prompt is empty; pass a non-empty prompt")
+            ids = self.prompts.text_ids(prompt)
+        else:
+            ids = self.prompts.chat_ids(prompt)
+        layout = PromptLayout((), (), ids)
+        with self._engine_lock:
+            output = generator.prefill(layout, max_new_tokens=params.max_new_tokens)
+        prefill_s = time.perf_counter() - started
+        step = StepTrace(
+            num_chunks=0,
+            confidence=None,
+            kl_score=None,
+            entropy_score=None,
+            num_processed_tokens=output.num_processed_tokens,
+            num_recomputed_tokens=output.num_recomputed_tokens,
+            tiers=(),
+            prefill_s=prefill_s,
+            confidence_s=0.0,
+        )
+        trace = QueryTrace(
+            steps=(step,), stop_reason="static", ttft_s=prefill_s, num_prompt_tokens=len(ids)
+        )
+        return AnswerStream(self, _Prepared(layout, output, (), trace, 0), params)
+
+    async def agenerate(
+        self,
+        prompt: str | Sequence[Mapping[str, str]],
+        *,
+        params: GenerationParams | None = None,
+    ) -> AsyncAnswerStream:
+        """Async :meth:`generate`; prefill and each decode step run in a worker thread."""
+        stream = await asyncio.to_thread(self.generate, prompt, params=params)
+        return AsyncAnswerStream(stream)
+
     # --- internals
 
     def _ensure_system_kv(self) -> ChunkKV:
         cache = self.cache
         system_kv = cache.system_kv()
         if system_kv is None:
-            system_ids = self.generator.prompts.system_ids
+            system_ids = self.prompts.system_ids
             with self._engine_lock:
                 output = self.generator.prefill(PromptLayout((), (), system_ids))
             system_kv = output.kv.segment(0, len(system_ids))
@@ -359,7 +460,7 @@ class AdaRAG:
     ) -> _Prepared:
         """Adaptive augmentation (or one static step) up to the KV the answer decodes from."""
         generator = self.generator
-        layout = generator.layout(question, [chunk.text for chunk in chunks])
+        layout = self.prompts.layout(question, [chunk.text for chunk in chunks])
         generator.check_fits(layout, params.max_new_tokens)
         steps: dict[int, tuple[PromptLayout, PrefillOutput, list[TierHit]]] = {}
         tiers: dict[int, tuple[Tier, ...]] = {}

@@ -7,12 +7,14 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from adarag.cli import ask, bench, calibrate, demo, profile, setup
+from adarag.cli import ask, bench, calibrate, chat, demo, ingest, profile, setup
 from adarag.errors import AdaRagError
 
 _COMMANDS = {
     "setup": setup,
+    "ingest": ingest,
     "ask": ask,
+    "chat": chat,
     "demo": demo,
     "profile": profile,
     "calibrate": calibrate,

@@ -1,55 +1,53 @@
-"""``adarag demo``: answer bundled questions over a bundled corpus, full vs fused prefill."""
+"""``adarag demo``: ingest the bundled corpus into Chroma, then answer a few bundled questions."""
 
 from __future__ import annotations
 
 import argparse
-import time
+from importlib import resources
 
-from adarag.cli.options import add_model_arguments, build_config
-from adarag.data import demo_corpus, demo_questions
-from adarag.engine.batch import SegmentSource
-from adarag.engine.generator import TorchGenerator
-from adarag.retrievers import MemoryRetriever
-from adarag.schema import GenerationParams, PromptLayout
+from adarag.cli.display import describe, stream_answer
+from adarag.cli.ingest import ingest_and_warm, warm_chunks
+from adarag.cli.options import add_knowledge_base_arguments, add_model_arguments, build_config
+from adarag.data import demo_questions
+from adarag.pipeline import AdaRAG
+from adarag.retrievers import KnowledgeBase
+from adarag.schema import GenerationParams
 
-HELP = "answer a few bundled questions, showing sources, TTFT and recomputed tokens"
+HELP = "ingest a bundled corpus into Chroma and answer questions, showing sources, TTFT and tiers"
+DEMO_COLLECTION = "adarag-demo"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
     parser.add_argument("--questions", type=int, default=3, help="how many demo questions")
-    parser.add_argument("--top-k", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--rewarm", action="store_true", help="precompute the KV of chunks stored by earlier runs"
+    )
+    add_knowledge_base_arguments(parser)
+    parser.set_defaults(collection=DEMO_COLLECTION, top_k=4)
     add_model_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Retrieve, warm the chunks' KV, answer with full and with fused prefill."""
+    """Ingest (unchanged data is skipped; new chunks' KV is precomputed), answer the questions."""
     config = build_config(args)
-    generator = TorchGenerator(config)
-    retriever = MemoryRetriever(demo_corpus())
-    params = GenerationParams(max_new_tokens=32)
-    ratio = config.cache.independent.recompute_ratio
-    system = generator.prefill(PromptLayout((), (), generator.prompts.system_ids))
-    system_kv = system.kv.segment(0, len(generator.prompts.system_ids))
-    for record in demo_questions()[: args.questions]:
-        question = str(record["question"])
-        chunks = retriever.retrieve(question, args.top_k)
-        layout = generator.layout(question, [chunk.text for chunk in chunks])
-        chunk_kvs = [generator.compute_chunk(ids, system_kv) for ids in layout.chunk_ids]
-        print(f"\nQ: {question}  (gold: {record['answers']})")
-        for chunk in chunks:
-            print(f"   source: {chunk.metadata.get('title')} (score {chunk.score:.1f})")
-        fused = [SegmentSource(system_kv), *(SegmentSource(kv, ratio) for kv in chunk_kvs)]
-        for label, sources in (("full prefill", None), (f"fused, ratio {ratio}", fused)):
-            started = time.perf_counter()
-            output = generator.prefill(
-                layout, sources and [*sources, SegmentSource()], max_new_tokens=32
-            )
-            stream = generator.stream(layout, output, params)
-            first = next(stream, "")
-            ttft = time.perf_counter() - started
-            print(
-                f"   {label:>20}: TTFT {ttft:.2f} s, recomputed "
-                f"{output.num_recomputed_tokens}/{layout.num_tokens} | {first}{''.join(stream)}"
-            )
+    params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    with KnowledgeBase.from_config(config) as kb:
+        rag = AdaRAG(config, retriever=kb)
+        corpus = resources.files("adarag.data").joinpath("demo_corpus.jsonl")
+        with resources.as_file(corpus) as corpus_path:
+            ingest_and_warm(rag, kb, [corpus_path])
+        if args.rewarm:
+            warm_chunks(rag, kb.chunks(), desc="warming stored chunks")
+        for record in demo_questions()[: args.questions]:
+            question = str(record["question"])
+            gold = ", ".join(str(answer) for answer in record["answers"])  # type: ignore[attr-defined]
+            print(f"\nQ: {question}  (gold: {gold})\nA: ", end="")
+            answer = stream_answer(rag.stream(question, params=params))
+            print("\n".join(describe(answer)))
+    print(
+        f"\nChat with this corpus: adarag chat --collection {config.retrieval.collection}"
+        "\nAdd your own files:    adarag ingest notes.md passages.jsonl && adarag chat"
+    )
     return 0

@@ -8,7 +8,7 @@ its neighbours.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,32 @@ class PromptBuilder:
         """Token ids of the question and the template tail (assistant turn start)."""
         text = self.config.question_template.format(question=question)
         return self._encode(text + self._template_halves[1])
+
+    def text_ids(self, text: str) -> tuple[int, ...]:
+        """Token ids of text already in the model's format (no template added)."""
+        return self._encode(text)
+
+    def chat_ids(self, messages: Sequence[Mapping[str, str]]) -> tuple[int, ...]:
+        """Token ids of chat messages in the model's chat template, ending at the assistant turn.
+
+        Raises:
+            InputError: There are no messages, or a message lacks a role or content.
+        """
+        if not messages:
+            raise InputError("no messages given; pass at least one chat message")
+        for idx, message in enumerate(messages):
+            if not isinstance(message.get("role"), str) or not isinstance(
+                message.get("content"), str
+            ):
+                raise InputError(f"message {idx} needs a string 'role' and 'content'")
+        if getattr(self.tokenizer, "chat_template", None):
+            rendered = self.tokenizer.apply_chat_template(
+                [dict(message) for message in messages], tokenize=False, add_generation_prompt=True
+            )
+        else:
+            lines = [f"{message['role']}: {message['content']}" for message in messages]
+            rendered = "\n".join([*lines, "assistant:"])
+        return self._encode(rendered)
 
     def layout(self, question: str, chunks: Sequence[str]) -> PromptLayout:
         """Lay out a RAG prompt.

@@ -1,8 +1,25 @@
-"""Knowledge sources: the Retriever protocol and its implementations."""
+"""Knowledge sources: the Retriever protocol and its implementations.
+
+chromadb, sentence-transformers, LlamaIndex and LangChain are imported only when a class that
+needs them is used.
+"""
 
 from __future__ import annotations
 
+from adarag.retrievers.adapters import LangChainRetriever, LlamaIndexRetriever
 from adarag.retrievers.base import Retriever
+from adarag.retrievers.chroma import ChromaRetriever
+from adarag.retrievers.embedding import SentenceEmbedder
+from adarag.retrievers.knowledge_base import IngestReport, KnowledgeBase
 from adarag.retrievers.memory import MemoryRetriever
 
-__all__ = ["MemoryRetriever", "Retriever"]
+__all__ = [
+    "ChromaRetriever",
+    "IngestReport",
+    "KnowledgeBase",
+    "LangChainRetriever",
+    "LlamaIndexRetriever",
+    "MemoryRetriever",
+    "Retriever",
+    "SentenceEmbedder",
+]

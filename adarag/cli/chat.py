@@ -1,0 +1,62 @@
+"""``adarag chat``: a multi-turn terminal chat over the Chroma knowledge base."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from adarag.cli.display import describe, stream_answer
+from adarag.cli.options import add_knowledge_base_arguments, add_model_arguments, build_config
+from adarag.conversation import Conversation
+from adarag.errors import KnowledgeBaseError
+from adarag.pipeline import AdaRAG
+from adarag.retrievers import KnowledgeBase
+from adarag.schema import GenerationParams
+
+HELP = "chat with the knowledge base; each answer shows its sources, TTFT and cache tiers"
+EXIT_WORDS = frozenset({"exit", "quit", ":q"})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the command's options."""
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--history-turns", type=int, default=2, help="turns carried forward")
+    add_knowledge_base_arguments(parser)
+    add_model_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read messages until EOF or 'exit'; answer each from the knowledge base."""
+    config = build_config(args)
+    params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    with KnowledgeBase.from_config(config) as kb:
+        if kb.count() == 0:
+            raise KnowledgeBaseError(
+                f"the knowledge base (collection {config.retrieval.collection!r}) is empty; "
+                "add documents first with `adarag ingest PATH...` (or run `adarag demo`)"
+            )
+        rag = AdaRAG(config, retriever=kb)
+        _ = rag.generator  # load the model before the first prompt
+        conversation = Conversation(max_turns=args.history_turns)
+        print(f"chatting with {kb.count()} chunks of {config.retrieval.collection!r}; 'exit' ends")
+        while (message := _read(">>> ")) is not None:
+            if not message:
+                continue
+            chunks = rag.retrieve(conversation.retrieval_query(message))
+            stream = rag.stream(conversation.question(message), chunks=chunks, params=params)
+            answer = stream_answer(stream)
+            print("\n".join(describe(answer)))
+            conversation.add_turn(message, answer.text)
+    return 0
+
+
+def _read(prompt: str) -> str | None:
+    """The next message, or None at EOF or an exit word."""
+    try:
+        line = input(prompt) if sys.stdin.isatty() else sys.stdin.readline()
+    except EOFError:
+        return None
+    if not sys.stdin.isatty() and not line:
+        return None
+    message = line.strip()
+    return None if message.lower() in EXIT_WORDS else message

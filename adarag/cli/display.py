@@ -1,0 +1,42 @@
+"""How the commands show an answer: streamed text, then sources, TTFT and cache tiers."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from typing import TextIO
+
+from adarag.pipeline import AnswerStream
+from adarag.schema import Answer, Chunk
+
+
+def stream_answer(stream: AnswerStream, out: TextIO = sys.stdout) -> Answer:
+    """Print deltas as they arrive; return the whole answer."""
+    for delta in stream:
+        out.write(delta)
+        out.flush()
+    out.write("\n")
+    return stream.answer()
+
+
+def describe(answer: Answer) -> list[str]:
+    """Lines with the answer's figures: TTFT, tokens, tiers, stop reason and sources."""
+    trace = answer.trace
+    if trace.stop_reason == "no_context":
+        return ["   no chunk of the knowledge base is relevant enough (stop: no_context)"]
+    tiers = Counter(trace.steps[-1].tiers) if trace.steps else Counter()
+    tier_text = ", ".join(f"{tier} x{count}" for tier, count in sorted(tiers.items()))
+    lines = [
+        f"   TTFT {trace.ttft_s:.2f} s | prompt {trace.num_prompt_tokens} tokens, "
+        f"{trace.num_recomputed_tokens} recomputed ({trace.recomputed_ratio:.1%}), "
+        f"{answer.num_cached_tokens} from cache | tiers: {tier_text or '-'} | "
+        f"{len(trace.steps)} step(s), stop: {trace.stop_reason}",
+    ]
+    lines.extend(f"   source {idx}: {_label(chunk)}" for idx, chunk in enumerate(answer.chunks, 1))
+    return lines
+
+
+def _label(chunk: Chunk) -> str:
+    name = chunk.metadata.get("title") or chunk.metadata.get("source") or chunk.chunk_id
+    score = f"[{chunk.score:.2f}] " if chunk.score is not None else ""
+    return f"{score}{name}"

@@ -1,0 +1,217 @@
+"""Dense retrieval from Chroma (chromadb is imported lazily, only here).
+
+One embedded ``PersistentClient`` per directory and process, with telemetry off; an advisory
+file lock keeps a second process from opening the same directory (Chroma's embedded mode is not
+multi-process safe, and a second process can otherwise hang on SQLite's busy timeout). Queries
+are embedded by adarag (:class:`~adarag.retrievers.embedding.SentenceEmbedder`) and passed as
+vectors, so a collection's persisted embedding function is never run and nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from adarag.errors import InputError, KnowledgeBaseError, MissingDependencyError
+from adarag.schema import Chunk
+
+logger = logging.getLogger(__name__)
+
+EMBEDDING_MODEL_KEY = "adarag:embedding_model"
+EMBEDDING_DIMENSION_KEY = "adarag:embedding_dimension"
+LOCK_FILE = "adarag.lock"
+_HIDDEN_METADATA_PREFIX = "_node"  # LlamaIndex's serialised node, too large to carry around
+
+
+class QueryEmbedder(Protocol):
+    """What retrieval needs from an embedding model."""
+
+    name: str
+
+    @property
+    def dimension(self) -> int:
+        """Length of every embedding."""
+        ...
+
+    def embed_query(self, text: str) -> list[float]:
+        """The normalised embedding of a query."""
+        ...
+
+
+def open_client(directory: Path) -> Any:
+    """An embedded Chroma client persisting to ``directory``, telemetry off.
+
+    Raises:
+        MissingDependencyError: chromadb is not installed.
+    """
+    try:
+        import chromadb
+        from chromadb.config import Settings
+    except ImportError as err:
+        raise MissingDependencyError("chromadb", "chroma") from err
+    directory.mkdir(parents=True, exist_ok=True)
+    return chromadb.PersistentClient(
+        path=str(directory), settings=Settings(anonymized_telemetry=False)
+    )
+
+
+class DirectoryLock:
+    """An exclusive, non-blocking advisory lock on a Chroma directory for this process.
+
+    A second holder in the same process shares the lock (Chroma shares one client per path
+    within a process); a holder in another process makes :meth:`acquire` raise.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / LOCK_FILE
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock.
+
+        Raises:
+            KnowledgeBaseError: Another process holds it.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = self.path.open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            handle.seek(0)
+            holder = handle.read().strip()
+            handle.close()
+            if holder == str(os.getpid()):
+                return  # held by another knowledge base of this process: share it
+            raise KnowledgeBaseError(
+                f"the Chroma directory {self.path.parent} is in use by another process "
+                f"(pid {holder or 'unknown'}); embedded Chroma is not multi-process safe. Close "
+                "that process, or point retrieval.chroma_directory elsewhere"
+            ) from err
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._file = handle
+
+    def release(self) -> None:
+        """Give the lock back (no-op when this object does not hold it)."""
+        if self._file is not None:
+            self._file.close()  # closing the descriptor releases the flock
+            self._file = None
+
+
+def check_embedding_model(collection: Any, embedder: QueryEmbedder) -> None:
+    """Fail loudly when the collection's vectors were made by another embedding model.
+
+    Raises:
+        KnowledgeBaseError: Stored dimension or (adarag-written) model name differ.
+    """
+    metadata = collection.metadata or {}
+    stored_dimension = metadata.get(EMBEDDING_DIMENSION_KEY)
+    if stored_dimension is None:
+        sample = collection.get(limit=1, include=["embeddings"])["embeddings"]
+        stored_dimension = len(sample[0]) if sample is not None and len(sample) else None
+    stored_model = metadata.get(EMBEDDING_MODEL_KEY)
+    if stored_dimension is not None and int(stored_dimension) != embedder.dimension:
+        raise KnowledgeBaseError(
+            f"Chroma collection {collection.name!r} holds {stored_dimension}-dimensional "
+            f"embeddings{f' from {stored_model}' if stored_model else ''}, but the embedding "
+            f"model {embedder.name} makes {embedder.dimension}-dimensional ones. Use the model "
+            "it was built with (retrieval.embedding_model), or another collection "
+            "(retrieval.collection); nothing was changed"
+        )
+    if stored_model is not None and stored_model != embedder.name:
+        raise KnowledgeBaseError(
+            f"Chroma collection {collection.name!r} was built with the embedding model "
+            f"{stored_model}, not {embedder.name}; use the same model "
+            "(retrieval.embedding_model) or another collection; nothing was changed"
+        )
+
+
+class ChromaRetriever:
+    """Top-k chunks of a Chroma collection by cosine similarity to the query.
+
+    Scores are cosine similarities in [-1, 1], higher is better, whatever the collection's
+    distance space (embeddings are normalised: cosine = 1 - d for ``cosine`` and ``ip``, and
+    1 - d / 2 for squared ``l2``). Each chunk's metadata also carries the raw ``distance`` and the
+    ``space``. Works on collections written by adarag, LlamaIndex, LangChain or plain chromadb.
+
+    Args:
+        collection: A chromadb collection.
+        embedder: The model that embedded the collection's documents.
+        min_top_score: When the best chunk scores below it, no chunk is returned (the question
+            has no retrievable context). None returns the top-k whatever their scores.
+        where: A Chroma metadata filter applied to every query.
+
+    Raises:
+        KnowledgeBaseError: The collection was embedded by another model.
+    """
+
+    def __init__(
+        self,
+        collection: Any,
+        embedder: QueryEmbedder,
+        *,
+        min_top_score: float | None = None,
+        where: dict[str, Any] | None = None,
+    ) -> None:
+        check_embedding_model(collection, embedder)
+        self.collection = collection
+        self.embedder = embedder
+        self.min_top_score = min_top_score
+        self.where = where
+        space = (collection.configuration_json.get("hnsw") or {}).get("space")
+        self.space: str = space or (collection.metadata or {}).get("hnsw:space", "l2")
+
+    def retrieve(self, query: str, top_k: int) -> list[Chunk]:
+        """The ``top_k`` most similar chunks, best first.
+
+        Raises:
+            InputError: ``top_k`` is not positive.
+            KnowledgeBaseError: The collection is empty.
+        """
+        if top_k < 1:
+            raise InputError(f"top_k must be at least 1, got {top_k}")
+        if self.collection.count() == 0:
+            raise KnowledgeBaseError(
+                f"the knowledge base (Chroma collection {self.collection.name!r}) is empty; "
+                "ingest documents first, e.g. `adarag ingest notes.md passages.jsonl`"
+            )
+        result = self.collection.query(
+            query_embeddings=[self.embedder.embed_query(query)],
+            n_results=top_k,
+            where=self.where,
+            include=["documents", "metadatas", "distances"],
+        )
+        chunks = [
+            self._chunk(chunk_id, text, metadata, distance)
+            for chunk_id, text, metadata, distance in zip(
+                result["ids"][0],
+                result["documents"][0],
+                result["metadatas"][0],
+                result["distances"][0],
+                strict=True,
+            )
+            if text
+        ]
+        best_score = chunks[0].score if chunks else None
+        threshold = self.min_top_score
+        if best_score is not None and threshold is not None and best_score < threshold:
+            logger.info("best chunk scores %.3f < %.3f: no context", best_score, threshold)
+            return []
+        return chunks
+
+    def _chunk(
+        self, chunk_id: str, text: str, metadata: dict[str, Any] | None, distance: float
+    ) -> Chunk:
+        score = 1.0 - distance / 2.0 if self.space == "l2" else 1.0 - distance
+        kept = {
+            key: value
+            for key, value in (metadata or {}).items()
+            if not key.startswith(_HIDDEN_METADATA_PREFIX)
+        }
+        kept.update(distance=float(distance), space=self.space)
+        return Chunk(text, chunk_id=chunk_id, score=float(score), metadata=kept)

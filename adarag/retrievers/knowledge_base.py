@@ -1,0 +1,312 @@
+"""A Chroma knowledge base on disk: deduplicated ingestion of files, and dense retrieval.
+
+Each chunk's Chroma id is a hash of its source file, document key, occurrence and text, so an
+unchanged chunk keeps its id. Every chunk also records its file's SHA-256 and chunk count:
+re-ingesting an unchanged file is detected from those alone and does no work (no tokenising,
+embedding or KV). A changed file adds its new chunks before it removes the stale ones, so a
+failure midway never loses what the knowledge base held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adarag.config import AdaRagConfig, RetrievalConfig
+from adarag.errors import ConfigError
+from adarag.retrievers.chroma import (
+    EMBEDDING_DIMENSION_KEY,
+    EMBEDDING_MODEL_KEY,
+    ChromaRetriever,
+    DirectoryLock,
+    open_client,
+)
+from adarag.retrievers.chunking import (
+    SourceFile,
+    expand_paths,
+    read_source_file,
+    split_by_tokens,
+    tokenizer_spans,
+)
+from adarag.retrievers.embedding import Embedder, SentenceEmbedder
+from adarag.schema import Chunk
+
+logger = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[int, int], None]
+"""Called with (chunks embedded so far, chunks to embed) while ingesting."""
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What one ingestion changed.
+
+    Attributes:
+        num_files: Files read.
+        num_files_unchanged: Files skipped because the knowledge base already holds them as is.
+        num_chunks_kept: Chunks of changed files that were already stored.
+        num_chunks_removed: Stale chunks of changed files that were removed.
+        added: Chunks added (embedded and stored); their KV is what needs warming.
+    """
+
+    num_files: int
+    num_files_unchanged: int
+    num_chunks_kept: int
+    num_chunks_removed: int
+    added: tuple[Chunk, ...]
+
+
+class KnowledgeBase:
+    """Documents in an embedded, on-disk Chroma collection, retrievable as adarag chunks.
+
+    Setup:
+        ``pip install 'adarag[chroma]'`` (``make install`` does it).
+
+    Instantiate:
+        >>> from adarag import AdaRAG, AdaRagConfig
+        >>> from adarag.retrievers import KnowledgeBase
+        >>> config = AdaRagConfig()
+        >>> kb = KnowledgeBase.from_config(config)  # <home>/chroma, collection "adarag"
+
+    Ingest (unchanged files are skipped), then warm the new chunks' KV:
+        >>> rag = AdaRAG(config, retriever=kb)
+        >>> report = kb.ingest(["notes.md", "passages.jsonl"], tokenizer=rag.tokenizer)
+        >>> rag.warm(report.added)
+
+    Query:
+        >>> rag.query("What do the notes say about X?").chunks
+
+    Args:
+        config: Collection name, directory, chunk sizes, embedding model, ``min_top_score``.
+        home: adarag's home; the default directory is ``<home>/chroma``.
+        client: A chromadb client to use instead of opening the directory (then no lock is
+            taken: the client's owner is responsible for sharing it).
+        embedder: The embedding model; ``config.embedding_model`` when None.
+
+    Raises:
+        ConfigError: Neither ``home``, ``config.chroma_directory`` nor ``client`` is given.
+        KnowledgeBaseError: Another process holds the directory, or the collection was built
+            with another embedding model.
+    """
+
+    def __init__(
+        self,
+        config: RetrievalConfig,
+        home: Path | None = None,
+        *,
+        client: Any = None,
+        embedder: Embedder | None = None,
+    ) -> None:
+        self.config = config
+        self.embedder: Embedder = embedder or SentenceEmbedder(
+            config.embedding_model, config.embedding_batch_size
+        )
+        self.directory: Path | None = None
+        self._lock: DirectoryLock | None = None
+        if client is None:
+            if config.chroma_directory is None and home is None:
+                raise ConfigError(
+                    "no Chroma directory: pass home=... (the knowledge base goes to <home>/chroma) "
+                    "or set retrieval.chroma_directory, or use KnowledgeBase.from_config(config)"
+                )
+            self.directory = config.chroma_directory or Path(str(home)) / "chroma"
+            self._lock = DirectoryLock(self.directory)
+            self._lock.acquire()
+            client = open_client(self.directory)
+        try:
+            self.collection = client.get_or_create_collection(
+                config.collection,
+                embedding_function=None,
+                configuration={"hnsw": {"space": "cosine"}},
+                metadata={
+                    EMBEDDING_MODEL_KEY: self.embedder.name,
+                    EMBEDDING_DIMENSION_KEY: self.embedder.dimension,
+                },
+            )
+            self.retriever = ChromaRetriever(
+                self.collection, self.embedder, min_top_score=config.min_top_score
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_config(cls, config: AdaRagConfig) -> KnowledgeBase:
+        """The knowledge base of ``config.retrieval`` under ``config.home``."""
+        return cls(config.retrieval, config.home)
+
+    def __enter__(self) -> KnowledgeBase:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the directory lock; the data stays on disk."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # --- reading
+
+    def retrieve(self, query: str, top_k: int) -> list[Chunk]:
+        """The ``top_k`` most similar chunks (see :class:`ChromaRetriever`)."""
+        return self.retriever.retrieve(query, top_k)
+
+    def count(self) -> int:
+        """Chunks stored."""
+        return int(self.collection.count())
+
+    def chunks(self) -> list[Chunk]:
+        """Every stored chunk, in Chroma's order."""
+        stored = self.collection.get(include=["documents", "metadatas"])
+        return [
+            Chunk(text, chunk_id=chunk_id, metadata=dict(metadata or {}))
+            for chunk_id, text, metadata in zip(
+                stored["ids"], stored["documents"], stored["metadatas"], strict=True
+            )
+            if text
+        ]
+
+    # --- writing
+
+    def ingest(
+        self,
+        paths: Iterable[str | Path],
+        *,
+        tokenizer: Any,
+        on_progress: ProgressCallback | None = None,
+    ) -> IngestReport:
+        """Chunk, embed and store files; skip the ones stored unchanged.
+
+        Args:
+            paths: Text or markdown files, JSONL files of passages, or directories of them.
+            tokenizer: The model's Hugging Face fast tokenizer (``AdaRAG.tokenizer``): chunk
+                sizes are counted in its tokens.
+            on_progress: Called as chunks are embedded.
+
+        Raises:
+            InputError: A path is missing, not UTF-8, or a JSONL line is not a passage. Every
+                path is read before anything is written.
+        """
+        sources = [read_source_file(path) for path in expand_paths(paths)]
+        changed = [source for source in sources if not self._holds(source)]
+        spans = tokenizer_spans(tokenizer)
+        planned = {source.path: self._chunk_file(source, spans) for source in changed}
+        new_chunks: list[Chunk] = []
+        kept: dict[Path, list[str]] = {}
+        stale: list[str] = []
+        for source in changed:
+            found = self.collection.get(where={"source": str(source.path)}, include=[])
+            stored_ids = set(found["ids"])
+            wanted = planned[source.path]
+            new_chunks.extend(c for c in wanted if c.chunk_id not in stored_ids)
+            kept[source.path] = [str(c.chunk_id) for c in wanted if c.chunk_id in stored_ids]
+            stale.extend(stored_ids - {str(c.chunk_id) for c in wanted})
+        self._add(new_chunks, on_progress)
+        for source in changed:  # kept chunks now belong to the new version of their file
+            ids = kept[source.path]
+            if ids:
+                by_id = {str(c.chunk_id): c for c in planned[source.path]}
+                self.collection.update(ids=ids, metadatas=[by_id[i].metadata for i in ids])
+        if stale:
+            self.collection.delete(ids=stale)
+        report = IngestReport(
+            num_files=len(sources),
+            num_files_unchanged=len(sources) - len(changed),
+            num_chunks_kept=sum(len(ids) for ids in kept.values()),
+            num_chunks_removed=len(stale),
+            added=tuple(new_chunks),
+        )
+        logger.info(
+            "ingested %d files (%d unchanged): %d chunks added, %d kept, %d removed",
+            report.num_files,
+            report.num_files_unchanged,
+            len(report.added),
+            report.num_chunks_kept,
+            report.num_chunks_removed,
+        )
+        return report
+
+    def add_chunks(self, chunks: Sequence[Chunk], source: str = "memory") -> list[Chunk]:
+        """Store chunks given as text (ids from their content); returns the ones not yet stored."""
+        if not chunks:
+            return []
+        counts: Counter[str] = Counter()
+        with_ids = []
+        for chunk in chunks:
+            counts[chunk.text] += 1
+            chunk_id = chunk.chunk_id or _chunk_id(source, "", counts[chunk.text], chunk.text)
+            metadata = {"source": source, **chunk.metadata}
+            with_ids.append(Chunk(chunk.text, chunk_id, None, metadata))
+        found = self.collection.get(ids=[str(c.chunk_id) for c in with_ids], include=[])
+        stored = set(found["ids"])
+        new = [c for c in with_ids if c.chunk_id not in stored]
+        self._add(new, None)
+        return new
+
+    # --- internals
+
+    def _holds(self, source: SourceFile) -> bool:
+        """The collection holds every chunk of this exact file version."""
+        found = self.collection.get(
+            where={"$and": [{"source": str(source.path)}, {"file_sha256": source.sha256}]},
+            include=["metadatas"],
+        )
+        if not found["ids"]:
+            held = self.collection.get(where={"source": str(source.path)}, limit=1, include=[])
+            return not source.documents and not held["ids"]
+        expected = found["metadatas"][0].get("file_num_chunks")
+        return expected == len(found["ids"])
+
+    def _chunk_file(self, source: SourceFile, spans: Any) -> list[Chunk]:
+        config = self.config
+        pieces: list[tuple[str, str, str | None]] = []  # (key, text, title)
+        for document in source.documents:
+            budget = config.chunk_tokens
+            if document.title:
+                budget = max(budget - len(spans(document.title + "\n")), 16)
+            overlap = min(config.chunk_overlap_tokens, budget - 1)
+            for text in split_by_tokens(document.text, spans, budget, overlap):
+                full = f"{document.title}\n{text}" if document.title else text
+                pieces.append((document.key, full, document.title))
+        counts: Counter[tuple[str, str]] = Counter()
+        chunks = []
+        for chunk_idx, (key, text, title) in enumerate(pieces):
+            counts[(key, text)] += 1
+            metadata: dict[str, Any] = {
+                "source": str(source.path),
+                "file_sha256": source.sha256,
+                "file_num_chunks": len(pieces),
+                "chunk_idx": chunk_idx,
+                "document_key": key,
+            }
+            if title:
+                metadata["title"] = title
+            chunk_id = _chunk_id(str(source.path), key, counts[(key, text)], text)
+            chunks.append(Chunk(text, chunk_id=chunk_id, metadata=metadata))
+        return chunks
+
+    def _add(self, chunks: Sequence[Chunk], on_progress: ProgressCallback | None) -> None:
+        batch_size = self.config.embedding_batch_size
+        by_length = sorted(chunks, key=lambda chunk: len(chunk.text))  # less padding per batch
+        for start in range(0, len(by_length), batch_size):
+            batch = by_length[start : start + batch_size]
+            self.collection.add(
+                ids=[str(c.chunk_id) for c in batch],
+                embeddings=self.embedder.embed_documents([c.text for c in batch]),  # type: ignore[arg-type]
+                documents=[c.text for c in batch],
+                metadatas=[c.metadata for c in batch],  # type: ignore[arg-type]
+            )
+            if on_progress is not None:
+                on_progress(start + len(batch), len(chunks))
+
+
+def _chunk_id(source: str, key: str, occurrence: int, text: str) -> str:
+    digest = hashlib.sha256(f"{source}\x00{key}\x00{occurrence}\x00{text}".encode())
+    return digest.hexdigest()[:32]

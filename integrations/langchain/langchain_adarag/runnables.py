@@ -1,0 +1,241 @@
+"""AdaptiveCachedRAG: retrieval and cache-accelerated generation in one LangChain Runnable."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
+from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
+from langchain_core.runnables import RunnableConfig, RunnableSerializable
+from langchain_core.runnables.utils import AddableDict
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from adarag import AdaRAG, AdaRagConfig, AnswerStream, GenerationParams, InputError, Retriever
+from langchain_adarag import _sources
+from langchain_adarag._convert import document_from_chunk, usage_metadata
+from langchain_adarag.chat_models import ChatAdaRag
+from langchain_adarag.retrievers import AdaptiveCachedRetriever
+
+STEP_EVENT = "adarag_step"
+
+
+class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any]]):
+    """Retrieve once, reuse chunk KV, add chunks until confident, answer with a local model.
+
+    Setup:
+        ``pip install -e integrations/langchain`` (``make install`` does it).
+
+    Instantiate:
+        >>> from adarag import AdaRAG
+        >>> from langchain_adarag import AdaptiveCachedRAG
+        >>> chain = AdaptiveCachedRAG(retriever=vectorstore.as_retriever(), rag=AdaRAG())
+        >>> chain = AdaptiveCachedRAG(rag=AdaRAG(retriever=knowledge_base))
+
+    Invoke (a question, or ``{"input": question, "k": 4}``):
+        >>> out = chain.invoke("Who directed Aas Ka Panchhi?")
+        >>> out["answer"], out["context"], out["confidence"], out["stop_reason"]
+        >>> out["usage_metadata"]["input_token_details"]["cache_read"]
+
+    Stream (the context chunk first, then answer deltas, then usage):
+        >>> for chunk in chain.stream("..."): print(chunk.get("answer", ""), end="")
+
+    Async (retrieval and every engine step run in worker threads; concurrent calls are
+    serialised step by step by the pipeline's engine lock, so ``batch`` is serial too):
+        >>> out = await chain.ainvoke("...")
+        >>> async for event in chain.astream_events("...", version="v2"): ...
+
+    Use with LangChain:
+        >>> chain.pick("answer")  # a Runnable[str, str]
+        >>> {"question": RunnablePassthrough()} | prompt | chain.as_chat_model()
+
+    Each augmentation step is also sent as a custom event named ``adarag_step``.
+
+    Output keys are those of classic retrieval chains, ``input``, ``context`` (the Documents
+    the answer was conditioned on, with ``score`` in their metadata) and ``answer``, plus
+    ``confidence`` (None until adaptive augmentation computes one), ``stop_reason`` and
+    ``usage_metadata``.
+    """
+
+    adarag_config: AdaRagConfig = Field(default_factory=AdaRagConfig)
+    """adarag settings of a pipeline built here (ignored when ``rag`` is given)."""
+    k: int | None = Field(default=None, ge=1)
+    """Candidate chunks per question; None uses ``retrieval.top_k``."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Answer length cap."""
+    temperature: float = Field(default=0.0, ge=0.0)
+    """Sampling temperature; 0 is greedy."""
+    name: str | None = "adarag"
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    _rag: AdaRAG = PrivateAttr()
+    _source: Retriever | None = PrivateAttr(default=None)
+
+    def __init__(self, *, rag: AdaRAG | None = None, retriever: Any = None, **kwargs: Any) -> None:
+        """Build the Runnable.
+
+        Args:
+            rag: The adarag pipeline (shares its model); built from ``adarag_config`` when None.
+            retriever: A LangChain ``BaseRetriever`` or an adarag ``Retriever``; the pipeline's
+                own retriever when None.
+            **kwargs: Fields.
+
+        Raises:
+            ConfigError: ``retriever`` is neither kind of retriever.
+        """
+        if rag is not None:
+            kwargs.setdefault("adarag_config", rag.config)
+        super().__init__(**kwargs)
+        self._rag = rag or AdaRAG(self.adarag_config)
+        self._source = _sources.as_source(retriever)
+
+    @property
+    def rag(self) -> AdaRAG:
+        """The adarag pipeline."""
+        return self._rag
+
+    def as_retriever(self, k: int | None = None) -> AdaptiveCachedRetriever:
+        """A retriever returning the chunks adaptive augmentation keeps for a question."""
+        return AdaptiveCachedRetriever(rag=self._rag, retriever=self._source, k=k or self.k)
+
+    def as_chat_model(self) -> ChatAdaRag:
+        """The same model as a LangChain chat model."""
+        return ChatAdaRag(rag=self._rag, temperature=self.temperature)
+
+    # --- Runnable
+
+    def invoke(
+        self, input: str | dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Answer one question."""
+        return self._call_with_config(self._invoke, input, config, **kwargs)
+
+    async def ainvoke(
+        self, input: str | dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Async :meth:`invoke`."""
+        return await self._acall_with_config(self._ainvoke, input, config, **kwargs)
+
+    def stream(
+        self, input: str | dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Stream the context, then answer deltas, then usage."""
+        yield from self._transform_stream_with_config(iter([input]), self._transform, config)
+
+    async def astream(
+        self, input: str | dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Async :meth:`stream`."""
+
+        async def one() -> AsyncIterator[str | dict[str, Any]]:
+            yield input
+
+        async for chunk in self._atransform_stream_with_config(one(), self._atransform, config):
+            yield chunk
+
+    # --- internals
+
+    def _invoke(
+        self,
+        input: str | dict[str, Any],
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> dict[str, Any]:
+        output = AddableDict()
+        for chunk in self._transform(iter([input]), run_manager, config):
+            output = output + chunk
+        return output
+
+    async def _ainvoke(
+        self,
+        input: str | dict[str, Any],
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> dict[str, Any]:
+        async def one() -> AsyncIterator[str | dict[str, Any]]:
+            yield input
+
+        output = AddableDict()
+        async for chunk in self._atransform(one(), run_manager, config):
+            output = output + chunk
+        return output
+
+    def _transform(
+        self,
+        inputs: Iterator[str | dict[str, Any]],
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> Iterator[AddableDict]:
+        for input in inputs:
+            question, k = self._parse(input)
+            callbacks = run_manager.get_child()
+            chunks = _sources.retrieve(self._rag, self._source, question, k, callbacks)
+            stream = self._rag.stream(question, chunks=chunks, params=self._params())
+            for data in _step_events(stream):
+                dispatch_custom_event(STEP_EVENT, data, config=config)
+            yield _head(question, stream)
+            for delta in stream:
+                yield AddableDict(answer=delta)
+            yield AddableDict(usage_metadata=usage_metadata(stream.answer()))
+
+    async def _atransform(
+        self,
+        inputs: AsyncIterator[str | dict[str, Any]],
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> AsyncIterator[AddableDict]:
+        async for input in inputs:
+            question, k = self._parse(input)
+            callbacks = run_manager.get_child()
+            chunks = await _sources.aretrieve(self._rag, self._source, question, k, callbacks)
+            stream = await self._rag.astream(question, chunks=chunks, params=self._params())
+            for data in _step_events(stream.stream):
+                await adispatch_custom_event(STEP_EVENT, data, config=config)
+            yield _head(question, stream.stream)
+            async for delta in stream:
+                yield AddableDict(answer=delta)
+            yield AddableDict(usage_metadata=usage_metadata(await stream.answer()))
+
+    def _parse(self, input: str | dict[str, Any]) -> tuple[str, int]:
+        k = self.k or self._rag.config.retrieval.top_k
+        if isinstance(input, str):
+            question = input
+        elif isinstance(input, dict) and isinstance(input.get("input"), str):
+            question, k = input["input"], int(input.get("k", k))
+        else:
+            raise InputError(
+                f"expected a question or {{'input': question, 'k': int}}, got {input!r:.80}"
+            )
+        if not question.strip():
+            raise InputError("the question is empty; pass a non-empty question")
+        return question, k
+
+    def _params(self) -> GenerationParams:
+        return GenerationParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+
+
+def _head(question: str, stream: AnswerStream) -> AddableDict:
+    """The first streamed chunk: question, context and the augmentation outcome."""
+    steps = stream.trace.steps
+    return AddableDict(
+        input=question,
+        context=[document_from_chunk(chunk) for chunk in stream.chunks],
+        answer="",
+        confidence=steps[-1].confidence if steps else None,
+        stop_reason=stream.trace.stop_reason,
+    )
+
+
+def _step_events(stream: AnswerStream) -> list[dict[str, Any]]:
+    return [
+        {
+            "step_idx": idx,
+            "num_chunks": step.num_chunks,
+            "confidence": step.confidence,
+            "tiers": list(step.tiers),
+            "num_recomputed_tokens": step.num_recomputed_tokens,
+            "prefill_s": step.prefill_s,
+            "stop_reason": stream.trace.stop_reason if idx == len(stream.trace.steps) - 1 else None,
+        }
+        for idx, step in enumerate(stream.trace.steps)
+    ]

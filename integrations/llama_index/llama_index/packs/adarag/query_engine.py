@@ -1,0 +1,312 @@
+"""AdaptiveCachedQueryEngine: a LlamaIndex query engine that answers with adarag."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Generator
+from typing import Any
+
+import llama_index.core.instrumentation as instrument
+from llama_index.core import Settings
+from llama_index.core.base.base_query_engine import BaseQueryEngine
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.llms.types import CompletionResponse
+from llama_index.core.base.response.schema import (
+    RESPONSE_TYPE,
+    AsyncStreamingResponse,
+    Response,
+    StreamingResponse,
+)
+from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
+from llama_index.core.instrumentation.events.synthesis import (
+    SynthesizeEndEvent,
+    SynthesizeStartEvent,
+)
+from llama_index.core.prompts import BasePromptTemplate
+from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
+from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.packs.adarag.prompts import prompt_overrides, template_from_config
+from llama_index.packs.adarag.response import (
+    METADATA_KEY,
+    chunks_from_nodes,
+    describe,
+    token_usage,
+)
+from llama_index.packs.adarag.retriever import AdaRagRetriever
+
+from adarag import AdaRAG, Answer, AnswerStream, AsyncAnswerStream, GenerationParams
+from adarag.retrievers import ChromaRetriever, KnowledgeBase, SentenceEmbedder
+
+dispatcher = instrument.get_dispatcher(__name__)
+
+QA_PROMPT_KEY = "text_qa_template"
+
+
+class AdaptiveCachedQueryEngine(BaseQueryEngine):
+    """Retrieve once, reuse chunk KV, add chunks until confident, answer with a local model.
+
+    Setup:
+        ``pip install -e integrations/llama_index`` (``make install`` does it).
+
+    Instantiate:
+        >>> from adarag import AdaRAG
+        >>> from llama_index.packs.adarag import AdaptiveCachedQueryEngine
+        >>> rag = AdaRAG()  # the model, loaded once and shared
+        >>> engine = AdaptiveCachedQueryEngine.from_index(index, rag, similarity_top_k=4)
+        >>> engine = AdaptiveCachedQueryEngine.from_chroma_collection(collection, rag)
+        >>> engine = AdaptiveCachedQueryEngine(any_llama_index_retriever, rag)
+
+    Query:
+        >>> response = engine.query("Who directed Aas Ka Panchhi?")
+        >>> response.source_nodes  # the chunks the answer was conditioned on, with scores
+        >>> response.metadata["adarag"]["usage"]  # prompt, completion and cached tokens
+
+    Stream (``streaming=True``; ``source_nodes`` are known before the first token):
+        >>> for token in engine.query("...").response_gen: print(token, end="")
+
+    Async (retrieval and every engine step run in worker threads; concurrent queries are
+    serialised step by step by the pipeline's engine lock):
+        >>> response = await engine.aquery("...")
+
+    Use with LlamaIndex:
+        >>> QueryEngineTool.from_defaults(engine, name="wiki", description="...")
+        >>> CondenseQuestionChatEngine.from_defaults(query_engine=engine)
+
+    Response metadata holds ``{node_id: node.metadata}`` for the nodes used (the synthesizers'
+    convention) and, under ``"adarag"``, the augmentation trace: steps (chunks, confidence,
+    tiers, recomputed tokens), stop reason, unused node ids, TTFT and token usage.
+
+    Args:
+        retriever: Any LlamaIndex retriever; its top-k are the candidate chunks.
+        rag: The adarag pipeline (shares the model); built from defaults when None.
+        text_qa_template: QA template with ``{context_str}`` before ``{query_str}``.
+        streaming: Return streaming responses.
+        max_new_tokens: Answer length cap.
+        temperature: Sampling temperature; 0 is greedy.
+        callback_manager: Legacy callbacks; ``Settings.callback_manager`` when None.
+
+    Raises:
+        ConfigError: The QA template cannot be laid out as adarag segments.
+    """
+
+    def __init__(
+        self,
+        retriever: BaseRetriever,
+        rag: AdaRAG | None = None,
+        *,
+        text_qa_template: BasePromptTemplate | None = None,
+        streaming: bool = False,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        callback_manager: CallbackManager | None = None,
+    ) -> None:
+        self._retriever = retriever
+        self._base_rag = rag or AdaRAG()
+        self._rag = self._base_rag
+        self._qa_template: BasePromptTemplate = template_from_config(self._base_rag.config.prompt)
+        self.streaming = streaming
+        self.params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature)
+        super().__init__(callback_manager=callback_manager or Settings.callback_manager)
+        self._retriever.callback_manager = self.callback_manager
+        if text_qa_template is not None:
+            self._update_prompts({QA_PROMPT_KEY: text_qa_template})
+
+    # --- constructors (index.as_query_engine() always builds a RetrieverQueryEngine)
+
+    @classmethod
+    def from_args(
+        cls, retriever: BaseRetriever, rag: AdaRAG | None = None, **kwargs: Any
+    ) -> AdaptiveCachedQueryEngine:
+        """The engine over any LlamaIndex retriever (same as the constructor)."""
+        return cls(retriever, rag, **kwargs)
+
+    @classmethod
+    def from_index(
+        cls,
+        index: Any,
+        rag: AdaRAG | None = None,
+        *,
+        similarity_top_k: int = 4,
+        filters: Any = None,
+        **kwargs: Any,
+    ) -> AdaptiveCachedQueryEngine:
+        """The engine over ``index.as_retriever(...)``, e.g. a ``VectorStoreIndex``."""
+        retriever = index.as_retriever(similarity_top_k=similarity_top_k, filters=filters)
+        return cls(retriever, rag, **kwargs)
+
+    @classmethod
+    def from_chroma_collection(
+        cls,
+        collection: Any,
+        rag: AdaRAG | None = None,
+        *,
+        similarity_top_k: int = 4,
+        embedding_model: str = "default",
+        min_top_score: float | None = None,
+        **kwargs: Any,
+    ) -> AdaptiveCachedQueryEngine:
+        """The engine over a chromadb collection (written by adarag, LlamaIndex or others).
+
+        Args:
+            collection: A chromadb collection.
+            rag: The adarag pipeline.
+            similarity_top_k: Candidate chunks per question.
+            embedding_model: The model that embedded the collection (``"default"``: MiniLM).
+            min_top_score: Best similarity below which a question gets the no-context answer.
+            **kwargs: Constructor options.
+
+        Raises:
+            KnowledgeBaseError: The collection holds vectors of another dimension.
+        """
+        chroma = ChromaRetriever(
+            collection, SentenceEmbedder(embedding_model), min_top_score=min_top_score
+        )
+        return cls(AdaRagRetriever(chroma, similarity_top_k), rag, **kwargs)
+
+    @classmethod
+    def from_knowledge_base(
+        cls,
+        knowledge_base: KnowledgeBase,
+        rag: AdaRAG | None = None,
+        *,
+        similarity_top_k: int | None = None,
+        **kwargs: Any,
+    ) -> AdaptiveCachedQueryEngine:
+        """The engine over an adarag knowledge base (``adarag ingest`` wrote it)."""
+        rag = rag or AdaRAG()
+        top_k = similarity_top_k or rag.config.retrieval.top_k
+        return cls(AdaRagRetriever(knowledge_base, top_k), rag, **kwargs)
+
+    @property
+    def rag(self) -> AdaRAG:
+        """The adarag pipeline answering (with the current QA template)."""
+        return self._rag
+
+    # --- PromptMixin
+
+    def _get_prompts(self) -> PromptDictType:
+        return {QA_PROMPT_KEY: self._qa_template}
+
+    def _update_prompts(self, prompts: PromptDictType) -> None:
+        if QA_PROMPT_KEY in prompts:
+            template = prompts[QA_PROMPT_KEY]
+            self._rag = self._base_rag.with_config(prompt=prompt_overrides(template))
+            self._qa_template = template
+
+    def _get_prompt_modules(self) -> PromptMixinType:
+        return {}
+
+    # --- retrieve / synthesize
+
+    def retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        """The retriever's candidate nodes."""
+        return self._retriever.retrieve(query_bundle)
+
+    async def aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        """The candidate nodes, retrieved in a worker thread (retrievers often block)."""
+        return await asyncio.to_thread(self._retriever.retrieve, query_bundle)
+
+    def synthesize(
+        self,
+        query_bundle: QueryBundle,
+        nodes: list[NodeWithScore],
+        additional_source_nodes: Any = None,
+    ) -> RESPONSE_TYPE:
+        """Answer from ``nodes``: adaptive prefill over their cached KV, then decoding."""
+        dispatcher.event(SynthesizeStartEvent(query=query_bundle))
+        with self.callback_manager.event(
+            CBEventType.SYNTHESIZE, payload={EventPayload.QUERY_STR: query_bundle.query_str}
+        ) as event:
+            stream = self._rag.stream(
+                query_bundle.query_str, chunks=chunks_from_nodes(nodes), params=self.params
+            )
+            used, metadata = describe(stream, nodes)
+            response: RESPONSE_TYPE
+            if self.streaming:
+                tokens = self._finish(stream, metadata, query_bundle)
+                response = StreamingResponse(tokens, source_nodes=used, metadata=metadata)
+            else:
+                answer = stream.answer()
+                self._record_usage(answer, metadata, query_bundle)
+                response = Response(answer.text, source_nodes=used, metadata=metadata)
+            event.on_end(payload={EventPayload.RESPONSE: response})
+        dispatcher.event(SynthesizeEndEvent(query=query_bundle, response=response))
+        return response
+
+    async def asynthesize(
+        self,
+        query_bundle: QueryBundle,
+        nodes: list[NodeWithScore],
+        additional_source_nodes: Any = None,
+    ) -> RESPONSE_TYPE:
+        """Async :meth:`synthesize`; the engine work runs in worker threads."""
+        dispatcher.event(SynthesizeStartEvent(query=query_bundle))
+        with self.callback_manager.event(
+            CBEventType.SYNTHESIZE, payload={EventPayload.QUERY_STR: query_bundle.query_str}
+        ) as event:
+            stream = await self._rag.astream(
+                query_bundle.query_str, chunks=chunks_from_nodes(nodes), params=self.params
+            )
+            used, metadata = describe(stream.stream, nodes)
+            response: RESPONSE_TYPE
+            if self.streaming:
+                tokens = self._afinish(stream, metadata, query_bundle)
+                response = AsyncStreamingResponse(tokens, source_nodes=used, metadata=metadata)
+            else:
+                answer = await stream.answer()
+                self._record_usage(answer, metadata, query_bundle)
+                response = Response(answer.text, source_nodes=used, metadata=metadata)
+            event.on_end(payload={EventPayload.RESPONSE: response})
+        dispatcher.event(SynthesizeEndEvent(query=query_bundle, response=response))
+        return response
+
+    # --- BaseQueryEngine (DispatcherSpanMixin makes these spans)
+
+    def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        with self.callback_manager.event(
+            CBEventType.QUERY, payload={EventPayload.QUERY_STR: query_bundle.query_str}
+        ) as event:
+            response = self.synthesize(query_bundle, self.retrieve(query_bundle))
+            event.on_end(payload={EventPayload.RESPONSE: response})
+        return response
+
+    async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        with self.callback_manager.event(
+            CBEventType.QUERY, payload={EventPayload.QUERY_STR: query_bundle.query_str}
+        ) as event:
+            nodes = await self.aretrieve(query_bundle)
+            response = await self.asynthesize(query_bundle, nodes)
+            event.on_end(payload={EventPayload.RESPONSE: response})
+        return response
+
+    # --- internals
+
+    def _record_usage(
+        self, answer: Answer, metadata: dict[str, Any], query_bundle: QueryBundle
+    ) -> None:
+        """Put token usage in the metadata and report an LLM event (TokenCountingHandler)."""
+        usage = token_usage(answer)
+        metadata[METADATA_KEY]["usage"] = usage
+        with self.callback_manager.event(
+            CBEventType.LLM, payload={EventPayload.PROMPT: query_bundle.query_str}
+        ) as event:
+            completion = CompletionResponse(text=answer.text, raw={"usage": usage})
+            event.on_end(
+                payload={
+                    EventPayload.PROMPT: query_bundle.query_str,
+                    EventPayload.COMPLETION: completion,
+                }
+            )
+
+    def _finish(
+        self, stream: AnswerStream, metadata: dict[str, Any], query_bundle: QueryBundle
+    ) -> Generator[str, None, None]:
+        yield from stream
+        self._record_usage(stream.answer(), metadata, query_bundle)
+
+    async def _afinish(
+        self, stream: AsyncAnswerStream, metadata: dict[str, Any], query_bundle: QueryBundle
+    ) -> AsyncGenerator[str, None]:
+        async for delta in stream:
+            yield delta
+        self._record_usage(await stream.answer(), metadata, query_bundle)

@@ -1,0 +1,57 @@
+"""One real model and one small real Chroma knowledge base, shared by the integration tests."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+
+from adarag import AdaRAG, AdaRagConfig
+from adarag.retrievers import KnowledgeBase
+
+NUM_PASSAGES = 12  # the demo corpus's first passages; the first two demo questions need 1-4
+LOTHAIR_QUESTION = "When did Lothair Ii's mother die?"
+FILM_QUESTION = "Which film was released first, Aas Ka Panchhi or Phoolwari?"
+UNRELATED_QUESTION = "What's the weather today?"
+
+
+@pytest.fixture(scope="session")
+def kb_config(real_config, tmp_path_factory) -> AdaRagConfig:
+    """The real model, with a Chroma directory of its own."""
+    directory = tmp_path_factory.mktemp("chroma")
+    return AdaRagConfig.build(
+        real_config,
+        retrieval={"chroma_directory": str(directory), "collection": "tests", "top_k": 3},
+    )
+
+
+@pytest.fixture(scope="session")
+def corpus_path(tmp_path_factory):
+    lines = resources.files("adarag.data").joinpath("demo_corpus.jsonl").read_text().splitlines()
+    path = tmp_path_factory.mktemp("corpus") / "passages.jsonl"
+    path.write_text("\n".join(lines[:NUM_PASSAGES]) + "\n")
+    assert all(json.loads(line)["text"] for line in lines[:NUM_PASSAGES])
+    return path
+
+
+@pytest.fixture(scope="session")
+def knowledge_base(kb_config, corpus_path, shared_rag):
+    with KnowledgeBase(kb_config.retrieval) as kb:
+        kb.ingest([corpus_path], tokenizer=shared_rag.tokenizer)
+        yield kb
+
+
+@pytest.fixture(scope="session")
+def shared_rag(kb_config) -> AdaRAG:
+    """The one pipeline (and model) the integration tests share."""
+    rag = AdaRAG(kb_config)
+    _ = rag.generator
+    return rag
+
+
+@pytest.fixture(scope="session")
+def kb_rag(shared_rag, knowledge_base) -> AdaRAG:
+    """The shared pipeline answering from the knowledge base."""
+    shared_rag.retriever = knowledge_base
+    return shared_rag

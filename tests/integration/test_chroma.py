@@ -1,0 +1,149 @@
+"""The Chroma knowledge base end to end: real MiniLM embeddings, embedded Chroma, the model."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import pytest
+
+from adarag import AdaRagConfig
+from adarag.cli import main
+from adarag.cli.ingest import ingest_and_warm
+from adarag.config import RetrievalConfig
+from adarag.errors import KnowledgeBaseError
+from adarag.pipeline import NO_CONTEXT_ANSWER
+from adarag.retrievers import KnowledgeBase
+from adarag.schema import Chunk, GenerationParams
+from tests.integration.conftest import LOTHAIR_QUESTION, UNRELATED_QUESTION
+from tests.integration.loop_probe import probe
+
+pytestmark = pytest.mark.integration
+PARAMS = GenerationParams(max_new_tokens=12)
+
+
+def test_answer_comes_with_the_retrieved_sources_best_first(kb_rag):
+    answer = kb_rag.query(LOTHAIR_QUESTION, params=PARAMS)
+    titles = [chunk.metadata["title"] for chunk in answer.chunks]
+    assert "Lothair II" in titles and "Ermengarde of Tours" in titles
+    scores = [chunk.score for chunk in answer.chunks]
+    assert scores == sorted(scores, reverse=True) and 0 < scores[-1] <= scores[0] <= 1
+    assert answer.text and answer.num_completion_tokens > 0
+    assert answer.trace.ttft_s > 0 and answer.trace.num_prompt_tokens > 0
+
+
+def test_chunks_are_token_sized_with_overlap(kb_config, shared_rag, tmp_path):
+    config = AdaRagConfig.build(
+        kb_config, retrieval={"collection": "sized", "chunk_tokens": 48, "chunk_overlap_tokens": 8}
+    )
+    notes = tmp_path / "notes.md"
+    notes.write_text(" ".join(f"Fact {i}: the river {i} flows north." for i in range(40)))
+    with KnowledgeBase(config.retrieval) as kb:
+        kb.ingest([notes], tokenizer=shared_rag.tokenizer)
+        chunks = sorted(kb.chunks(), key=lambda chunk: chunk.metadata["chunk_idx"])
+    sizes = [len(shared_rag.tokenizer.encode(chunk.text)) for chunk in chunks]
+    assert len(chunks) > 3 and max(sizes) <= 48 + 1  # +1: re-tokenising at a cut may split
+    assert chunks[0].text[-10:] in chunks[1].text  # neighbours share their overlap
+
+
+def test_ingest_warms_new_chunks_and_reingest_does_no_work(kb_config, shared_rag, corpus_path):
+    config = AdaRagConfig.build(kb_config, retrieval={"collection": "warmed"})
+    rag = shared_rag.with_config()
+    with KnowledgeBase(config.retrieval) as kb:
+        rag.retriever = kb
+        report = ingest_and_warm(rag, kb, [corpus_path])
+        assert len(report.added) == kb.count() > 0
+        assert rag.warm(report.added) == 0  # every new chunk's KV is already computed
+        started = time.perf_counter()
+        again = ingest_and_warm(rag, kb, [corpus_path])
+        assert again.added == () and again.num_files_unchanged == 1
+        assert time.perf_counter() - started < 5.0  # no tokenising, embedding or KV
+        answer = rag.query(LOTHAIR_QUESTION, params=PARAMS)
+        assert set(answer.trace.steps[-1].tiers) == {"independent"}
+        assert answer.num_cached_tokens > 0
+
+
+def test_stream_yields_tokens_incrementally(kb_rag):
+    stream = kb_rag.stream(LOTHAIR_QUESTION, params=PARAMS)
+    assert stream.chunks and stream.trace.ttft_s > 0  # known before the first token
+    deltas = list(stream)
+    assert len(deltas) > 1
+    assert stream.answer().text == "".join(deltas).strip()
+
+
+def test_concurrent_aqueries_do_not_block_the_event_loop(kb_rag):
+    result = asyncio.run(
+        probe(
+            kb_rag.aquery(LOTHAIR_QUESTION, params=PARAMS),
+            kb_rag.aquery("Who produced Aas Ka Panchhi?", params=PARAMS),
+        )
+    )
+    assert all(answer.text for answer in result.results)
+    assert result.overlapped  # both in flight at once; engine steps serialised by the lock
+    assert result.max_tick_gap_s < result.elapsed_s / 2
+
+
+def test_unrelated_question_gets_the_no_context_answer(kb_rag, knowledge_base):
+    before = knowledge_base.count()
+    answer = kb_rag.query(UNRELATED_QUESTION, params=PARAMS)
+    assert answer.text == NO_CONTEXT_ANSWER and answer.chunks == ()
+    assert answer.trace.stop_reason == "no_context"
+    assert knowledge_base.count() == before
+
+
+def test_empty_knowledge_base_is_a_clear_error(kb_config, shared_rag):
+    config = AdaRagConfig.build(kb_config, retrieval={"collection": "empty"})
+    with KnowledgeBase(config.retrieval) as kb:
+        rag = shared_rag.with_config()
+        rag.retriever = kb
+        with pytest.raises(KnowledgeBaseError, match="is empty; ingest documents first"):
+            rag.query(LOTHAIR_QUESTION, params=PARAMS)
+
+
+HOLDER = """
+import sys, time
+from adarag.config import RetrievalConfig
+from adarag.retrievers import KnowledgeBase
+kb = KnowledgeBase(RetrievalConfig(chroma_directory=sys.argv[1], collection="held"))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_directory_held_by_another_process_is_refused_and_kept(tmp_path):
+    config = RetrievalConfig(chroma_directory=tmp_path / "held-chroma", collection="held")
+    with KnowledgeBase(config) as kb:
+        kb.add_chunks([Chunk("Paris is the capital of France."), Chunk("Rome is in Italy.")])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(config.chroma_directory)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        started = time.perf_counter()
+        expected = rf"in use by another process \(pid {holder.pid}\)"
+        with pytest.raises(KnowledgeBaseError, match=expected):
+            KnowledgeBase(config)
+        assert time.perf_counter() - started < 5.0  # refused at once, no SQLite busy wait
+    finally:
+        holder.kill()
+        holder.wait()
+    with KnowledgeBase(config) as reopened:
+        assert reopened.count() == 2
+
+
+def test_cli_ingest_then_chat_shows_sources_ttft_and_tiers(
+    kb_config, corpus_path, tmp_path, monkeypatch, capsys
+):
+    model = str(kb_config.engine.model)
+    chroma = str(tmp_path / "cli-chroma")
+    common = ["--model", model, "--chroma-dir", chroma, "--collection", "cli", "--top-k", "2"]
+    assert main(["ingest", str(corpus_path), "--no-warm", *common]) == 0
+    assert "0 unchanged: 15 chunks added" in capsys.readouterr().out  # 3 passages are split
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(f"{LOTHAIR_QUESTION}\nexit\n"))
+    assert main(["chat", "--max-new-tokens", "8", *common]) == 0
+    out = capsys.readouterr().out
+    assert "TTFT" in out and "tiers: miss x2" in out and "source 1: [0." in out

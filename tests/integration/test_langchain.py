@@ -1,0 +1,183 @@
+"""AdaptiveCachedRAG, its retriever and ChatAdaRag against real LangChain objects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("langchain_adarag")
+
+from langchain_adarag import AdaptiveCachedRAG, AdaptiveCachedRetriever, ChatAdaRag  # noqa: E402
+from langchain_core.embeddings import Embeddings  # noqa: E402
+from langchain_core.prompts import ChatPromptTemplate  # noqa: E402
+from langchain_core.runnables import RunnablePassthrough  # noqa: E402
+from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
+from langchain_tests.integration_tests import (  # noqa: E402
+    ChatModelIntegrationTests,
+    RetrieversIntegrationTests,
+)
+
+from adarag.pipeline import NO_CONTEXT_ANSWER  # noqa: E402
+from adarag.retrievers import SentenceEmbedder  # noqa: E402
+from tests.integration.conftest import (  # noqa: E402
+    FILM_QUESTION,
+    LOTHAIR_QUESTION,
+    UNRELATED_QUESTION,
+)
+from tests.integration.loop_probe import probe  # noqa: E402
+
+pytestmark = pytest.mark.integration
+KEYS = {"input", "context", "answer", "confidence", "stop_reason", "usage_metadata"}
+
+
+@pytest.fixture(scope="module")
+def chain(kb_rag):
+    return AdaptiveCachedRAG(rag=kb_rag, k=3, max_new_tokens=12)
+
+
+class MiniLMEmbeddings(Embeddings):
+    """adarag's offline MiniLM behind LangChain's Embeddings interface."""
+
+    def __init__(self) -> None:
+        self.embedder = SentenceEmbedder()
+
+    def embed_documents(self, texts):
+        return self.embedder.embed_documents(texts)
+
+    def embed_query(self, text):
+        return self.embedder.embed_query(text)
+
+
+def test_invoke_returns_the_retrieval_chain_keys(chain):
+    out = chain.invoke(LOTHAIR_QUESTION)
+    assert set(out) == KEYS and out["input"] == LOTHAIR_QUESTION and out["answer"]
+    titles = [doc.metadata["title"] for doc in out["context"]]
+    assert "Lothair II" in titles and "Ermengarde of Tours" in titles
+    assert all(0 < doc.metadata["score"] <= 1 and doc.id for doc in out["context"])
+    assert out["stop_reason"] == "static"
+    usage = out["usage_metadata"]
+    assert usage["input_tokens"] > 0 and 0 < usage["output_tokens"] <= 12
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert "cache_read" in usage["input_token_details"]
+
+
+def test_stream_sends_context_first_then_answer_deltas(chain):
+    chunks = list(chain.stream({"input": FILM_QUESTION, "k": 2}))
+    assert chunks[0]["context"] and len(chunks[0]["context"]) == 2
+    deltas = [chunk["answer"] for chunk in chunks[1:] if chunk.get("answer")]
+    assert len(deltas) > 1
+    assert "usage_metadata" in chunks[-1]
+
+
+def test_astream_events_show_retriever_custom_steps_and_stream(chain):
+    async def collect():
+        return [event async for event in chain.astream_events(FILM_QUESTION, version="v2")]
+
+    events = asyncio.run(collect())
+    kinds = {event["event"] for event in events}
+    assert {"on_chain_start", "on_retriever_end", "on_custom_event", "on_chain_stream"} <= kinds
+    step = next(event for event in events if event["event"] == "on_custom_event")
+    assert step["name"] == "adarag_step" and step["data"]["tiers"]
+    streamed = [e for e in events if e["event"] == "on_chain_stream" and e["name"] == "adarag"]
+    assert len([e for e in streamed if e["data"]["chunk"].get("answer")]) > 1
+
+
+def test_concurrent_ainvokes_do_not_block_the_event_loop(chain):
+    result = asyncio.run(probe(chain.ainvoke(LOTHAIR_QUESTION), chain.ainvoke(FILM_QUESTION)))
+    assert all(out["answer"] for out in result.results)
+    assert result.overlapped and result.max_tick_gap_s < result.elapsed_s / 2
+
+
+def test_batch_and_pick(chain):
+    answers = chain.pick("answer").batch([LOTHAIR_QUESTION, FILM_QUESTION])
+    assert len(answers) == 2 and all(isinstance(a, str) and a for a in answers)
+
+
+def test_any_langchain_retriever_supplies_the_context(kb_rag, corpus_path):
+    store = InMemoryVectorStore(MiniLMEmbeddings())
+    store.add_texts(
+        ["The Zorblat river flows through Quenby.", "Quenby is famous for glass bells."],
+        metadatas=[{"source": "river"}, {"source": "bells"}],
+    )
+    chain = AdaptiveCachedRAG(rag=kb_rag, retriever=store.as_retriever(search_kwargs={"k": 1}))
+    out = chain.invoke("Which river flows through Quenby?")
+    assert [doc.metadata["source"] for doc in out["context"]] == ["river"]
+    assert out["answer"]
+
+
+def test_unrelated_question_gets_no_context(chain):
+    out = chain.invoke(UNRELATED_QUESTION)
+    assert out["answer"] == NO_CONTEXT_ANSWER and out["context"] == []
+    assert out["stop_reason"] == "no_context"
+
+
+def test_retriever_and_chat_model_compose_in_lcel(chain):
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Answer from the context.\n{context}"), ("human", "{question}")]
+    )
+    retriever = chain.as_retriever(k=2)
+    docs = retriever.invoke(LOTHAIR_QUESTION)
+    assert len(docs) == 2
+    lcel = (
+        {
+            "context": retriever | (lambda docs: "\n".join(d.page_content for d in docs)),
+            "question": RunnablePassthrough(),
+        }
+        | prompt
+        | chain.as_chat_model().bind(max_tokens=8)
+    )
+    message = lcel.invoke(LOTHAIR_QUESTION)
+    assert message.content and message.usage_metadata["output_tokens"] > 0
+
+
+class TestChatAdaRagStandard(ChatModelIntegrationTests):
+    """langchain-tests' standard chat-model suite, on the real model."""
+
+    @pytest.fixture(autouse=True)
+    def _shared(self, kb_rag):
+        self.rag = kb_rag
+
+    @property
+    def chat_model_class(self):
+        return ChatAdaRag
+
+    @property
+    def chat_model_params(self):
+        return {"rag": self.rag, "max_tokens": 12}
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return False
+
+    @property
+    def has_structured_output(self) -> bool:
+        return False
+
+    @property
+    def supported_usage_metadata_details(self):
+        return {"invoke": [], "stream": []}
+
+
+class TestAdaptiveCachedRetrieverStandard(RetrieversIntegrationTests):
+    """langchain-tests' standard retriever suite, over the knowledge base."""
+
+    @pytest.fixture(autouse=True)
+    def _shared(self, kb_rag):
+        self.rag = kb_rag
+
+    @property
+    def retriever_constructor(self):
+        return AdaptiveCachedRetriever
+
+    @property
+    def retriever_constructor_params(self):
+        return {"rag": self.rag, "k": 3}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return LOTHAIR_QUESTION

@@ -1,0 +1,230 @@
+"""AdaptiveCachedQueryEngine and AdaRagLLM against real LlamaIndex objects and a real Chroma."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+pytest.importorskip("llama_index.packs.adarag")
+
+import chromadb  # noqa: E402
+import llama_index.core.instrumentation as instrument  # noqa: E402
+from llama_index.core import Document, StorageContext, VectorStoreIndex  # noqa: E402
+from llama_index.core.base.llms.types import ChatMessage  # noqa: E402
+from llama_index.core.base.response.schema import (  # noqa: E402
+    AsyncStreamingResponse,
+    Response,
+    StreamingResponse,
+)
+from llama_index.core.bridge.pydantic import Field  # noqa: E402
+from llama_index.core.callbacks import CallbackManager, TokenCountingHandler  # noqa: E402
+from llama_index.core.chat_engine import CondenseQuestionChatEngine  # noqa: E402
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler  # noqa: E402
+from llama_index.core.prompts import PromptTemplate  # noqa: E402
+from llama_index.packs.adarag import (  # noqa: E402
+    AdaptiveCachedQueryEngine,
+    AdaRagEmbedding,
+    AdaRagLLM,
+)
+from llama_index.vector_stores.chroma import ChromaVectorStore  # noqa: E402
+
+from adarag import ConfigError  # noqa: E402
+from adarag.pipeline import NO_CONTEXT_ANSWER  # noqa: E402
+from tests.integration.conftest import (  # noqa: E402
+    FILM_QUESTION,
+    LOTHAIR_QUESTION,
+    UNRELATED_QUESTION,
+)
+from tests.integration.loop_probe import probe  # noqa: E402
+
+pytestmark = pytest.mark.integration
+MAX_NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def engine(kb_rag, knowledge_base):
+    return AdaptiveCachedQueryEngine.from_knowledge_base(
+        knowledge_base, kb_rag, similarity_top_k=3, max_new_tokens=MAX_NEW_TOKENS
+    )
+
+
+@pytest.fixture(scope="module")
+def streaming_engine(kb_rag, knowledge_base):
+    return AdaptiveCachedQueryEngine.from_knowledge_base(
+        knowledge_base, kb_rag, similarity_top_k=3, max_new_tokens=MAX_NEW_TOKENS, streaming=True
+    )
+
+
+class Recorder(BaseEventHandler):
+    events: list = Field(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Recorder"
+
+    def handle(self, event, **kwargs) -> None:
+        self.events.append(event)
+
+
+def test_query_returns_answer_used_sources_trace_and_usage(engine):
+    response = engine.query(LOTHAIR_QUESTION)
+    assert isinstance(response, Response) and response.response
+    titles = [node.node.metadata["title"] for node in response.source_nodes]
+    assert "Lothair II" in titles and "Ermengarde of Tours" in titles
+    assert all(0 < node.score <= 1 for node in response.source_nodes)
+    trace = response.metadata["adarag"]
+    assert trace["stop_reason"] == "static" and trace["steps"][-1]["tiers"]
+    assert trace["num_chunks_used"] == len(response.source_nodes)
+    usage = trace["usage"]
+    assert usage["prompt_tokens"] > 0 and 0 < usage["completion_tokens"] <= MAX_NEW_TOKENS
+    assert usage["cached_tokens"] >= 0
+    assert all(node.node_id in response.metadata for node in response.source_nodes)
+
+
+def test_streaming_response_yields_tokens_incrementally(streaming_engine):
+    response = streaming_engine.query(FILM_QUESTION)
+    assert isinstance(response, StreamingResponse)
+    assert response.source_nodes  # known before the first token
+    assert response.metadata["adarag"]["usage"] is None
+    tokens = list(response.response_gen)
+    assert len(tokens) > 1
+    assert response.metadata["adarag"]["usage"]["completion_tokens"] > 0
+
+
+def test_async_streaming_and_concurrent_aqueries_do_not_block_the_loop(engine, streaming_engine):
+    async def stream_tokens():
+        response = await streaming_engine.aquery(FILM_QUESTION)
+        assert isinstance(response, AsyncStreamingResponse) and response.source_nodes
+        return [token async for token in response.async_response_gen()]
+
+    tokens = asyncio.run(stream_tokens())
+    assert len(tokens) > 1
+    result = asyncio.run(probe(engine.aquery(LOTHAIR_QUESTION), engine.aquery(FILM_QUESTION)))
+    assert all(response.response for response in result.results)
+    assert result.overlapped and result.max_tick_gap_s < result.elapsed_s / 2
+
+
+def test_instrumentation_events_and_token_counting_callbacks(kb_rag, knowledge_base):
+    recorder = Recorder()
+    root = instrument.get_dispatcher()
+    root.add_event_handler(recorder)
+    counter = TokenCountingHandler(tokenizer=kb_rag.tokenizer.encode)
+    engine = AdaptiveCachedQueryEngine.from_knowledge_base(
+        knowledge_base,
+        kb_rag,
+        similarity_top_k=2,
+        max_new_tokens=MAX_NEW_TOKENS,
+        callback_manager=CallbackManager([counter]),
+    )
+    try:
+        response = engine.query(LOTHAIR_QUESTION)
+    finally:
+        root.event_handlers.remove(recorder)
+    names = [event.class_name() for event in recorder.events]
+    for expected in (
+        "QueryStartEvent",
+        "RetrievalEndEvent",
+        "SynthesizeStartEvent",
+        "AdaptiveStepEvent",
+        "AdaptiveStopEvent",
+        "QueryEndEvent",
+    ):
+        assert expected in names
+    stop = next(e for e in recorder.events if e.class_name() == "AdaptiveStopEvent")
+    assert stop.node_ids == [node.node_id for node in response.source_nodes]
+    usage = response.metadata["adarag"]["usage"]
+    assert counter.prompt_llm_token_count == usage["prompt_tokens"]
+    assert counter.completion_llm_token_count == usage["completion_tokens"]
+
+
+def test_from_vector_store_index_over_the_adarag_collection(kb_rag, knowledge_base):
+    store = ChromaVectorStore(chroma_collection=knowledge_base.collection)
+    index = VectorStoreIndex.from_vector_store(store, embed_model=AdaRagEmbedding())
+    engine = AdaptiveCachedQueryEngine.from_index(
+        index, kb_rag, similarity_top_k=2, max_new_tokens=MAX_NEW_TOKENS
+    )
+    response = engine.query(FILM_QUESTION)
+    assert response.response
+    assert {"Aas Ka Panchhi", "Phoolwari"} & {
+        n.node.metadata.get("title") for n in response.source_nodes
+    }
+
+
+def test_from_chroma_collection_written_by_llama_index(kb_rag):
+    client = chromadb.EphemeralClient()
+    collection = client.create_collection(f"li-{uuid.uuid4().hex[:8]}")
+    documents = [
+        Document(text="The Zorblat river flows through the town of Quenby.", doc_id="river"),
+        Document(text="Quenby is famous for its glass bells.", doc_id="bells"),
+    ]
+    storage = StorageContext.from_defaults(
+        vector_store=ChromaVectorStore(chroma_collection=collection)
+    )
+    VectorStoreIndex.from_documents(
+        documents, storage_context=storage, embed_model=AdaRagEmbedding()
+    )
+    engine = AdaptiveCachedQueryEngine.from_chroma_collection(
+        collection, kb_rag, similarity_top_k=1, max_new_tokens=MAX_NEW_TOKENS
+    )
+    response = engine.query("Which river flows through Quenby?")
+    assert len(response.source_nodes) == 1
+    assert "Zorblat" in response.source_nodes[0].node.get_content()
+    assert "_node_content" not in response.source_nodes[0].node.metadata
+    client.delete_collection(collection.name)
+
+
+def test_prompt_templates_are_exposed_and_updated(kb_rag, knowledge_base):
+    engine = AdaptiveCachedQueryEngine.from_knowledge_base(
+        knowledge_base, kb_rag, similarity_top_k=2, max_new_tokens=MAX_NEW_TOKENS
+    )
+    prompts = engine.get_prompts()
+    assert set(prompts) == {"text_qa_template"}
+    assert "{context_str}" in prompts["text_qa_template"].get_template()
+    template = PromptTemplate("Facts:\n{context_str}\nOne-line answer. Q: {query_str}")
+    engine.update_prompts({"text_qa_template": template})
+    assert engine.rag.config.prompt.context_intro == "Facts:\n"
+    assert engine.rag.config.prompt.question_template == "\nOne-line answer. Q: {question}"
+    assert engine.get_prompts()["text_qa_template"].get_template() == template.get_template()
+    assert engine.query(LOTHAIR_QUESTION).response
+    with pytest.raises(ConfigError, match="context_str"):
+        engine.update_prompts({"text_qa_template": PromptTemplate("Q: {query_str}")})
+
+
+def test_unrelated_question_gets_no_context_and_no_sources(engine):
+    response = engine.query(UNRELATED_QUESTION)
+    assert response.response == NO_CONTEXT_ANSWER and response.source_nodes == []
+    assert response.metadata["adarag"]["stop_reason"] == "no_context"
+
+
+def test_llm_completes_chats_and_streams_with_usage(kb_rag):
+    llm = AdaRagLLM(rag=kb_rag, max_new_tokens=8)
+    completion = llm.complete("Name a primary colour.")
+    assert completion.text and completion.raw["usage"]["completion_tokens"] > 0
+    chat = llm.chat([ChatMessage(role="user", content="Say hello.")])
+    assert chat.message.content and chat.raw["usage"]["prompt_tokens"] > 0
+    deltas = [part.delta for part in llm.stream_complete("Count: one, two,")]
+    assert len([d for d in deltas if d]) > 1
+    assert llm.metadata.is_chat_model and llm.metadata.context_window > 0
+
+    async def run_async():
+        answer = await llm.acomplete("Name a fruit.")
+        parts = [part.delta async for part in await llm.astream_chat([ChatMessage(content="Hi")])]
+        return answer, parts
+
+    answer, parts = asyncio.run(run_async())
+    assert answer.text and len([p for p in parts if p]) > 1
+
+
+def test_drops_into_a_condense_question_chat_engine(kb_rag, streaming_engine):
+    llm = AdaRagLLM(rag=kb_rag, max_new_tokens=16)
+    chat = CondenseQuestionChatEngine.from_defaults(query_engine=streaming_engine, llm=llm)
+
+    async def first_turn():
+        response = await chat.astream_chat("Who was the mother of Lothair II?")
+        return [token async for token in response.async_response_gen()]
+
+    assert len(asyncio.run(first_turn())) > 1
+    second = chat.stream_chat("When did she die?")
+    assert "".join(second.response_gen) and second.source_nodes

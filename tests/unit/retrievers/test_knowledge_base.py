@@ -1,0 +1,110 @@
+"""Knowledge-base bookkeeping on an in-memory Chroma with exact, hash-based embeddings."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import uuid
+
+import pytest
+
+chromadb = pytest.importorskip("chromadb")
+
+from adarag.config import RetrievalConfig  # noqa: E402
+from adarag.errors import KnowledgeBaseError  # noqa: E402
+from adarag.retrievers import KnowledgeBase  # noqa: E402
+
+
+class WordEmbedder:
+    """Deterministic bag-of-words vectors: texts sharing words are close."""
+
+    name = "word-hash-16"
+    dimension = 16
+
+    def embed_documents(self, texts):
+        return [self.embed_query(text) for text in texts]
+
+    def embed_query(self, text):
+        vector = [0.0] * self.dimension
+        for word in text.lower().split():
+            vector[hashlib.sha256(word.encode()).digest()[0] % self.dimension] += 1.0
+        norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+        return [x / norm for x in vector]
+
+
+class WordTokenizer:
+    """Whitespace 'tokens' with offsets, shaped like a Hugging Face fast tokenizer's output."""
+
+    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=True):
+        import re
+
+        return {"offset_mapping": [m.span() for m in re.finditer(r"\S+", text)]}
+
+
+@pytest.fixture()
+def kb():
+    config = RetrievalConfig(
+        collection=f"kb-{uuid.uuid4().hex[:8]}", chunk_tokens=16, chunk_overlap_tokens=4
+    )
+    base = KnowledgeBase(config, client=chromadb.EphemeralClient(), embedder=WordEmbedder())
+    yield base
+    base.collection._client.delete_collection(config.collection)
+
+
+def _write(path, words):
+    path.write_text(" ".join(words))
+    return path
+
+
+def test_reingesting_an_unchanged_file_does_no_work(kb, tmp_path):
+    doc = _write(tmp_path / "doc.md", [f"w{i}" for i in range(40)])
+    first = kb.ingest([doc], tokenizer=WordTokenizer())
+    assert len(first.added) == 3 and kb.count() == 3  # windows at words 0, 12 and 24
+    second = kb.ingest([doc], tokenizer=WordTokenizer())
+    assert second.added == () and second.num_files_unchanged == 1 and kb.count() == 3
+
+
+def test_changed_file_keeps_unchanged_chunks_and_drops_stale_ones(kb, tmp_path):
+    doc = _write(tmp_path / "doc.md", [f"w{i}" for i in range(40)])
+    kb.ingest([doc], tokenizer=WordTokenizer())
+    _write(doc, [f"w{i}" for i in range(24)] + ["changed"] * 16)
+    report = kb.ingest([doc], tokenizer=WordTokenizer())
+    assert report.num_chunks_kept == 1 and report.num_chunks_removed == 2
+    assert len(report.added) == 2 and kb.count() == 3
+    assert kb.ingest([doc], tokenizer=WordTokenizer()).num_files_unchanged == 1
+
+
+def test_failed_ingest_loses_nothing(kb, tmp_path):
+    doc = _write(tmp_path / "doc.md", ["alpha"] * 10)
+    kb.ingest([doc], tokenizer=WordTokenizer())
+    with pytest.raises(Exception, match="does not exist"):
+        kb.ingest([doc, tmp_path / "missing.md"], tokenizer=WordTokenizer())
+    assert kb.count() == 1
+
+
+def test_retrieval_scores_are_cosine_similarities_best_first(kb, tmp_path):
+    kb.add_chunks([])
+    from adarag.schema import Chunk
+
+    kb.add_chunks([Chunk("red apples grow"), Chunk("blue sea waves"), Chunk("red apples fall")])
+    found = kb.retrieve("red apples", 2)
+    assert [c.text for c in found][0].startswith("red apples")
+    assert found[0].score >= found[1].score
+    assert found[0].metadata["space"] == "cosine"
+    assert abs(found[0].score - (1 - found[0].metadata["distance"])) < 1e-6
+
+
+def test_empty_knowledge_base_says_so(kb):
+    with pytest.raises(KnowledgeBaseError, match="is empty"):
+        kb.retrieve("anything", 3)
+
+
+def test_collection_of_another_dimension_is_refused_untouched():
+    client = chromadb.EphemeralClient()
+    name = f"dims-{uuid.uuid4().hex[:8]}"
+    other = client.create_collection(name, embedding_function=None)
+    other.add(ids=["a"], embeddings=[[1.0] * 8], documents=["eight dims"])
+    with pytest.raises(KnowledgeBaseError, match="8-dimensional"):
+        KnowledgeBase(RetrievalConfig(collection=name), client=client, embedder=WordEmbedder())
+    assert client.get_collection(name).count() == 1
+    client.delete_collection(name)
