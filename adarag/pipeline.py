@@ -151,7 +151,6 @@ class AdaRAG:
         """The three-tier chunk-KV cache of this model (opened on first use)."""
         if self._cache is None:
             generator = self.generator
-            store_config = self.config.cache.store
             self._cache = TieredCache(
                 self.config.cache,
                 self._open_store(),
