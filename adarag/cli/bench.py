@@ -9,12 +9,14 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from adarag.cli.options import add_model_arguments, build_config
 from adarag.config import AdaRagConfig
 from adarag.engine.interface import create_generator
 from adarag.evaluation import figures
 from adarag.evaluation.harness import BenchRunner, QueryRecord
+from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.policies import POLICIES
 from adarag.evaluation.report import PolicySummary, markdown_table, speedups, summarize
 from adarag.evaluation.workload import DATASETS, load_questions, query_stream
@@ -48,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run every dataset and policy; write markdown, JSON and PNGs under ``--output``."""
     config = build_config(args)
+    measured_on = machine()
     generator = create_generator(config)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     args.output.mkdir(parents=True, exist_ok=True)
@@ -55,13 +58,17 @@ def run(args: argparse.Namespace) -> int:
         for dataset in args.dataset:
             runner = BenchRunner(generator, config, Path(scratch) / dataset, params)
             started = time.perf_counter()
-            _run_dataset(args, config, dataset, runner)
+            _run_dataset(args, config, dataset, runner, measured_on)
             print(f"{dataset}: done in {(time.perf_counter() - started) / 60:.1f} min")
     return 0
 
 
 def _run_dataset(
-    args: argparse.Namespace, config: AdaRagConfig, dataset: str, runner: BenchRunner
+    args: argparse.Namespace,
+    config: AdaRagConfig,
+    dataset: str,
+    runner: BenchRunner,
+    measured_on: dict[str, Any],
 ) -> None:
     top_ks = sorted({args.top_k, *args.top_k_sweep})
     with contextlib.ExitStack() as stack:
@@ -84,7 +91,7 @@ def _run_dataset(
         if k != args.top_k:
             runs = [r for p in SWEEP_POLICIES for r in runner.run(POLICIES[p], questions, once, k)]
             sweep[k] = summarize(runs)
-    _write(args, dataset, title, records, summaries, sweep)
+    _write(args, dataset, title, records, summaries, sweep, measured_on)
 
 
 def _write(
@@ -94,11 +101,12 @@ def _write(
     records: list[QueryRecord],
     summaries: list[PolicySummary],
     sweep: dict[int, list[PolicySummary]],
+    measured_on: dict[str, Any],
 ) -> None:
     out = args.output
     table = markdown_table(summaries)
     ratios = speedups(summaries)
-    lines = [f"## {title}", "", table, ""]
+    lines = [f"## {title}", "", describe_machine(measured_on), "", table, ""]
     if ratios:
         lines.append(
             "AdaCache mean-TTFT speed-up over: "
@@ -107,6 +115,7 @@ def _write(
     (out / f"{dataset}.md").write_text("\n".join(lines) + "\n")
     payload = {
         "title": title,
+        "machine": measured_on,
         "summaries": [asdict(s) for s in summaries],
         "speedups": ratios,
         "records": [asdict(r) for r in records],
