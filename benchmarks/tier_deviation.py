@@ -25,7 +25,7 @@ from common import load_jsonl, machine, write_results
 from adarag import AdaRAG
 from adarag.engine.batch import SegmentSource
 
-RATIOS = (0.0, 0.05, 0.15, 0.3, 0.5)
+EXTRA_RATIOS = (0.0, 0.3, 0.5)  # besides the configured α and β
 
 
 def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> float:
@@ -43,9 +43,12 @@ def main() -> None:
     rag = AdaRAG()
     generator, cache = rag.generator, rag.cache
     config = rag.config.cache
+    ratios = sorted(
+        {*EXTRA_RATIOS, config.soft.recompute_ratio, config.independent.recompute_ratio}
+    )
     rows = load_jsonl("musique_dev.jsonl", args.data_dir)
     results: dict[str, dict[float, list[tuple[float, float, float]]]] = {
-        tier: {r: [] for r in RATIOS} for tier in ("hard", "soft", "independent")
+        tier: {r: [] for r in ratios} for tier in ("hard", "soft", "independent")
     }
     for q_idx in range(args.questions):
         row = rows[q_idx]
@@ -75,7 +78,7 @@ def main() -> None:
             "independent": independent.get,
         }
         for tier, source_of in variants.items():
-            for ratio in RATIOS if tier != "hard" else (0.0,):
+            for ratio in ratios if tier != "hard" else (0.0,):
                 sources = [
                     SegmentSource(system_kv),
                     SegmentSource(exact[0]),
