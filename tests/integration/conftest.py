@@ -16,6 +16,17 @@ FILM_QUESTION = "Which film was released first, Aas Ka Panchhi or Phoolwari?"
 UNRELATED_QUESTION = "What's the weather today?"
 
 
+def retrieved_titles(rag: AdaRAG, question: str, top_k: int) -> list[str]:
+    """Titles of the knowledge base's top-k chunks for ``question``, best first."""
+    return [chunk.metadata["title"] for chunk in rag.retrieve(question, top_k)]
+
+
+def assert_used_prefix_of_retrieved(used_titles: list[str], retrieved: list[str]) -> None:
+    """Adaptive augmentation conditions on a non-empty best-first prefix of the top-k."""
+    assert 1 <= len(used_titles) <= len(retrieved)
+    assert used_titles == retrieved[: len(used_titles)]
+
+
 @pytest.fixture(scope="session")
 def kb_config(real_config, tmp_path_factory) -> AdaRagConfig:
     """The real model, with a Chroma directory of its own."""

@@ -18,7 +18,12 @@ from adarag.errors import KnowledgeBaseError
 from adarag.pipeline import NO_CONTEXT_ANSWER
 from adarag.retrievers import KnowledgeBase
 from adarag.schema import Chunk, GenerationParams
-from tests.integration.conftest import LOTHAIR_QUESTION, UNRELATED_QUESTION
+from tests.integration.conftest import (
+    LOTHAIR_QUESTION,
+    UNRELATED_QUESTION,
+    assert_used_prefix_of_retrieved,
+    retrieved_titles,
+)
 from tests.integration.loop_probe import probe
 
 pytestmark = pytest.mark.integration
@@ -26,9 +31,12 @@ PARAMS = GenerationParams(max_new_tokens=12)
 
 
 def test_answer_comes_with_the_retrieved_sources_best_first(kb_rag):
+    retrieved = retrieved_titles(kb_rag, LOTHAIR_QUESTION, kb_rag.config.retrieval.top_k)
+    assert retrieved[0] == "Lothair II" and "Ermengarde of Tours" in retrieved
     answer = kb_rag.query(LOTHAIR_QUESTION, params=PARAMS)
     titles = [chunk.metadata["title"] for chunk in answer.chunks]
-    assert "Lothair II" in titles and "Ermengarde of Tours" in titles
+    assert_used_prefix_of_retrieved(titles, retrieved)
+    assert len(titles) == answer.trace.num_chunks_used
     scores = [chunk.score for chunk in answer.chunks]
     assert scores == sorted(scores, reverse=True) and 0 < scores[-1] <= scores[0] <= 1
     assert answer.text and answer.num_completion_tokens > 0

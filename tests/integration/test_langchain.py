@@ -24,6 +24,8 @@ from tests.integration.conftest import (  # noqa: E402
     FILM_QUESTION,
     LOTHAIR_QUESTION,
     UNRELATED_QUESTION,
+    assert_used_prefix_of_retrieved,
+    retrieved_titles,
 )
 from tests.integration.loop_probe import probe  # noqa: E402
 
@@ -53,7 +55,7 @@ def test_invoke_returns_the_retrieval_chain_keys(chain):
     out = chain.invoke(LOTHAIR_QUESTION)
     assert set(out) == KEYS and out["input"] == LOTHAIR_QUESTION and out["answer"]
     titles = [doc.metadata["title"] for doc in out["context"]]
-    assert "Lothair II" in titles and "Ermengarde of Tours" in titles
+    assert_used_prefix_of_retrieved(titles, retrieved_titles(chain.rag, LOTHAIR_QUESTION, 3))
     assert all(0 < doc.metadata["score"] <= 1 and doc.id for doc in out["context"])
     assert out["stop_reason"] in ("confident", "exhausted")  # adaptive augmentation
     usage = out["usage_metadata"]
@@ -64,7 +66,7 @@ def test_invoke_returns_the_retrieval_chain_keys(chain):
 
 def test_stream_sends_context_first_then_answer_deltas(chain):
     chunks = list(chain.stream({"input": FILM_QUESTION, "k": 2}))
-    assert chunks[0]["context"] and len(chunks[0]["context"]) == 2
+    assert 1 <= len(chunks[0]["context"]) <= 2  # the chunks adaptive augmentation kept
     deltas = [chunk["answer"] for chunk in chunks[1:] if chunk.get("answer")]
     assert len(deltas) > 1
     assert "usage_metadata" in chunks[-1]
@@ -118,7 +120,8 @@ def test_retriever_and_chat_model_compose_in_lcel(chain):
     )
     retriever = chain.as_retriever(k=2)
     docs = retriever.invoke(LOTHAIR_QUESTION)
-    assert len(docs) == 2
+    titles = [doc.metadata["title"] for doc in docs]
+    assert_used_prefix_of_retrieved(titles, retrieved_titles(chain.rag, LOTHAIR_QUESTION, 2))
     lcel = (
         {
             "context": retriever | (lambda docs: "\n".join(d.page_content for d in docs)),
@@ -164,11 +167,15 @@ class TestChatAdaRagStandard(ChatModelIntegrationTests):
 
 
 class TestAdaptiveCachedRetrieverStandard(RetrieversIntegrationTests):
-    """langchain-tests' standard retriever suite, over the knowledge base."""
+    """langchain-tests' standard retriever suite, over the knowledge base.
+
+    The suite expects exactly k documents; with adaptive augmentation the retriever returns the
+    (possibly shorter) prefix the model was confident with, so the suite runs on a static pipeline.
+    """
 
     @pytest.fixture(autouse=True)
     def _shared(self, kb_rag):
-        self.rag = kb_rag
+        self.rag = kb_rag.with_config(augment={"enabled": False})
 
     @property
     def retriever_constructor(self):
