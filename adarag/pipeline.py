@@ -440,7 +440,12 @@ class AdaRAG:
         sources.append(SegmentSource())
         started = time.perf_counter()
         with self._engine_lock:
-            output = self.generator.prefill(layout, sources, max_new_tokens=max_new_tokens)
+            output = self.generator.prefill(
+                layout,
+                sources,
+                max_new_tokens=max_new_tokens,
+                num_lens_layers=self.config.augment.num_lens_layers,
+            )
         self.cache.record(layout.num_tokens, output.num_recomputed_tokens)
         return output, hits, time.perf_counter() - started
 

@@ -55,12 +55,15 @@ class ForwardBatch:
         segments: Plans covering ``0..num_tokens`` in order, without gaps.
         extra_capacity: Free KV rows reserved after the prompt for decoding.
         collect_segment_attention: Also return chunk-granularity attention per layer.
+        num_lens_layers: Project the last token after each of this many last layers through the
+            final norm and LM head (the logit lens), in the one GEMM that yields the logits.
     """
 
     token_ids: torch.Tensor
     segments: tuple[SegmentPlan, ...]
     extra_capacity: int = 0
     collect_segment_attention: bool = False
+    num_lens_layers: int = 1
 
     def __post_init__(self) -> None:
         assert self.segments, "a batch needs at least one segment"
@@ -68,6 +71,7 @@ class ForwardBatch:
         for before, after in zip(self.segments, self.segments[1:], strict=False):
             assert before.end == after.start, f"gap or overlap at {before.end}/{after.start}"
         assert self.segments[-1].end == self.token_ids.numel(), "segments must cover the prompt"
+        assert self.num_lens_layers >= 1, "the last layer's logits are always computed"
 
     @property
     def num_tokens(self) -> int:
@@ -92,6 +96,8 @@ class PrefillOutput:
         num_processed_tokens: Tokens that went through any layer computation.
         segment_attention: [num_layers, num_segments, num_segments] mean attention mass from
             query segment to key segment, when requested.
+        lens_logits: [num_lens_layers, vocab] float32 logit-lens logits of the last token after
+            each of the last layers (the last row is ``logits``), when more than one was asked.
     """
 
     kv: KVCache
@@ -100,6 +106,7 @@ class PrefillOutput:
     recomputed_positions: torch.Tensor
     num_processed_tokens: int
     segment_attention: torch.Tensor | None = None
+    lens_logits: torch.Tensor | None = None
 
     @property
     def num_recomputed_tokens(self) -> int:

@@ -21,7 +21,7 @@ from adarag.engine.prompt import PromptBuilder
 from adarag.engine.runner import Runner
 from adarag.engine.spec import ModelSpec
 from adarag.errors import InputError
-from adarag.kernels import logit_lens
+from adarag.kernels import lens_signals_from_logits, logit_lens
 from adarag.schema import GenerationParams, PromptLayout
 
 
@@ -80,6 +80,7 @@ class FusionGenerator:
         *,
         max_new_tokens: int = 0,
         collect_segment_attention: bool = False,
+        num_lens_layers: int = 1,
     ) -> PrefillOutput:
         """Full or fused prefill of a laid-out prompt.
 
@@ -88,6 +89,8 @@ class FusionGenerator:
             sources: One per segment (system, chunks..., query); None computes everything.
             max_new_tokens: Tokens the answer may take (checked against the context).
             collect_segment_attention: Also return chunk-granularity attention per layer.
+            num_lens_layers: Also return the logit-lens logits of this many last layers, so that
+                :meth:`lens_signals` only reduces them.
 
         Raises:
             InputError: The prompt does not fit the context, or has no query suffix.
@@ -107,6 +110,7 @@ class FusionGenerator:
             segments=plan_segments(layout.cu_segments, tuple(sources)),
             extra_capacity=self._decode_rows(max_new_tokens),
             collect_segment_attention=collect_segment_attention,
+            num_lens_layers=min(num_lens_layers, self.spec.num_layers),
         )
         return self.runner.blend(batch)
 
@@ -126,9 +130,17 @@ class FusionGenerator:
     def lens_signals(
         self, output: PrefillOutput, num_lens_layers: int
     ) -> tuple[list[float], float]:
-        """Logit-lens KL of each of the last ``l - 1`` layers to the final one, and the entropy."""
+        """Logit-lens KL of each of the last ``l - 1`` layers to the final one, and the entropy.
+
+        Reduces the prefill's ``lens_logits`` when it computed enough layers; otherwise projects
+        the last layers' hidden states through the LM head first (the fused kernel on CUDA).
+        """
+        lens_logits = output.lens_logits
         hidden = output.layer_hidden[-num_lens_layers:]
         with torch.inference_mode():
+            if lens_logits is not None and lens_logits.shape[0] >= num_lens_layers:
+                kl, entropy = lens_signals_from_logits(lens_logits[-num_lens_layers:])
+                return [float(x) for x in kl], float(entropy)
             kl, entropy = logit_lens(
                 hidden,
                 self.model.final_norm_weight,

@@ -42,6 +42,7 @@ class Generator(Protocol):
         *,
         max_new_tokens: int = 0,
         collect_segment_attention: bool = False,
+        num_lens_layers: int = 1,
     ) -> PrefillOutput:
         """Full or fused prefill (one source per segment; None computes everything)."""
         ...

@@ -126,7 +126,7 @@ class DecoderModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden [num_tokens, hidden_size] (residual stream) -> float32 [num_tokens, vocab]."""
-        return self.lm_head(self.norm(hidden)).float()
+        return project_to_vocab(self.norm(hidden), self.lm_head.weight).float()
 
     @property
     def decoder_layers(self) -> Sequence[DecoderLayer]:
@@ -142,3 +142,19 @@ class DecoderModel(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         """[vocab, hidden_size] weight of the LM head."""
         return self.lm_head.weight
+
+
+def project_to_vocab(normed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """LM head: normed [num_tokens, hidden_size] -> [num_tokens, vocab] (weight [vocab, hidden]).
+
+    On the CPU torch computes ``x @ Wᵀ`` for a large vocabulary several times slower than
+    ``(W @ xᵀ)ᵀ``, and one row (a GEMV) slower than two (SmolLM2's [49152, 576] head on two EPYC
+    cores: 9.6 ms for one row as ``x @ Wᵀ``, 3.2 ms for two as ``W @ xᵀ``, 4.4 ms for four), so
+    the CPU path takes the second form and pads a single row to two. Other devices use
+    ``F.linear``.
+    """
+    if normed.device.type != "cpu":
+        return F.linear(normed, weight)
+    num_rows = normed.shape[0]
+    columns = (normed if num_rows > 1 else normed.repeat(2, 1)).T
+    return torch.mm(weight, columns).T[:num_rows]

@@ -107,13 +107,17 @@ class Runner:
         cu = self._cu_segments(batch) if batch.collect_segment_attention else None
         for layer_idx in range(first_layer, self.spec.num_layers):
             self._layer_step(layer_idx, stream, kv, cos_sin, cu)
+        # --- logits of the last token, and the logit lens of the layers below in the same GEMM
+        layer_hidden = torch.stack(stream.last_hidden)
+        head_logits = self.model.logits(layer_hidden[-batch.num_lens_layers :])
         return PrefillOutput(
             kv=kv,
-            logits=self.model.logits(stream.hidden[-1:])[0],
-            layer_hidden=torch.stack(stream.last_hidden),
+            logits=head_logits[-1],
+            layer_hidden=layer_hidden,
             recomputed_positions=recomputed.cpu(),
             num_processed_tokens=int(processed.numel()),
             segment_attention=self._aggregate(stream, batch) if cu is not None else None,
+            lens_logits=head_logits if batch.num_lens_layers > 1 else None,
         )
 
     @torch.inference_mode()

@@ -40,7 +40,17 @@ def logit_lens_ref(
     """Pure-torch twin (see module docstring); computed in float32."""
     x = hidden.to(torch.float32)
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.to(torch.float32)
-    log_probs = torch.log_softmax(x @ lm_head_weight.to(torch.float32).T, dim=-1)
+    return lens_signals_from_logits(x @ lm_head_weight.to(torch.float32).T)
+
+
+def lens_signals_from_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logit-lens signals from logits already computed: [l, vocab] -> kl [l - 1], entropy [].
+
+    Float32, in nats, as :func:`logit_lens_ref` returns them. A prefill that projects the last
+    l layers' hidden states through the LM head in one GEMM (its last row is the decoding
+    logits, needed anyway) leaves only this reduction to the confidence check.
+    """
+    log_probs = torch.log_softmax(logits.to(torch.float32), dim=-1)
     final = log_probs[-1]
     final_probs = final.exp()
     kl = (final_probs[None, :] * (final[None, :] - log_probs[:-1])).sum(-1)

@@ -154,3 +154,23 @@ def test_segment_attention_rows_sum_to_one(tiny_checkpoints, tiny_config):
 
 def test_default_config_has_no_tiny_model_knobs():
     assert AdaRagConfig().engine.model == "default"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_prefill_lens_logits_give_the_signals_of_a_separate_lens_pass(
+    family, tiny_checkpoints, tiny_config
+):
+    generator = _generator(tiny_checkpoints, tiny_config, family)
+    layout = generator.layout(QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+    plain = generator.prefill(layout, sources)
+    num_layers = generator.spec.num_layers
+    with_lens = generator.prefill(layout, sources, num_lens_layers=num_layers + 1)  # clamped
+    assert plain.lens_logits is None and with_lens.lens_logits.shape[0] == num_layers
+    torch.testing.assert_close(with_lens.lens_logits[-1], with_lens.logits)
+    torch.testing.assert_close(with_lens.logits, plain.logits)
+    fused_kl, fused_entropy = generator.lens_signals(with_lens, num_layers)
+    separate_kl, separate_entropy = generator.lens_signals(plain, num_layers)  # from hidden
+    assert len(fused_kl) == num_layers - 1
+    assert fused_kl == pytest.approx(separate_kl, rel=1e-4, abs=1e-6)
+    assert fused_entropy == pytest.approx(separate_entropy, rel=1e-5)
