@@ -6,27 +6,30 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from adarag.answer_stream import (
+    AnswerStream,
+    AsyncAnswerStream,
+    DecodeSteps,
+    PreparedAnswer,
+    no_context,
+)
 from adarag.augment import (
     AugmentationController,
     ConfidenceParams,
     LensConfidence,
-    LensSignals,
-    StepResult,
     ThresholdStop,
 )
-from adarag.augment.confidence import mean
-from adarag.augment.controller import AugmentationOutcome, ScoredStep
+from adarag.augmented_prefill import AugmentedPrefill
 from adarag.cache.entry import ChunkKV
 from adarag.cache.profile import ModelProfile, find_profile, generic_profile
 from adarag.cache.store import StoreStats, TieredKVStore
-from adarag.cache.tiers import TieredCache, TierHit, TierStats
+from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
-from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.detokenizer import StreamingDetokenizer
 from adarag.engine.interface import Generator, create_generator
 from adarag.engine.prompt import PromptBuilder
@@ -39,12 +42,9 @@ from adarag.schema import (
     PromptLayout,
     QueryTrace,
     StepTrace,
-    Tier,
 )
 
 logger = logging.getLogger(__name__)
-
-NO_CONTEXT_ANSWER = "I found no context for this question in the knowledge base."
 
 
 @dataclass(frozen=True)
@@ -53,18 +53,6 @@ class CacheReport:
 
     tiers: TierStats
     store: StoreStats
-
-
-@dataclass
-class _Prepared:
-    """A question after retrieval and prefill, ready to decode."""
-
-    layout: PromptLayout | None
-    output: PrefillOutput | None
-    chunks: tuple[Chunk, ...]
-    trace: QueryTrace
-    num_cached_tokens: int
-    write_back: Callable[[], None] | None = None
 
 
 class AdaRAG:
@@ -289,9 +277,11 @@ class AdaRAG:
             found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
         retrieval_s = time.perf_counter() - started
         if not found:
-            return AnswerStream(self, _no_context(retrieval_s), params)
-        prepared = self._prefill(question, found, params, started, retrieval_s)
-        return AnswerStream(self, prepared, params)
+            return AnswerStream(no_context(retrieval_s), self._decoder(params))
+        layout = self.prompts.layout(question, [chunk.text for chunk in found])
+        self.generator.check_fits(layout, params.max_new_tokens)
+        prepared = self._augmented().run(layout, found, params, started, retrieval_s)
+        return AnswerStream(prepared, self._decoder(params))
 
     def answer_each_step(
         self,
@@ -305,30 +295,10 @@ class AdaRAG:
         if it stopped there (same tiers, same reuse of steps ``1..i-1``).
         """
         params = params or GenerationParams()
-        found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
-        generator = self.generator
-        layout = self.prompts.layout(question, [chunk.text for chunk in found])
-        generator.check_fits(layout, params.max_new_tokens)
-        estimator = self._controller().estimator
-        results = []
-        for num_chunks in range(1, len(found) + 1):
-            step_layout = layout.with_chunks(num_chunks)
-            output, hits, prefill_s = self._fused_prefill(step_layout, params.max_new_tokens)
-            lens_started = time.perf_counter()
-            kl, entropy = generator.lens_signals(output, self.config.augment.num_lens_layers)
-            result = StepResult(
-                LensSignals(tuple(kl), entropy),
-                output.num_processed_tokens,
-                output.num_recomputed_tokens,
-                prefill_s,
-                time.perf_counter() - lens_started,
-            )
-            scored = ScoredStep(num_chunks, result, estimator(result.signals), 0.0)
-            with self._engine_lock:
-                answer = "".join(generator.stream(step_layout, output, params)).strip()
-                self._write_back(step_layout, output, hits)
-            results.append((_step_trace(scored, tuple(hit.tier for hit in hits)), answer))
-        return results
+        texts = [c.text if isinstance(c, Chunk) else c for c in chunks]
+        layout = self.prompts.layout(question, texts)
+        self.generator.check_fits(layout, params.max_new_tokens)
+        return self._augmented().each_step(layout, params)
 
     async def aquery(
         self,
@@ -400,7 +370,8 @@ class AdaRAG:
         trace = QueryTrace(
             steps=(step,), stop_reason="static", ttft_s=prefill_s, num_prompt_tokens=len(ids)
         )
-        return AnswerStream(self, _Prepared(layout, output, (), trace, 0), params)
+        prepared = PreparedAnswer(layout, output, (), trace, 0)
+        return AnswerStream(prepared, self._decoder(params))
 
     async def agenerate(
         self,
@@ -425,93 +396,14 @@ class AdaRAG:
             cache.put_system(system_kv)
         return system_kv
 
-    def _fused_prefill(
-        self, layout: PromptLayout, max_new_tokens: int
-    ) -> tuple[PrefillOutput, list[TierHit], float]:
-        """Look the chunks up in the tiers and run the fused prefill; returns its wall time.
-
-        With every tier disabled this is a full recomputation, the system prefix included.
-        """
-        tiers = self.config.cache
-        reuse = tiers.hard.enabled or tiers.soft.enabled or tiers.independent.enabled
-        hits = self.cache.lookup(layout.chunk_ids)
-        sources = [SegmentSource(self._ensure_system_kv()) if reuse else SegmentSource()]
-        sources += [SegmentSource(hit.kv, hit.recompute_ratio) for hit in hits]
-        sources.append(SegmentSource())
-        started = time.perf_counter()
-        with self._engine_lock:
-            output = self.generator.prefill(
-                layout,
-                sources,
-                max_new_tokens=max_new_tokens,
-                num_lens_layers=self.config.augment.num_lens_layers,
-            )
-        self.cache.record(layout.num_tokens, output.num_recomputed_tokens)
-        return output, hits, time.perf_counter() - started
-
-    def _write_back(self, layout: PromptLayout, output: PrefillOutput, hits: list[TierHit]) -> None:
-        cu = layout.cu_segments
-        fused = [output.kv.segment(cu[i + 1], cu[i + 2]) for i in range(len(layout.chunk_ids))]
-        self.cache.write_back(layout.chunk_ids, hits, fused)
-
-    def _prefill(
-        self,
-        question: str,
-        chunks: Sequence[Chunk],
-        params: GenerationParams,
-        started: float,
-        retrieval_s: float,
-    ) -> _Prepared:
-        """Adaptive augmentation (or one static step) up to the KV the answer decodes from."""
-        generator = self.generator
-        layout = self.prompts.layout(question, [chunk.text for chunk in chunks])
-        generator.check_fits(layout, params.max_new_tokens)
-        steps: dict[int, tuple[PromptLayout, PrefillOutput, list[TierHit]]] = {}
-        tiers: dict[int, tuple[Tier, ...]] = {}
-
-        def run_step(num_chunks: int) -> StepResult:
-            step_layout = layout.with_chunks(num_chunks)
-            output, hits, prefill_s = self._fused_prefill(step_layout, params.max_new_tokens)
-            lens_started = time.perf_counter()
-            kl, entropy = generator.lens_signals(output, self.config.augment.num_lens_layers)
-            confidence_s = time.perf_counter() - lens_started
-            steps[num_chunks] = (step_layout, output, hits)
-            tiers[num_chunks] = tuple(hit.tier for hit in hits)
-            return StepResult(
-                LensSignals(tuple(kl), entropy),
-                output.num_processed_tokens,
-                output.num_recomputed_tokens,
-                prefill_s,
-                confidence_s,
-            )
-
-        def keep_step(num_chunks: int) -> None:
-            # Algorithm 1, line 18: c_i goes to the hard tier; the next step reuses it as is.
-            self._write_back(*steps.pop(num_chunks))
-
-        controller = self._controller()
-        if self.config.augment.enabled:
-            outcome = controller.run(len(chunks), run_step, keep_step)
-        else:
-            result = run_step(len(chunks))
-            scored = ScoredStep(len(chunks), result, controller.estimator(result.signals), 0.0)
-            outcome = AugmentationOutcome((scored,), "static")
-        final_layout, output, hits = steps[outcome.num_chunks]
-        trace = QueryTrace(
-            steps=tuple(_step_trace(step, tiers[step.num_chunks]) for step in outcome.steps),
-            stop_reason=outcome.stop_reason,
-            ttft_s=time.perf_counter() - started,
-            num_prompt_tokens=final_layout.num_tokens,
-            retrieval_s=retrieval_s,
-        )
-        used = tuple(chunks[: len(final_layout.chunk_ids)])
-        return _Prepared(
-            final_layout,
-            output,
-            used,
-            trace,
-            final_layout.num_tokens - output.num_recomputed_tokens,
-            write_back=lambda: self._write_back(final_layout, output, hits),
+    def _augmented(self) -> AugmentedPrefill:
+        return AugmentedPrefill(
+            self.generator,
+            self.cache,
+            self.config,
+            self._controller(),
+            self._engine_lock,
+            self._ensure_system_kv,
         )
 
     def _controller(self) -> AugmentationController:
@@ -531,8 +423,12 @@ class AdaRAG:
             LensConfidence(params, augment.estimator), ThresholdStop(threshold)
         )
 
+    def _decoder(self, params: GenerationParams) -> DecodeSteps:
+        """Decodes a prepared answer with ``params``."""
+        return lambda prepared, counter: self._decode_steps(prepared, params, counter)
+
     def _decode_steps(
-        self, prepared: _Prepared, params: GenerationParams, counter: list[int]
+        self, prepared: PreparedAnswer, params: GenerationParams, counter: list[int]
     ) -> Iterator[str]:
         """Answer deltas, taking the engine lock for each decode step only."""
         assert prepared.layout is not None and prepared.output is not None
@@ -557,92 +453,3 @@ class AdaRAG:
                 with self._engine_lock:
                     prepared.write_back()
                 prepared.write_back = None
-
-
-def _step_trace(step: ScoredStep, tiers: tuple[Tier, ...]) -> StepTrace:
-    result = step.result
-    return StepTrace(
-        num_chunks=step.num_chunks,
-        confidence=step.confidence.value,
-        kl_score=step.confidence.kl_score,
-        entropy_score=step.confidence.entropy_score,
-        num_processed_tokens=result.num_processed_tokens,
-        num_recomputed_tokens=result.num_recomputed_tokens,
-        tiers=tiers,
-        prefill_s=result.prefill_s,
-        confidence_s=result.confidence_s + step.scoring_s,
-        mean_kl=mean(result.signals.kl),
-        entropy=result.signals.entropy,
-    )
-
-
-def _no_context(retrieval_s: float) -> _Prepared:
-    trace = QueryTrace(
-        steps=(), stop_reason="no_context", ttft_s=0.0, num_prompt_tokens=0, retrieval_s=retrieval_s
-    )
-    return _Prepared(None, None, (), trace, 0)
-
-
-class AnswerStream(Iterator[str]):
-    """Answer text deltas; ``chunks`` and ``trace`` are known before the first delta.
-
-    Iterate it for deltas, or call :meth:`answer` for the whole :class:`Answer`.
-    """
-
-    def __init__(self, rag: AdaRAG, prepared: _Prepared, params: GenerationParams) -> None:
-        self.chunks = prepared.chunks
-        self.trace = prepared.trace
-        self._prepared = prepared
-        self._parts: list[str] = []
-        self._num_tokens = [0]
-        if prepared.output is None:
-            self._deltas: Iterator[str] = iter([NO_CONTEXT_ANSWER])
-        else:
-            self._deltas = rag._decode_steps(prepared, params, self._num_tokens)
-
-    def __next__(self) -> str:
-        delta = next(self._deltas)
-        self._parts.append(delta)
-        return delta
-
-    def close(self) -> None:
-        """Stop decoding early (the prompt's KV is still written back to the cache)."""
-        close = getattr(self._deltas, "close", None)
-        if close is not None:
-            close()
-
-    @property
-    def text(self) -> str:
-        """The answer text streamed so far."""
-        return "".join(self._parts)
-
-    def answer(self) -> Answer:
-        """Consume the rest of the stream and return the whole answer."""
-        for _ in self:
-            pass
-        return Answer(
-            text=self.text.strip(),
-            chunks=self.chunks,
-            trace=self.trace,
-            num_completion_tokens=self._num_tokens[0],
-            num_cached_tokens=self._prepared.num_cached_tokens,
-        )
-
-
-class AsyncAnswerStream(AsyncIterator[str]):
-    """Async iteration over an :class:`AnswerStream`; each step runs in a worker thread."""
-
-    def __init__(self, stream: AnswerStream) -> None:
-        self.stream = stream
-        self.chunks = stream.chunks
-        self.trace = stream.trace
-
-    async def __anext__(self) -> str:
-        delta = await asyncio.to_thread(next, self.stream, None)
-        if delta is None:
-            raise StopAsyncIteration
-        return delta
-
-    async def answer(self) -> Answer:
-        """Consume the rest of the stream and return the whole answer."""
-        return await asyncio.to_thread(self.stream.answer)

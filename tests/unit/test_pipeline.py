@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from adarag import AdaRAG, Chunk, MemoryRetriever
+from adarag.answer_stream import NO_CONTEXT_ANSWER
 from adarag.config import AdaRagConfig
 from adarag.errors import ConfigError, InputError
-from adarag.pipeline import NO_CONTEXT_ANSWER
 from adarag.schema import GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION
 

@@ -1,0 +1,110 @@
+"""The answer to one question as it streams: text deltas, the chunks used and the trace."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+
+from adarag.engine.batch import PrefillOutput
+from adarag.schema import Answer, Chunk, PromptLayout, QueryTrace
+
+NO_CONTEXT_ANSWER = "I found no context for this question in the knowledge base."
+
+
+@dataclass
+class PreparedAnswer:
+    """A question after retrieval and prefill, ready to decode.
+
+    Attributes:
+        layout: The prompt the answer decodes from; None when retrieval found nothing.
+        output: Its prefill; None when retrieval found nothing.
+        chunks: The chunks in that prompt, best first.
+        trace: What retrieval and augmentation did.
+        num_cached_tokens: Prompt tokens whose KV was reused rather than recomputed.
+        write_back: Stores the prompt's fused KV in the cache; run once, after the answer.
+    """
+
+    layout: PromptLayout | None
+    output: PrefillOutput | None
+    chunks: tuple[Chunk, ...]
+    trace: QueryTrace
+    num_cached_tokens: int
+    write_back: Callable[[], None] | None = None
+
+
+def no_context(retrieval_s: float) -> PreparedAnswer:
+    """The answer to a question retrieval found no chunk for."""
+    trace = QueryTrace(
+        steps=(), stop_reason="no_context", ttft_s=0.0, num_prompt_tokens=0, retrieval_s=retrieval_s
+    )
+    return PreparedAnswer(None, None, (), trace, 0)
+
+
+DecodeSteps = Callable[[PreparedAnswer, list[int]], Iterator[str]]
+"""Yields answer deltas for a prepared answer, counting generated tokens in ``counter[0]``."""
+
+
+class AnswerStream(Iterator[str]):
+    """Answer text deltas; ``chunks`` and ``trace`` are known before the first delta.
+
+    Iterate it for deltas, or call :meth:`answer` for the whole :class:`Answer`.
+    """
+
+    def __init__(self, prepared: PreparedAnswer, decode_steps: DecodeSteps) -> None:
+        self.chunks = prepared.chunks
+        self.trace = prepared.trace
+        self._prepared = prepared
+        self._parts: list[str] = []
+        self._num_tokens = [0]
+        if prepared.output is None:
+            self._deltas: Iterator[str] = iter([NO_CONTEXT_ANSWER])
+        else:
+            self._deltas = decode_steps(prepared, self._num_tokens)
+
+    def __next__(self) -> str:
+        delta = next(self._deltas)
+        self._parts.append(delta)
+        return delta
+
+    def close(self) -> None:
+        """Stop decoding early (the prompt's KV is still written back to the cache)."""
+        close = getattr(self._deltas, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def text(self) -> str:
+        """The answer text streamed so far."""
+        return "".join(self._parts)
+
+    def answer(self) -> Answer:
+        """Consume the rest of the stream and return the whole answer."""
+        for _ in self:
+            pass
+        return Answer(
+            text=self.text.strip(),
+            chunks=self.chunks,
+            trace=self.trace,
+            num_completion_tokens=self._num_tokens[0],
+            num_cached_tokens=self._prepared.num_cached_tokens,
+        )
+
+
+class AsyncAnswerStream(AsyncIterator[str]):
+    """Async iteration over an :class:`AnswerStream`; each step runs in a worker thread."""
+
+    def __init__(self, stream: AnswerStream) -> None:
+        self.stream = stream
+        self.chunks = stream.chunks
+        self.trace = stream.trace
+
+    async def __anext__(self) -> str:
+        delta = await asyncio.to_thread(next, self.stream, None)
+        if delta is None:
+            raise StopAsyncIteration
+        return delta
+
+    async def answer(self) -> Answer:
+        """Consume the rest of the stream and return the whole answer."""
+        return await asyncio.to_thread(self.stream.answer)

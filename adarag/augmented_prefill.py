@@ -1,0 +1,204 @@
+"""The prefills behind one answer: tier lookup, fused prefill, confidence, write-back.
+
+Adaptive context augmentation (AdaCache Algorithm 1) runs here step by step: each step looks the
+prompt's chunks up in the three tiers, runs the fused prefill, scores the logit-lens confidence
+and, unless the controller stops, writes the chunks back so the next step finds them in the hard
+tier.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from adarag.answer_stream import PreparedAnswer
+from adarag.augment import AugmentationController, LensSignals, StepResult
+from adarag.augment.confidence import mean
+from adarag.augment.controller import AugmentationOutcome, ScoredStep
+from adarag.cache.entry import ChunkKV
+from adarag.cache.tiers import TieredCache, TierHit
+from adarag.config import AdaRagConfig
+from adarag.engine.batch import PrefillOutput, SegmentSource
+from adarag.engine.interface import Generator
+from adarag.schema import Chunk, GenerationParams, PromptLayout, QueryTrace, StepTrace, Tier
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One prefill of adaptive augmentation and what its write-back needs."""
+
+    layout: PromptLayout
+    output: PrefillOutput
+    hits: list[TierHit]
+    result: StepResult
+    prefill: AugmentedPrefill
+
+    @property
+    def tiers(self) -> tuple[Tier, ...]:
+        """Where each chunk's KV came from."""
+        return tuple(hit.tier for hit in self.hits)
+
+    def write_back(self) -> None:
+        """Store every chunk's fused KV under its hard and soft keys (Algorithm 1, line 18)."""
+        self.prefill.write_back(self.layout, self.output, self.hits)
+
+
+class AugmentedPrefill:
+    """Runs the augmentation steps of one request over a generator and the tiered cache.
+
+    Args:
+        generator: The backend.
+        cache: The three-tier chunk-KV cache.
+        config: The root configuration (tiers, lens layers, whether to augment).
+        controller: The confidence estimator and stop rule.
+        engine_lock: Serialises engine work with other requests.
+        system_kv: Returns the system prefix's exact KV (computing it once).
+    """
+
+    def __init__(
+        self,
+        generator: Generator,
+        cache: TieredCache,
+        config: AdaRagConfig,
+        controller: AugmentationController,
+        engine_lock: threading.RLock,
+        system_kv: Callable[[], ChunkKV],
+    ) -> None:
+        self._generator = generator
+        self._cache = cache
+        self._config = config
+        self._controller = controller
+        self._engine_lock = engine_lock
+        self._system_kv = system_kv
+
+    def run(
+        self,
+        layout: PromptLayout,
+        chunks: Sequence[Chunk],
+        params: GenerationParams,
+        started: float,
+        retrieval_s: float,
+    ) -> PreparedAnswer:
+        """Adaptive augmentation (or one static step) up to the KV the answer decodes from.
+
+        Args:
+            layout: The whole prompt, all of ``chunks`` in it.
+            chunks: The retrieved chunks, best first.
+            params: Decoding options (the KV reserves room for ``max_new_tokens``).
+            started: ``time.perf_counter()`` when the request came (for TTFT).
+            retrieval_s: Seconds retrieval took.
+        """
+        steps: dict[int, _Step] = {}
+        tiers: dict[int, tuple[Tier, ...]] = {}
+
+        def run_step(num_chunks: int) -> StepResult:
+            step = steps[num_chunks] = self._run_step(layout.with_chunks(num_chunks), params)
+            tiers[num_chunks] = step.tiers
+            return step.result
+
+        def keep_step(num_chunks: int) -> None:
+            # Algorithm 1, line 18: c_i goes to the hard tier; the next step reuses it as is.
+            steps.pop(num_chunks).write_back()
+
+        controller = self._controller
+        if self._config.augment.enabled:
+            outcome = controller.run(len(chunks), run_step, keep_step)
+        else:
+            result = run_step(len(chunks))
+            scored = ScoredStep(len(chunks), result, controller.estimator(result.signals), 0.0)
+            outcome = AugmentationOutcome((scored,), "static")
+        final = steps[outcome.num_chunks]
+        trace = QueryTrace(
+            steps=tuple(_step_trace(step, tiers[step.num_chunks]) for step in outcome.steps),
+            stop_reason=outcome.stop_reason,
+            ttft_s=time.perf_counter() - started,
+            num_prompt_tokens=final.layout.num_tokens,
+            retrieval_s=retrieval_s,
+        )
+        return PreparedAnswer(
+            final.layout,
+            final.output,
+            tuple(chunks[: outcome.num_chunks]),
+            trace,
+            final.layout.num_tokens - final.output.num_recomputed_tokens,
+            write_back=final.write_back,
+        )
+
+    def each_step(
+        self, layout: PromptLayout, params: GenerationParams
+    ) -> list[tuple[StepTrace, str]]:
+        """Every step of ``layout``'s chunks (no early stop), each with the answer it decodes."""
+        estimator = self._controller.estimator
+        results = []
+        for num_chunks in range(1, len(layout.chunk_ids) + 1):
+            step = self._run_step(layout.with_chunks(num_chunks), params)
+            scored = ScoredStep(num_chunks, step.result, estimator(step.result.signals), 0.0)
+            with self._engine_lock:
+                stream = self._generator.stream(step.layout, step.output, params)
+                answer = "".join(stream).strip()
+                step.write_back()
+            results.append((_step_trace(scored, step.tiers), answer))
+        return results
+
+    def fused_prefill(
+        self, layout: PromptLayout, max_new_tokens: int
+    ) -> tuple[PrefillOutput, list[TierHit], float]:
+        """Look the chunks up in the tiers and run the fused prefill; returns its wall time.
+
+        With every tier disabled this is a full recomputation, the system prefix included.
+        """
+        tiers = self._config.cache
+        reuse = tiers.hard.enabled or tiers.soft.enabled or tiers.independent.enabled
+        hits = self._cache.lookup(layout.chunk_ids)
+        sources = [SegmentSource(self._system_kv()) if reuse else SegmentSource()]
+        sources += [SegmentSource(hit.kv, hit.recompute_ratio) for hit in hits]
+        sources.append(SegmentSource())
+        started = time.perf_counter()
+        with self._engine_lock:
+            output = self._generator.prefill(
+                layout,
+                sources,
+                max_new_tokens=max_new_tokens,
+                num_lens_layers=self._config.augment.num_lens_layers,
+            )
+        self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
+        return output, hits, time.perf_counter() - started
+
+    def write_back(self, layout: PromptLayout, output: PrefillOutput, hits: list[TierHit]) -> None:
+        """Store every chunk of ``layout`` under its hard and soft keys (Algorithm 1, line 18)."""
+        cu = layout.cu_segments
+        fused = [output.kv.segment(cu[i + 1], cu[i + 2]) for i in range(len(layout.chunk_ids))]
+        self._cache.write_back(layout.chunk_ids, hits, fused)
+
+    def _run_step(self, layout: PromptLayout, params: GenerationParams) -> _Step:
+        """One augmentation step: fused prefill of ``layout`` and its confidence signals."""
+        output, hits, prefill_s = self.fused_prefill(layout, params.max_new_tokens)
+        lens_started = time.perf_counter()
+        kl, entropy = self._generator.lens_signals(output, self._config.augment.num_lens_layers)
+        result = StepResult(
+            LensSignals(tuple(kl), entropy),
+            output.num_processed_tokens,
+            output.num_recomputed_tokens,
+            prefill_s,
+            time.perf_counter() - lens_started,
+        )
+        return _Step(layout, output, hits, result, self)
+
+
+def _step_trace(step: ScoredStep, tiers: tuple[Tier, ...]) -> StepTrace:
+    result = step.result
+    return StepTrace(
+        num_chunks=step.num_chunks,
+        confidence=step.confidence.value,
+        kl_score=step.confidence.kl_score,
+        entropy_score=step.confidence.entropy_score,
+        num_processed_tokens=result.num_processed_tokens,
+        num_recomputed_tokens=result.num_recomputed_tokens,
+        tiers=tiers,
+        prefill_s=result.prefill_s,
+        confidence_s=result.confidence_s + step.scoring_s,
+        mean_kl=mean(result.signals.kl),
+        entropy=result.signals.entropy,
+    )
