@@ -157,4 +157,5 @@ def project_to_vocab(normed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
         return F.linear(normed, weight)
     num_rows = normed.shape[0]
     columns = (normed if num_rows > 1 else normed.repeat(2, 1)).T
-    return torch.mm(weight, columns).T[:num_rows]
+    # row-major again: reductions over the vocabulary (sampling, the lens) are slow on the view
+    return torch.mm(weight, columns).T[:num_rows].contiguous()
