@@ -84,7 +84,8 @@ def _run_dataset(
     for name in args.policies:
         records += runner.run(POLICIES[name], questions, stream, args.top_k)
     summaries = summarize(records)
-    title = f"{dataset}: {len(questions)} questions, {len(stream)} queries, top-{args.top_k}"
+    first = f" from #{args.offset}" if args.offset else ""
+    title = f"{dataset}: {len(questions)} questions{first}, {len(stream)} queries, top-{args.top_k}"
     # Every point of the sweep answers each question once (cold caches), the main top-k too.
     once = query_stream(len(questions), len(questions), args.zipf, args.seed)
     sweep: dict[int, list[PolicySummary]] = {}
