@@ -136,13 +136,12 @@ class FusionGenerator:
         the last layers' hidden states through the LM head first (the fused kernel on CUDA).
         """
         lens_logits = output.lens_logits
-        hidden = output.layer_hidden[-num_lens_layers:]
         with torch.inference_mode():
             if lens_logits is not None and lens_logits.shape[0] >= num_lens_layers:
                 kl, entropy = lens_signals_from_logits(lens_logits[-num_lens_layers:])
                 return [float(x) for x in kl], float(entropy)
             kl, entropy = logit_lens(
-                hidden,
+                output.layer_hidden[-num_lens_layers:],
                 self.model.final_norm_weight,
                 self.spec.rms_norm_eps,
                 self.model.lm_head_weight,
