@@ -11,7 +11,7 @@ from typing import Any
 
 from adarag.evaluation.machine import machine
 
-__all__ = ["machine", "load_jsonl", "timed", "summary", "write_results"]
+__all__ = ["DEFAULT_DATA_DIR", "machine", "load_jsonl", "timed", "summary", "write_results"]
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data"

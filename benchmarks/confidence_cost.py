@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import machine, write_results
+from common import DEFAULT_DATA_DIR, machine, write_results
 
 from adarag import AdaRAG
 from adarag.evaluation.workload import load_questions
@@ -79,7 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--questions", type=int, default=20)
     parser.add_argument("--dataset", nargs="+", default=["musique", "hotpotqa"])
-    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         run(args, AdaRAG(cache={"store": {"directory": scratch}}))
