@@ -8,6 +8,7 @@ tier.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,16 +34,11 @@ class _Step:
     output: PrefillOutput
     hits: list[TierHit]
     result: StepResult
-    prefill: AugmentedPrefill
 
     @property
     def tiers(self) -> tuple[Tier, ...]:
         """Where each chunk's KV came from."""
         return tuple(hit.tier for hit in self.hits)
-
-    def write_back(self) -> None:
-        """Store every chunk's fused KV under its hard and soft keys (Algorithm 1, line 18)."""
-        self.prefill.write_back(self.layout, self.output, self.hits)
 
 
 class AugmentedPrefill:
@@ -100,7 +96,7 @@ class AugmentedPrefill:
 
         def keep_step(num_chunks: int) -> None:
             # Algorithm 1, line 18: c_i goes to the hard tier; the next step reuses it as is.
-            steps.pop(num_chunks).write_back()
+            self._keep(steps.pop(num_chunks))
 
         controller = self._controller
         if self._config.augment.enabled:
@@ -123,7 +119,7 @@ class AugmentedPrefill:
             tuple(chunks[: outcome.num_chunks]),
             trace,
             final.layout.num_tokens - final.output.num_recomputed_tokens,
-            write_back=final.write_back,
+            write_back=functools.partial(self._keep, final),
         )
 
     def each_step(
@@ -138,7 +134,7 @@ class AugmentedPrefill:
             with self._engine_lock:
                 stream = self._generator.stream(step.layout, step.output, params)
                 answer = "".join(stream).strip()
-                step.write_back()
+                self._keep(step)
             results.append((_step_trace(scored, step.tiers), answer))
         return results
 
@@ -184,7 +180,10 @@ class AugmentedPrefill:
             prefill_s,
             time.perf_counter() - lens_started,
         )
-        return _Step(layout, output, hits, result, self)
+        return _Step(layout, output, hits, result)
+
+    def _keep(self, step: _Step) -> None:
+        self.write_back(step.layout, step.output, step.hits)
 
 
 def _step_trace(step: ScoredStep, tiers: tuple[Tier, ...]) -> StepTrace:
