@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from adarag.answer_stream import AnswerStream, AsyncAnswerStream
 from adarag.config import AdaRagConfig
 from adarag.errors import AdaRagError, ConfigError, InputError, ModelLoadError
-from adarag.pipeline import AdaRAG
+from adarag.pipeline import AdaRAG, AnswerStream, AsyncAnswerStream
 from adarag.retrievers import MemoryRetriever, Retriever
 from adarag.schema import Answer, Chunk, GenerationParams, PromptLayout, QueryTrace, StepTrace
 

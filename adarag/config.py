@@ -120,16 +120,47 @@ class PromptConfig(_Frozen):
 
 
 class RecomputeConfig(_Frozen):
-    """How the tokens to recompute are chosen in a fused prefill."""
+    """How the tokens to recompute are chosen in a fused prefill (travels with each request)."""
 
-    selection_policy: Literal["cross_attention", "kv_deviation"] = Field(
+    selection_policy: Literal[
+        "cross_attention", "kv_deviation", "query_attention", "random", "oracle"
+    ] = Field(
         default="cross_attention",
         description="'cross_attention': AdaCache's first-layer cross-chunk attention ratio; "
-        "'kv_deviation': CacheBlend's value deviation at the check layer.",
+        "'kv_deviation': CacheBlend's value deviation at the check layer; 'query_attention': "
+        "the query suffix's attention over the cached KV (A3, ProphetKV); 'random' and 'oracle' "
+        "(deviation from a full prefill, benchmarks only) are controls.",
     )
     deviation_check_layer: int = Field(
         default=1, ge=0, description="Layer whose V deviation ranks tokens (kv_deviation)."
     )
+    query_layers: tuple[int, int] | None = Field(
+        default=None,
+        description="[first, last) layers whose query attention ranks tokens (query_attention); "
+        "None reads every layer.",
+    )
+    budget: Literal["per_chunk", "global"] = Field(
+        default="per_chunk",
+        description="'per_chunk': each cached chunk recomputes ceil(ratio x its tokens); "
+        "'global': the same total goes to the best-scored tokens of all chunks together.",
+    )
+    max_chunk_ratio: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="With the global budget, the largest share of one chunk's tokens it may "
+        "take (never below the chunk's own ratio); None: no cap.",
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of the 'random' control.")
+
+    @model_validator(mode="after")
+    def _check_layers(self) -> RecomputeConfig:
+        if self.query_layers is not None and not 0 <= self.query_layers[0] < self.query_layers[1]:
+            raise ValueError(
+                f"query_layers must be [first, last) with 0 <= first < last, got "
+                f"{list(self.query_layers)}"
+            )
+        return self
 
 
 class TierConfig(_Frozen):

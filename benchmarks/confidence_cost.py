@@ -56,7 +56,7 @@ def interleaved_medians(
 def head_costs(rag: AdaRAG, num_lens_layers: int) -> dict[str, float]:
     """Seconds of the LM head over 1 and l rows, and of a separate logit-lens pass."""
     generator = rag.generator
-    layout = generator.layout("warm-up question?", ["a short passage about nothing."])
+    layout = rag.prompts.layout("warm-up question?", ["a short passage about nothing."])
     hidden = generator.prefill(layout).layer_hidden
     model = generator.model
     with torch.inference_mode():

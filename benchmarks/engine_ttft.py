@@ -17,10 +17,8 @@ import torch
 from common import load_jsonl, machine, summary, timed, write_results
 from transformers import AutoModelForCausalLM
 
-from adarag.config import AdaRagConfig
-from adarag.engine.batch import SegmentSource
-from adarag.engine.generator import TorchGenerator
-from adarag.schema import PromptLayout
+from adarag import AdaRAG
+from adarag.evaluation.reuse import independent_chunks, reuse_sources
 
 RATIOS = (0.0, 0.05, 0.15, 0.3, 1.0)
 
@@ -33,27 +31,25 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path)
     args = parser.parse_args()
 
-    generator = TorchGenerator(AdaRagConfig())
-    hf_model = AutoModelForCausalLM.from_pretrained(generator.checkpoint, dtype=torch.float32)
+    rag = AdaRAG()
+    generator = rag.generator
+    hf_model = AutoModelForCausalLM.from_pretrained(generator.checkpoint.path, dtype=torch.float32)
     hf_model.eval()
     rows = load_jsonl("musique_dev.jsonl", args.data_dir, args.questions)
     times: dict[str, list[float]] = {"hf": [], "full": [], **{f"fused@{r}": [] for r in RATIOS}}
     num_tokens = []
     for row in rows:
         passages = [p["text"] for p in row["passages"][: args.passages]]
-        layout = generator.layout(row["question"], passages)
+        layout = rag.prompts.layout(row["question"], passages)
         num_tokens.append(layout.num_tokens)
-        system = generator.prefill(PromptLayout((), (), layout.system_ids))
-        system_kv = system.kv.segment(0, len(layout.system_ids))
-        chunk_kvs = [generator.compute_chunk(ids, system_kv) for ids in layout.chunk_ids]
+        system_kv, chunk_kvs = independent_chunks(generator, layout)
         token_ids = torch.tensor([layout.token_ids])
         variants = {
             "hf": lambda token_ids=token_ids: hf_model(token_ids).logits[0, -1].argmax(),
             "full": lambda layout=layout: generator.prefill(layout).logits.argmax(),
         }
         for ratio in RATIOS:
-            sources = [SegmentSource(system_kv), *(SegmentSource(kv, ratio) for kv in chunk_kvs)]
-            sources.append(SegmentSource())
+            sources = reuse_sources(system_kv, chunk_kvs, ratio)
             variants[f"fused@{ratio}"] = lambda layout=layout, sources=sources: generator.prefill(
                 layout, sources
             ).logits.argmax()

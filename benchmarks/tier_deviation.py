@@ -54,7 +54,7 @@ def main() -> None:
         row = rows[q_idx]
         chunks = [p["text"] for p in row["passages"][:6]]
         distractor = rows[(q_idx + 1) % len(rows)]["passages"][7]["text"]
-        layout = generator.layout(row["question"], chunks)
+        layout = rag.prompts.layout(row["question"], chunks)
         cu = layout.cu_segments
         full = generator.prefill(layout)
         exact = [full.kv.segment(cu[i + 1], cu[i + 2]) for i in range(6)]
@@ -62,7 +62,7 @@ def main() -> None:
         keys = cache.keys(layout.chunk_ids)
         soft, independent = {}, {}
         for i in range(2, 6):
-            earlier = generator.layout(
+            earlier = rag.prompts.layout(
                 row["question"], [chunks[0], distractor, chunks[i - 1], chunks[i]]
             )
             earlier_keys = cache.keys(earlier.chunk_ids)
@@ -70,7 +70,9 @@ def main() -> None:
             assert earlier_keys.hard[3] != keys.hard[i]
             ecu = earlier.cu_segments
             soft[i] = generator.prefill(earlier).kv.segment(ecu[4], ecu[5])
-            independent[i] = generator.compute_chunk(layout.chunk_ids[i], system_kv)
+            independent[i] = generator.compute_chunk(
+                layout.system_ids, layout.chunk_ids[i], system_kv
+            )
         rows_slice = slice(cu[3], cu[7])
         variants = {
             "hard": dict(enumerate(exact)).get,

@@ -26,10 +26,9 @@ from pathlib import Path
 import torch
 from common import load_jsonl, machine, summary, write_results
 
-from adarag.config import AdaRagConfig
-from adarag.engine.batch import SegmentSource
-from adarag.engine.vllm import VLLMGenerator
-from adarag.schema import GenerationParams, PromptLayout
+from adarag import AdaRAG
+from adarag.evaluation.reuse import independent_chunks, reuse_sources
+from adarag.schema import GenerationParams
 
 FIRST_TOKEN = GenerationParams(max_new_tokens=1)
 
@@ -59,8 +58,10 @@ def main() -> None:
         engine["num_threads"] = args.threads
     load_before = os.getloadavg()
     started = time.perf_counter()
-    generator = VLLMGenerator(AdaRagConfig.build(engine=engine))
-    startup = {"vllm_engine_s": generator.startup_s, "generator_s": time.perf_counter() - started}
+    rag = AdaRAG(engine=engine)
+    generator = rag.generator
+    vllm = generator.decoder
+    startup = {"vllm_engine_s": vllm.startup_s, "generator_s": time.perf_counter() - started}
     print(f"start-up: vLLM {startup['vllm_engine_s']:.1f} s, all {startup['generator_s']:.1f} s")
 
     rows = load_jsonl("musique_dev.jsonl", args.data_dir, args.questions)
@@ -72,24 +73,20 @@ def main() -> None:
     num_tokens = []
     for row in rows:
         passages = [p["text"] for p in row["passages"][: args.passages]]
-        layout = generator.layout(row["question"], passages)
+        layout = rag.prompts.layout(row["question"], passages)
         num_tokens.append(layout.num_tokens)
-        system = generator.prefill(PromptLayout((), (), layout.system_ids))
-        system_kv = system.kv.segment(0, len(layout.system_ids))
-        chunk_kvs = [generator.compute_chunk(ids, system_kv) for ids in layout.chunk_ids]
+        system_kv, chunk_kvs = independent_chunks(generator, layout)
         salt = uuid.uuid4().hex
-        first_token_s(time.perf_counter(), generator.generate(layout.token_ids, FIRST_TOKEN, salt))
+        first_token_s(time.perf_counter(), vllm.generate(layout.token_ids, FIRST_TOKEN, salt))
         for _ in range(args.repeats):
             start = time.perf_counter()
-            stream = generator.generate(layout.token_ids, FIRST_TOKEN, uuid.uuid4().hex)
+            stream = vllm.generate(layout.token_ids, FIRST_TOKEN, uuid.uuid4().hex)
             record(times, cached, "vllm_full", first_token_s(start, stream))
             start = time.perf_counter()
-            stream = generator.generate(layout.token_ids, FIRST_TOKEN, salt)
+            stream = vllm.generate(layout.token_ids, FIRST_TOKEN, salt)
             record(times, cached, "vllm_prefix_cache", first_token_s(start, stream))
             for ratio, name in zip(args.ratios, connectors, strict=True):
-                sources = [SegmentSource(system_kv)]
-                sources += [SegmentSource(kv, ratio) for kv in chunk_kvs]
-                sources.append(SegmentSource())
+                sources = reuse_sources(system_kv, chunk_kvs, ratio)
                 start = time.perf_counter()
                 output = generator.prefill(layout, sources, max_new_tokens=1)
                 fusion_s[name].append(time.perf_counter() - start)

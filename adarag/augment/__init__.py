@@ -8,16 +8,16 @@ from adarag.augment.confidence import (
     LensConfidence,
     LensSignals,
 )
-from adarag.augment.controller import AugmentationController, AugmentationOutcome, StepResult
+from adarag.augment.controller import AugmentationController, ScoredStep, StepResult
 from adarag.augment.policies import StopRule, ThresholdStop
 
 __all__ = [
     "AugmentationController",
-    "AugmentationOutcome",
     "Confidence",
     "ConfidenceParams",
     "LensConfidence",
     "LensSignals",
+    "ScoredStep",
     "StepResult",
     "StopRule",
     "ThresholdStop",

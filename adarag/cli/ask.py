@@ -1,15 +1,16 @@
-"""``adarag ask``: answer a question over given chunks, reusing their KV."""
+"""``adarag ask``: answer a question over given chunks through the pipeline, reusing their KV."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
+from adarag.cli.display import describe, stream_answer
 from adarag.cli.options import add_model_arguments, build_config, read_chunks
-from adarag.engine.batch import SegmentSource
-from adarag.engine.generator import TorchGenerator
 from adarag.errors import InputError
-from adarag.schema import GenerationParams, PromptLayout
+from adarag.pipeline import AdaRAG
+from adarag.schema import GenerationParams
 
 HELP = "answer a question over chunks (files or JSONL passages) with fused chunk-KV prefill"
 
@@ -19,7 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question", help="the question to answer")
     parser.add_argument("chunks", nargs="+", help="text/markdown files or JSONL of passages")
     parser.add_argument(
-        "--ratio", type=float, default=0.15, help="recomputation ratio of cached chunks"
+        "--ratio",
+        type=float,
+        help="recomputation ratio of chunks reused from the independent tier "
+        "(default: cache.independent.recompute_ratio)",
     )
     parser.add_argument("--full", action="store_true", help="full prefill (no reuse) instead")
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -27,33 +31,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Precompute each chunk's KV, fuse, decode; print answer, TTFT and recomputed tokens."""
-    config = build_config(args, cache={"independent": {"recompute_ratio": args.ratio}})
+    """Warm each chunk's KV (once, kept in the home), answer statically; print the figures."""
+    cache: dict[str, Any] = {}
+    if args.ratio is not None:
+        cache["independent"] = {"recompute_ratio": args.ratio}
+    if args.full:
+        cache = {tier: {"enabled": False} for tier in ("hard", "soft", "independent")}
+    config = build_config(args, cache=cache, augment={"enabled": False})
     chunks = read_chunks(args.chunks)
     if not chunks:
         raise InputError("no chunks given; pass at least one file or passage")
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    generator = TorchGenerator(config)
-    layout = generator.layout(args.question, [chunk.text for chunk in chunks])
-    generator.check_fits(layout, params.max_new_tokens)
-    sources = None
-    if not args.full:
-        started = time.perf_counter()
-        system = generator.prefill(PromptLayout((), (), layout.system_ids))
-        system_kv = system.kv.segment(0, len(layout.system_ids))
-        chunk_kvs = [generator.compute_chunk(ids, system_kv) for ids in layout.chunk_ids]
-        print(f"precomputed {len(chunk_kvs)} chunks in {time.perf_counter() - started:.2f} s")
-        ratio = config.cache.independent.recompute_ratio
-        sources = [SegmentSource(system_kv), *(SegmentSource(kv, ratio) for kv in chunk_kvs)]
-        sources.append(SegmentSource())
-    started = time.perf_counter()
-    output = generator.prefill(layout, sources, max_new_tokens=params.max_new_tokens)
-    answer = generator.stream(layout, output, params)
-    first = next(answer, "")
-    ttft = time.perf_counter() - started
-    print(f"answer: {first}{''.join(answer)}")
-    print(
-        f"TTFT {ttft:.2f} s | prompt {layout.num_tokens} tokens | recomputed "
-        f"{output.num_recomputed_tokens} ({output.num_recomputed_tokens / layout.num_tokens:.1%})"
-    )
+    with AdaRAG(config) as rag:
+        if not args.full:
+            started = time.perf_counter()
+            computed = rag.warm(chunks)
+            print(
+                f"precomputed {computed} of {len(chunks)} chunks "
+                f"in {time.perf_counter() - started:.2f} s"
+            )
+        print("answer: ", end="")
+        answer = stream_answer(rag.stream(args.question, chunks=chunks, params=params))
+        print("\n".join(describe(answer)))
     return 0

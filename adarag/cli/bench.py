@@ -13,8 +13,8 @@ from typing import Any
 
 from adarag.cli.options import add_model_arguments, build_config
 from adarag.config import AdaRagConfig
-from adarag.engine.interface import create_generator
-from adarag.evaluation import figures
+from adarag.engine.generator import Generator
+from adarag.evaluation import plots
 from adarag.evaluation.harness import BenchRunner, QueryRecord
 from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.policies import POLICIES
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     """Run every dataset and policy; write markdown, JSON and PNGs under ``--output``."""
     config = build_config(args)
     measured_on = machine()
-    generator = create_generator(config)
+    generator = Generator.load(config.engine, config.kernels, config.home)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     args.output.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work_dir) as scratch:
@@ -123,11 +123,11 @@ def _write(
         "top_k_sweep": {k: [asdict(s) for s in v] for k, v in sweep.items()},
     }
     (out / f"{dataset}.json").write_text(json.dumps(payload, indent=1) + "\n")
-    figures.ttft_vs_quality(summaries, title, out / f"{dataset}_ttft_vs_f1.png")
-    figures.depth_histogram(records, args.top_k, title, out / f"{dataset}_depths.png")
+    plots.ttft_vs_quality(summaries, title, out / f"{dataset}_ttft_vs_f1.png")
+    plots.depth_histogram(records, args.top_k, title, out / f"{dataset}_depths.png")
     if len(sweep) > 1:
         sweep_title = f"{dataset}: TTFT vs top-k, each question once (cold caches)"
-        figures.ttft_vs_top_k(sweep, sweep_title, out / f"{dataset}_ttft_vs_topk.png")
+        plots.ttft_vs_top_k(sweep, sweep_title, out / f"{dataset}_ttft_vs_topk.png")
     print("\n".join(lines))
 
 
@@ -146,7 +146,7 @@ def _corpus_knowledge_base(
     kb = KnowledgeBase(retrieval, config.home)
     try:
         report = kb.ingest(
-            [args.data_dir / "2wikimqa_corpus.jsonl"], tokenizer=runner.generator.prompts.tokenizer
+            [args.data_dir / "2wikimqa_corpus.jsonl"], tokenizer=runner.generator.tokenizer
         )
     except BaseException:
         kb.close()

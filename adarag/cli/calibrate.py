@@ -8,12 +8,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from adarag.augment.calibrate import CalibrationFit, fit
-from adarag.cache.profile import Calibration
-from adarag.calibration import ValidationQuestion, record_questions
 from adarag.cli.options import add_model_arguments, build_config
 from adarag.data import demo_corpus, demo_questions
+from adarag.evaluation.plots import plot_tradeoff
 from adarag.pipeline import AdaRAG
-from adarag.plots import plot_tradeoff
+from adarag.profiles.calibration import ValidationQuestion, record_questions
+from adarag.profiles.model_profile import Calibration
 from adarag.retrievers import MemoryRetriever
 from adarag.schema import Chunk, GenerationParams
 

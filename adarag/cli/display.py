@@ -6,7 +6,7 @@ import sys
 from collections import Counter
 from typing import TextIO
 
-from adarag.answer_stream import AnswerStream
+from adarag.pipeline.stream import AnswerStream
 from adarag.schema import Answer, Chunk
 
 

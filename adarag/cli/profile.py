@@ -8,9 +8,9 @@ from pathlib import Path
 
 from adarag.cli.options import add_model_arguments, build_config
 from adarag.data import demo_corpus, demo_questions
-from adarag.engine.generator import TorchGenerator
-from adarag.plots import plot_profile
-from adarag.profiling import build_profile, chunk_attention
+from adarag.evaluation.plots import plot_profile
+from adarag.pipeline import AdaRAG
+from adarag.profiles.sinks import build_profile, chunk_attention
 from adarag.retrievers import MemoryRetriever
 
 HELP = "profile chunk-level attention (transition layer, sink chunk) into the model's profile"
@@ -34,9 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the prompts, analyse, write JSON and PNGs."""
     config = build_config(args)
-    generator = TorchGenerator(config)
-    prompts = _prompts(args.data, args.prompts, args.chunks)
-    attention, count = chunk_attention(generator, prompts, args.chunks)
+    rag = AdaRAG(config)
+    generator = rag.generator
+    questions = _prompts(args.data, args.prompts, args.chunks)
+    attention, count = chunk_attention(generator, rag.prompts, questions, args.chunks)
     profile = build_profile(generator, attention, count, generator.checkpoint.name)
     output = args.output or config.home / "profiles" / f"{generator.fingerprint}.json"
     output.parent.mkdir(parents=True, exist_ok=True)

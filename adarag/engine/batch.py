@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from adarag.cache.entry import ChunkKV
+from adarag.config import RecomputeConfig
 from adarag.engine.kv_cache import KVCache
 
 
@@ -57,6 +58,8 @@ class ForwardBatch:
         collect_segment_attention: Also return chunk-granularity attention per layer.
         num_lens_layers: Project the last token after each of this many last layers through the
             final norm and LM head (the logit lens), in the one GEMM that yields the logits.
+        selection: How the tokens of cached segments are chosen for recomputation.
+        reference_kv: A full prefill of the same prompt, for the ``oracle`` selection only.
     """
 
     token_ids: torch.Tensor
@@ -64,6 +67,8 @@ class ForwardBatch:
     extra_capacity: int = 0
     collect_segment_attention: bool = False
     num_lens_layers: int = 1
+    selection: RecomputeConfig = field(default_factory=RecomputeConfig)
+    reference_kv: KVCache | None = None
 
     def __post_init__(self) -> None:
         assert self.segments, "a batch needs at least one segment"

@@ -1,78 +1,227 @@
-"""The torch-engine generator: adarag's own layer-by-layer engine over Hugging Face weights."""
+"""The generator the pipeline drives: a checkpoint, adarag's fusion loop and a decoder.
+
+One concrete class serves both backends. The checkpoint is read once; the model is either
+adarag's own :class:`~adarag.engine.model.DecoderModel` over its safetensors weights, decoded by
+the same runner, or the model vLLM loaded, decoded by vLLM (``engine.backend == "vllm"``). The
+fusion loop (:class:`Runner`) is the same for both.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 
-from adarag.config import AdaRagConfig
-from adarag.engine.batch import PrefillOutput
-from adarag.engine.generator_base import FusionGenerator
-from adarag.engine.loader import load_model, resolve_checkpoint
-from adarag.engine.prompt import load_tokenizer
-from adarag.engine.sampler import make_generator, sample_token
-from adarag.engine.spec import ModelSpec, model_fingerprint, read_hf_config
+from adarag.cache.entry import ChunkKV
+from adarag.config import EngineConfig, KernelConfig, RecomputeConfig
+from adarag.engine.adapter import DecoderAdapter
+from adarag.engine.batch import ForwardBatch, PrefillOutput, SegmentSource, plan_segments
+from adarag.engine.checkpoint import Checkpoint
+from adarag.engine.decoding import Decoder, TorchDecoder
+from adarag.engine.kv_cache import KVCache
+from adarag.engine.loader import load_model
+from adarag.engine.runner import Runner
+from adarag.engine.spec import ModelSpec
+from adarag.errors import InputError
+from adarag.kernels import lens_signals_from_logits, logit_lens
 from adarag.schema import GenerationParams, PromptLayout
 
 logger = logging.getLogger(__name__)
 
 
-class TorchGenerator(FusionGenerator):
-    """adarag's own engine: runs a Hugging Face checkpoint layer by layer on torch.
+class Generator:
+    """Fused prefills, chunk KV, logit-lens signals and decoding over one loaded model.
 
     Example:
-        >>> generator = TorchGenerator(AdaRagConfig())
-        >>> layout = generator.layout("Who wrote Hamlet?", ["Hamlet is a play by Shakespeare."])
+        >>> generator = Generator.load(EngineConfig(), KernelConfig(), home)
         >>> output = generator.prefill(layout, max_new_tokens=16)
-        >>> "".join(generator.stream(layout, output, GenerationParams(max_new_tokens=16)))
+        >>> tokens = list(generator.decode_tokens(layout, output, GenerationParams()))
+
+    Args:
+        checkpoint: The checkpoint the model was loaded from.
+        model: The model's layers as the runner drives them.
+        runner: The fusion loop over ``model``.
+        decoder: How tokens are generated after a prefill.
+        max_context_tokens: Longest prompt plus answer.
     """
 
-    def __init__(self, config: AdaRagConfig) -> None:
-        engine_config = config.engine
-        if engine_config.num_threads is not None:
-            torch.set_num_threads(engine_config.num_threads)
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        model: DecoderAdapter,
+        runner: Runner,
+        decoder: Decoder,
+        max_context_tokens: int,
+    ) -> None:
+        self.checkpoint = checkpoint
+        self.model = model
+        self.runner = runner
+        self.decoder = decoder
+        self.max_context_tokens = max_context_tokens
+        self.eos_token_ids = eos_token_ids(checkpoint)
+
+    @classmethod
+    def load(cls, engine: EngineConfig, kernels: KernelConfig, home: Path) -> Generator:
+        """Load ``engine.model`` on ``engine.backend`` (vLLM is imported only when chosen).
+
+        Raises:
+            ModelLoadError: The checkpoint is missing or unsupported.
+            MissingDependencyError: The vLLM backend is chosen but vLLM is not installed.
+        """
+        if engine.num_threads is not None:
+            # Before vLLM starts: its CPU worker then disables torch.set_num_threads.
+            torch.set_num_threads(engine.num_threads)
         started = time.perf_counter()
-        checkpoint = resolve_checkpoint(engine_config.model, config.home)
-        spec = ModelSpec.from_hf_config(read_hf_config(checkpoint))
-        model = load_model(
-            checkpoint, spec, getattr(torch, engine_config.dtype), engine_config.device
-        )
-        super().__init__(
-            config,
-            checkpoint,
-            spec,
-            model_fingerprint(checkpoint),
-            model,
-            load_tokenizer(checkpoint),
-        )
+        checkpoint = Checkpoint.open(engine.model, home)
+        spec = checkpoint.spec
+        max_context = engine.max_context_tokens or spec.max_position_embeddings
+        model: DecoderAdapter
+        decoder: Decoder
+        if engine.backend == "vllm":
+            from adarag.engine.vllm import start_vllm
+
+            model, decoder = start_vllm(checkpoint, engine, max_context, eos_token_ids(checkpoint))
+            runner = Runner(model, engine, kernels)
+        else:
+            model = load_model(checkpoint.path, spec, getattr(torch, engine.dtype), engine.device)
+            runner = Runner(model, engine, kernels)
+            decoder = TorchDecoder(runner, eos_token_ids(checkpoint))
         logger.info(
-            "loaded %s (%s, %d layers) in %.1f s",
+            "loaded %s (%s, %d layers, %s) in %.1f s",
             checkpoint.name,
             spec.family,
             spec.num_layers,
+            engine.backend,
             time.perf_counter() - started,
         )
+        return cls(checkpoint, model, runner, decoder, max_context)
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model's architecture facts."""
+        return self.checkpoint.spec
+
+    @property
+    def fingerprint(self) -> str:
+        """Digest of the checkpoint (part of every cache key)."""
+        return self.checkpoint.fingerprint
+
+    @property
+    def tokenizer(self) -> object:
+        """The checkpoint's Hugging Face tokenizer."""
+        return self.checkpoint.tokenizer
+
+    def check_fits(self, layout: PromptLayout, max_new_tokens: int) -> None:
+        """Raise :class:`InputError` when prompt plus answer exceed the model's context."""
+        needed = layout.num_tokens + max_new_tokens
+        if needed > self.max_context_tokens:
+            raise InputError(
+                f"the prompt has {layout.num_tokens} tokens and asks for {max_new_tokens} new "
+                f"ones, {needed} in all, but the model's context is {self.max_context_tokens} "
+                "tokens; use fewer or shorter chunks, or fewer new tokens"
+            )
+
+    def prefill(
+        self,
+        layout: PromptLayout,
+        sources: Sequence[SegmentSource] | None = None,
+        *,
+        max_new_tokens: int = 0,
+        selection: RecomputeConfig | None = None,
+        num_lens_layers: int = 1,
+        collect_segment_attention: bool = False,
+        reference_kv: KVCache | None = None,
+    ) -> PrefillOutput:
+        """Full or fused prefill of a laid-out prompt.
+
+        Args:
+            layout: The prompt's segments.
+            sources: One per segment (system, chunks..., query); None computes everything.
+            max_new_tokens: Tokens the answer may take (checked against the context).
+            selection: How tokens of cached chunks are chosen; the default rule when None.
+            num_lens_layers: Also return the logit-lens logits of this many last layers, so that
+                :meth:`lens_signals` only reduces them.
+            collect_segment_attention: Also return chunk-granularity attention per layer.
+            reference_kv: A full prefill's KV of the same prompt (the ``oracle`` rule only).
+
+        Raises:
+            InputError: The prompt does not fit the context, or has no query suffix.
+        """
+        if not layout.query_ids:
+            raise InputError("the prompt has no query suffix to compute")
+        self.check_fits(layout, max_new_tokens)
+        if sources is None:
+            sources = tuple(SegmentSource() for _ in layout.segments)
+        if len(sources) != len(layout.segments):
+            raise InputError(
+                f"{len(sources)} segment sources for {len(layout.segments)} segments; pass one "
+                "per segment (system prefix, each chunk, query suffix)"
+            )
+        batch = ForwardBatch(
+            token_ids=torch.tensor(layout.token_ids, dtype=torch.int64),
+            segments=plan_segments(layout.cu_segments, tuple(sources)),
+            extra_capacity=self.decoder.reserved_rows(max_new_tokens),
+            collect_segment_attention=collect_segment_attention,
+            num_lens_layers=min(num_lens_layers, self.spec.num_layers),
+            selection=selection or RecomputeConfig(),
+            reference_kv=reference_kv,
+        )
+        return self.runner.blend(batch)
+
+    def compute_chunk(
+        self, system_ids: Sequence[int], chunk_ids: Sequence[int], system_kv: ChunkKV | None = None
+    ) -> ChunkKV:
+        """KV of one chunk computed alone after the system prefix (the independent tier's entry).
+
+        Args:
+            system_ids: The system prefix's token ids.
+            chunk_ids: The chunk's token ids (with separator).
+            system_kv: Cached KV of the system prefix, reused exactly when given.
+        """
+        layout = PromptLayout(tuple(system_ids), (), tuple(chunk_ids))
+        sources = (SegmentSource(system_kv), SegmentSource())
+        output = self.prefill(layout, sources)
+        return output.kv.segment(len(system_ids), layout.num_tokens)
+
+    def lens_signals(
+        self, output: PrefillOutput, num_lens_layers: int
+    ) -> tuple[list[float], float]:
+        """Logit-lens KL of each of the last ``l - 1`` layers to the final one, and the entropy.
+
+        Reduces the prefill's ``lens_logits`` when it computed enough layers; otherwise projects
+        the last layers' hidden states through the LM head first (the fused kernel on CUDA).
+        """
+        lens_logits = output.lens_logits
+        with torch.inference_mode():
+            if lens_logits is not None and lens_logits.shape[0] >= num_lens_layers:
+                kl, entropy = lens_signals_from_logits(lens_logits[-num_lens_layers:])
+                return [float(x) for x in kl], float(entropy)
+            kl, entropy = logit_lens(
+                output.layer_hidden[-num_lens_layers:],
+                self.model.final_norm_weight,
+                self.spec.rms_norm_eps,
+                self.model.lm_head_weight,
+                backend=self.runner.backend,
+            )
+        return [float(x) for x in kl], float(entropy)
 
     def decode_tokens(
         self, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
     ) -> Iterator[int]:
-        """Yield generated token ids after a prefill, stopping at EOS or ``max_new_tokens``.
+        """Generated token ids after a prefill, stopping at EOS (not yielded) or the budget."""
+        return self.decoder.decode_tokens(layout, output, params)
 
-        Decoding writes after the prompt's rows of ``output.kv``; the same prefill can be decoded
-        again (its prompt rows are never changed).
-        """
-        kv = output.kv
-        kv.length = layout.num_tokens
-        budget = min(params.max_new_tokens, kv.capacity - kv.length + 1)
-        generator = make_generator(params)
-        logits = output.logits
-        for step in range(budget):
-            token = sample_token(logits, params, generator)
-            if token in self.eos_token_ids:
-                return
-            yield token
-            if step + 1 < budget:
-                logits = self.runner.decode(token, kv)
+    def close(self) -> None:
+        """Release the decoder's resources (shuts a vLLM engine down)."""
+        self.decoder.close()
+
+
+def eos_token_ids(checkpoint: Checkpoint) -> frozenset[int]:
+    """The checkpoint's end-of-sequence ids (its config's and its tokenizer's)."""
+    eos = set(checkpoint.spec.eos_token_ids)
+    if checkpoint.tokenizer.eos_token_id is not None:
+        eos.add(int(checkpoint.tokenizer.eos_token_id))
+    return frozenset(eos)

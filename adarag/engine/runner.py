@@ -1,10 +1,10 @@
 """The layer-by-layer forward loop: full prefill, fused (blended) prefill and decode.
 
 A fused prefill loads each cached segment's KV into one cache (re-rotating its keys to their
-positions), chooses the tokens to recompute (``adarag.engine.blend``), and runs only those
-tokens -- plus every uncached token and the whole query suffix -- through every layer, attending
-to the fused KV with an absolute-position causal mask. A full prefill is the special case where
-nothing is cached.
+positions), resolves one :class:`~adarag.engine.selection.RecomputePlan`, lets the request's
+selection rule choose the tokens to recompute, and runs only those tokens -- plus every uncached
+token and the whole query suffix -- through every layer, attending to the fused KV with an
+absolute-position causal mask. A full prefill is the special case where nothing is cached.
 """
 
 from __future__ import annotations
@@ -13,17 +13,21 @@ from dataclasses import dataclass
 
 import torch
 
-from adarag.config import EngineConfig, KernelConfig, RecomputeConfig
+from adarag.config import EngineConfig, KernelConfig
 from adarag.engine.adapter import DecoderAdapter
 from adarag.engine.batch import ForwardBatch, PrefillOutput
-from adarag.engine.blend import (
-    cross_chunk_ratio,
-    select_top_per_segment,
-    split_positions,
-    value_deviation,
-)
 from adarag.engine.kv_cache import KVCache
 from adarag.engine.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from adarag.engine.selection import (
+    RecomputePlan,
+    cross_chunk_ratio,
+    key_attention_mass,
+    random_scores,
+    reference_deviation,
+    scoring_layer,
+    value_deviation,
+)
+from adarag.errors import InputError
 from adarag.kernels import kv_scatter, segment_attention_mass, selective_attention
 
 
@@ -38,20 +42,19 @@ class _Stream:
 
 
 class Runner:
-    """Runs a :class:`DecoderAdapter` for prefill, fused prefill and decode (one sequence)."""
+    """Runs a :class:`DecoderAdapter` for prefill, fused prefill and decode (one sequence).
+
+    Everything that may differ per request (ratios, the selection rule and its knobs, lens
+    layers) arrives with the :class:`ForwardBatch`.
+    """
 
     def __init__(
-        self,
-        model: DecoderAdapter,
-        engine_config: EngineConfig,
-        kernel_config: KernelConfig,
-        recompute_config: RecomputeConfig,
+        self, model: DecoderAdapter, engine_config: EngineConfig, kernel_config: KernelConfig
     ) -> None:
         self.model = model
         self.spec = model.spec
-        self.engine_config = engine_config
+        self.query_block = engine_config.attention_query_block
         self.backend = kernel_config.backend
-        self.recompute_config = recompute_config
         self.device = torch.device(engine_config.device)
         self.dtype = getattr(torch, engine_config.dtype)
         self.inv_freq = rope_inv_freq(self.spec).to(self.device)
@@ -75,7 +78,7 @@ class Runner:
         """Fused prefill: load cached segments, select tokens, recompute them, fuse.
 
         Args:
-            batch: The prompt and, per segment, its cached KV and recomputation ratio.
+            batch: The prompt, per segment its cached KV and ratio, and the selection rule.
 
         Returns:
             The fused KV, last-token logits and per-layer last-token hidden states.
@@ -87,24 +90,18 @@ class Runner:
             if segment.cached is not None:
                 kv.load(segment.start, segment.cached, self.inv_freq, self.backend)
         kv.length = num_tokens
-        always, candidates = split_positions(batch.segments)
-        assert always.numel() and int(always[-1]) == num_tokens - 1, "last token must be computed"
-        processed = torch.cat((always, candidates)).sort().values.to(self.device)
-        # --- select and recompute the layers that selection needs
-        if candidates.numel() == 0:
-            positions = always.to(self.device)
-            stream = self._new_stream(batch.token_ids[always], positions)
-            first_layer = 0
-        elif self.recompute_config.selection_policy == "cross_attention":
-            stream = self._select_by_cross_attention(batch, kv, processed)
-            first_layer = 1
+        plan = RecomputePlan.of(batch.segments)
+        assert int(plan.always[-1]) == num_tokens - 1, "last token must be computed"
+        # --- select, running the layers the rule needs for every candidate
+        cu = self._cu_segments(batch) if batch.collect_segment_attention else None
+        if plan.has_candidates:
+            stream, first_layer = self._select(batch, plan, kv)
         else:
-            stream = self._select_by_deviation(batch, kv, processed)
-            first_layer = self.recompute_config.deviation_check_layer + 1
+            stream = self._new_stream(batch.token_ids[plan.always], plan.always)
+            first_layer = 0
         recomputed = stream.positions.clone()
         # --- recompute the selected tokens through the remaining layers
         cos_sin = rope_cos_sin(stream.positions, self.inv_freq, self.dtype)
-        cu = self._cu_segments(batch) if batch.collect_segment_attention else None
         for layer_idx in range(first_layer, self.spec.num_layers):
             self._layer_step(layer_idx, stream, kv, cos_sin, cu)
         # --- logits of the last token, and the logit lens of the layers below in the same GEMM
@@ -115,7 +112,7 @@ class Runner:
             logits=head_logits[-1],
             layer_hidden=layer_hidden,
             recomputed_positions=recomputed.cpu(),
-            num_processed_tokens=int(processed.numel()),
+            num_processed_tokens=int(plan.processed.numel()),
             segment_attention=self._aggregate(stream, batch) if cu is not None else None,
             lens_logits=head_logits if batch.num_lens_layers > 1 else None,
         )
@@ -133,10 +130,119 @@ class Runner:
             self._layer_step(layer_idx, stream, kv, cos_sin, None)
         return self.model.logits(stream.hidden)[0]
 
+    # --- selection
+
+    def _select(self, batch: ForwardBatch, plan: RecomputePlan, kv: KVCache) -> tuple[_Stream, int]:
+        """Choose the candidates to recompute; returns their stream and its next layer.
+
+        Rules scoring inside the loop run every processed token through the layers below the
+        scoring layer, project it there, score, and finish that layer for the kept tokens only;
+        the others score before any layer.
+        """
+        selection = batch.selection
+        processed = plan.processed.to(self.device)
+        stream = self._new_stream(batch.token_ids[plan.processed], processed)
+        layer_at = scoring_layer(selection)
+        if layer_at is None:
+            keep = plan.keep_mask(plan.choose(self._score_up_front(batch, plan, kv), selection))
+            keep = keep.to(self.device)
+            stream.hidden, stream.positions = stream.hidden[keep], processed[keep]
+            return stream, 0
+        if layer_at >= self.spec.num_layers:
+            raise InputError(
+                f"selection layer {layer_at} does not exist in a {self.spec.num_layers}-layer "
+                "model; set cache.recompute.deviation_check_layer below the layer count"
+            )
+        cos_sin = rope_cos_sin(processed, self.inv_freq, self.dtype)
+        cu = self._cu_segments(batch)
+        collect = cu if batch.collect_segment_attention else None
+        for layer_idx in range(layer_at):
+            self._layer_step(layer_idx, stream, kv, cos_sin, collect)
+        layer = self.model.decoder_layers[layer_at]
+        q, k, v = layer.project_qkv(stream.hidden)
+        q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
+        is_candidate = plan.candidate_mask().to(self.device)
+        if selection.selection_policy == "kv_deviation":
+            scores = value_deviation(v[is_candidate], kv.v[layer_at, plan.candidates])
+        kv_scatter(kv.k[layer_at], kv.v[layer_at], k, v, processed, backend=self.backend)
+        if selection.selection_policy == "cross_attention":
+            mass = self._segment_mass(layer_at, q[is_candidate], processed[is_candidate], kv, cu)
+            scores = cross_chunk_ratio(mass.cpu(), plan.candidates, batch.cu_segments)
+        keep = plan.keep_mask(plan.choose(scores, selection)).to(self.device)
+        # --- finish the scoring layer for the kept tokens
+        attn = self._attend(layer_at, q[keep], processed[keep], kv)
+        if collect is not None:
+            mass = self._segment_mass(layer_at, q[keep], processed[keep], kv, collect)
+            stream.segment_attention.append(mass.mean(dim=1))
+        stream.hidden = layer.finish(stream.hidden[keep], attn)
+        stream.positions = processed[keep]
+        stream.last_hidden.append(stream.hidden[-1])
+        return stream, layer_at + 1
+
+    def _score_up_front(
+        self, batch: ForwardBatch, plan: RecomputePlan, kv: KVCache
+    ) -> torch.Tensor:
+        """Scores of the rules that need no layer of the candidates themselves."""
+        selection = batch.selection
+        rule = selection.selection_policy
+        if rule == "random":
+            return random_scores(plan.candidates.numel(), selection.seed)
+        if rule == "oracle":
+            if batch.reference_kv is None:
+                raise InputError(
+                    "the 'oracle' selection needs a full prefill of the same prompt as its "
+                    "reference; pass reference_kv (benchmarks only)"
+                )
+            return reference_deviation(kv, batch.reference_kv, plan.candidates)
+        assert rule == "query_attention", f"unknown selection rule {rule!r}"
+        return self._query_attention(batch, plan, kv)[plan.candidates]
+
+    def _query_attention(
+        self, batch: ForwardBatch, plan: RecomputePlan, kv: KVCache
+    ) -> torch.Tensor:
+        """Attention the query suffix pays each position over the cached KV, [num_tokens].
+
+        The query runs through the layers up to the last scored one; its K/V rows are written at
+        its own positions, which the recomputation overwrites before anything reads them.
+        """
+        first, last = self._query_layers(batch)
+        positions = plan.query.to(self.device)
+        stream = self._new_stream(batch.token_ids[plan.query], positions)
+        cos_sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
+        total = torch.zeros(kv.length, dtype=torch.float32, device=self.device)
+        for layer_idx in range(last):
+            layer = self.model.decoder_layers[layer_idx]
+            q, k, v = layer.project_qkv(stream.hidden)
+            q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
+            kv_scatter(kv.k[layer_idx], kv.v[layer_idx], k, v, positions, backend=self.backend)
+            if layer_idx >= first:
+                keys = kv.k[layer_idx, : kv.length]
+                total += key_attention_mass(q, keys, positions, self.scale)
+            if layer_idx + 1 < last:
+                stream.hidden = layer.finish(
+                    stream.hidden, self._attend(layer_idx, q, positions, kv)
+                )
+        return total.cpu()
+
+    def _query_layers(self, batch: ForwardBatch) -> tuple[int, int]:
+        """``[first, last)`` layers whose query attention scores (all layers by default)."""
+        layers = batch.selection.query_layers
+        num_layers = self.spec.num_layers
+        first, last = (0, num_layers) if layers is None else layers
+        if not 0 <= first < last <= num_layers:
+            raise InputError(
+                f"cache.recompute.query_layers {layers} is not a layer range of a "
+                f"{num_layers}-layer model; pass [first, last) with 0 <= first < last <= "
+                f"{num_layers}, or None for all layers"
+            )
+        return first, last
+
+    # --- layers
+
     def _new_stream(self, token_ids: torch.Tensor, positions: torch.Tensor) -> _Stream:
         """Embed ``token_ids [n]`` standing at ``positions [n]``."""
         hidden = self.model.embed(token_ids.to(self.device)).to(self.dtype)
-        return _Stream(hidden, positions, [], [])
+        return _Stream(hidden, positions.to(self.device), [], [])
 
     def _layer_step(
         self,
@@ -167,7 +273,7 @@ class Runner:
             kv.v[layer_idx, : kv.length],
             positions,
             self.scale,
-            query_block=self.engine_config.attention_query_block,
+            query_block=self.query_block,
             backend=self.backend,
         )
 
@@ -185,81 +291,9 @@ class Runner:
             positions,
             self.scale,
             cu_segments,
-            query_block=self.engine_config.attention_query_block,
+            query_block=self.query_block,
             backend=self.backend,
         )
-
-    def _select_by_cross_attention(
-        self, batch: ForwardBatch, kv: KVCache, processed: torch.Tensor
-    ) -> _Stream:
-        """Layer 0 for all processed tokens; rank candidates by cross-chunk attention there."""
-        stream = self._new_stream(batch.token_ids[processed.cpu()], processed)
-        layer = self.model.decoder_layers[0]
-        q, k, v = layer.project_qkv(stream.hidden)
-        cos_sin = rope_cos_sin(processed, self.inv_freq, self.dtype)
-        q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
-        kv_scatter(kv.k[0], kv.v[0], k, v, processed, backend=self.backend)
-        # --- select: cross-chunk attention share of every candidate at the first layer
-        _, candidates = split_positions(batch.segments)
-        is_candidate = torch.isin(processed.cpu(), candidates).to(processed.device)
-        cu = self._cu_segments(batch)
-        mass = self._segment_mass(0, q[is_candidate], processed[is_candidate], kv, cu)
-        candidate_positions = processed[is_candidate].cpu()
-        scores = cross_chunk_ratio(mass, candidate_positions, cu.tolist())
-        keep = self._keep_mask(batch, processed, scores, candidate_positions)
-        # --- recompute layer 0 for the kept tokens
-        attn = self._attend(0, q[keep], processed[keep], kv)
-        stream.hidden = layer.finish(stream.hidden[keep], attn)
-        stream.positions = processed[keep]
-        stream.last_hidden.append(stream.hidden[-1])
-        if batch.collect_segment_attention:
-            kept_mass = self._segment_mass(0, q[keep], processed[keep], kv, cu)
-            stream.segment_attention.append(kept_mass.mean(dim=1))
-        return stream
-
-    def _select_by_deviation(
-        self, batch: ForwardBatch, kv: KVCache, processed: torch.Tensor
-    ) -> _Stream:
-        """Layers below the check layer for all processed tokens; rank by V deviation at it."""
-        check = self.recompute_config.deviation_check_layer
-        assert check < self.spec.num_layers, f"check layer {check} of {self.spec.num_layers}"
-        stream = self._new_stream(batch.token_ids[processed.cpu()], processed)
-        cos_sin = rope_cos_sin(processed, self.inv_freq, self.dtype)
-        cu = self._cu_segments(batch) if batch.collect_segment_attention else None
-        for layer_idx in range(check):
-            self._layer_step(layer_idx, stream, kv, cos_sin, cu)
-        layer = self.model.decoder_layers[check]
-        q, k, v = layer.project_qkv(stream.hidden)
-        q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
-        # --- select: V deviation from the cache at the check layer
-        deviation = value_deviation(v, kv.v[check, processed]).cpu()
-        kv_scatter(kv.k[check], kv.v[check], k, v, processed, backend=self.backend)
-        _, candidates = split_positions(batch.segments)
-        is_candidate = torch.isin(processed.cpu(), candidates)
-        keep = self._keep_mask(batch, processed, deviation[is_candidate], candidates)
-        # --- recompute the check layer for the kept tokens
-        attn = self._attend(check, q[keep], processed[keep], kv)
-        if cu is not None:
-            mass = self._segment_mass(check, q[keep], processed[keep], kv, cu)
-            stream.segment_attention.append(mass.mean(dim=1))
-        stream.hidden = layer.finish(stream.hidden[keep], attn)
-        stream.positions = processed[keep]
-        stream.last_hidden.append(stream.hidden[-1])
-        return stream
-
-    def _keep_mask(
-        self,
-        batch: ForwardBatch,
-        processed: torch.Tensor,
-        scores: torch.Tensor,
-        candidate_positions: torch.Tensor,
-    ) -> torch.Tensor:
-        """Mask over ``processed``: always-computed tokens plus the top-scored candidates."""
-        processed_cpu = processed.cpu()
-        always, _ = split_positions(batch.segments)
-        chosen = select_top_per_segment(scores, candidate_positions, batch.segments)
-        keep = torch.isin(processed_cpu, always) | torch.isin(processed_cpu, chosen)
-        return keep.to(processed.device)
 
     def _cu_segments(self, batch: ForwardBatch) -> torch.Tensor:
         return torch.tensor(batch.cu_segments, dtype=torch.int64, device=self.device)

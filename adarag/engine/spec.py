@@ -91,11 +91,6 @@ class ModelSpec:
             eos_token_ids=eos_ids,
         )
 
-    @classmethod
-    def from_checkpoint(cls, path: Path) -> ModelSpec:
-        """Read ``config.json`` of a checkpoint directory."""
-        return cls.from_hf_config(read_hf_config(path))
-
 
 def read_hf_config(path: Path) -> dict[str, Any]:
     """Parse ``path/config.json``.

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adarag.config import AdaRagConfig
-from adarag.engine.interface import Generator
+from adarag.engine.generator import Generator
+from adarag.evaluation.metrics import best_exact_match, best_f1
 from adarag.evaluation.policies import Policy
 from adarag.evaluation.workload import BenchQuestion, StreamItem, distinct_chunks
-from adarag.metrics import best_exact_match, best_f1
 from adarag.pipeline import AdaRAG
 from adarag.schema import GenerationParams, QueryTrace
 

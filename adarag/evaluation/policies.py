@@ -44,16 +44,21 @@ def _policy(
     hard: bool,
     soft: bool,
     independent: bool,
-    independent_ratio: float = 0.2,
-    selection: str = "cross_attention",
+    independent_ratio: float | None = None,
+    selection: str | None = None,
     augment: bool = False,
 ) -> Policy:
-    cache = {
+    """A policy's overrides; a ratio or selection left None keeps the configured default."""
+    independent_tier: dict[str, Any] = {"enabled": independent}
+    if independent_ratio is not None:
+        independent_tier["recompute_ratio"] = independent_ratio
+    cache: dict[str, Any] = {
         "hard": {"enabled": hard},
         "soft": {"enabled": soft},
-        "independent": {"enabled": independent, "recompute_ratio": independent_ratio},
-        "recompute": {"selection_policy": selection},
+        "independent": independent_tier,
     }
+    if selection is not None:
+        cache["recompute"] = {"selection_policy": selection}
     return Policy(name, description, {"cache": cache, "augment": {"enabled": augment}})
 
 
@@ -87,6 +92,7 @@ POLICIES: dict[str, Policy] = {
             hard=True,
             soft=True,
             independent=True,
+            selection="cross_attention",
         ),
         _policy(
             "adacache",
@@ -94,6 +100,7 @@ POLICIES: dict[str, Policy] = {
             hard=True,
             soft=True,
             independent=True,
+            selection="cross_attention",
             augment=True,
         ),
         _policy(

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from adarag.evaluation.harness import QueryRecord
-from adarag.metrics import token_f1
+from adarag.evaluation.metrics import token_f1
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from adarag import AdaRagConfig
-from adarag.answer_stream import NO_CONTEXT_ANSWER
 from adarag.cli import main
 from adarag.cli.ingest import ingest_and_warm
 from adarag.config import RetrievalConfig
 from adarag.errors import KnowledgeBaseError
+from adarag.pipeline.stream import NO_CONTEXT_ANSWER
 from adarag.retrievers import KnowledgeBase
 from adarag.schema import Chunk, GenerationParams
 from tests.integration.conftest import (

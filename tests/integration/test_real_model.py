@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from adarag.engine.generator import TorchGenerator
 from adarag.schema import GenerationParams
 from tests.tiny_models import load_hf_model
-from tests.unit.engine.helpers import independent_sources
+from tests.unit.engine.helpers import independent_sources, layout_of, load_generator
 
 pytestmark = pytest.mark.integration
 DATA = Path(__file__).resolve().parents[1] / "data" / "musique_sample.jsonl"
@@ -19,18 +18,18 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "musique_sample.jsonl"
 
 @pytest.fixture(scope="module")
 def generator(real_config):
-    return TorchGenerator(real_config)
+    return load_generator(real_config)
 
 
 @pytest.fixture(scope="module")
 def hf_model(generator):
-    return load_hf_model(generator.checkpoint)
+    return load_hf_model(generator.checkpoint.path)
 
 
 @pytest.fixture(scope="module")
 def layout(generator):
     record = json.loads(DATA.read_text().splitlines()[0])
-    return generator.layout(record["question"], [p["text"] for p in record["passages"][:2]])
+    return layout_of(generator, record["question"], [p["text"] for p in record["passages"][:2]])
 
 
 def test_real_model_full_prefill_matches_hf(generator, hf_model, layout):

@@ -15,11 +15,9 @@ import torch
 
 from adarag import AdaRAG
 from adarag.config import AdaRagConfig
-from adarag.engine.batch import SegmentSource
-from adarag.engine.generator import TorchGenerator
 from adarag.errors import ModelLoadError
 from adarag.schema import GenerationParams, PromptLayout
-from tests.unit.engine.helpers import system_prefix_kv
+from tests.unit.engine.helpers import independent_sources, layout_of, load_generator
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 DATA = Path(__file__).resolve().parents[1] / "data" / "musique_sample.jsonl"
@@ -36,12 +34,10 @@ def record() -> dict:
 
 @pytest.fixture(scope="module")
 def vllm_generator(real_config):
-    from adarag.engine.vllm import VLLMGenerator
-
     engine = {"backend": "vllm", "vllm_kv_cache_bytes": 1 << 30, "num_threads": NUM_THREADS}
     # vLLM's CPU worker replaces torch.set_num_threads in this process; later tests get it back.
     set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
-    generator = VLLMGenerator(AdaRagConfig.build(real_config, engine=engine))
+    generator = load_generator(AdaRagConfig.build(real_config, engine=engine))
     yield generator
     generator.close()
     torch.set_num_threads = set_num_threads
@@ -50,25 +46,25 @@ def vllm_generator(real_config):
 
 @pytest.fixture(scope="module")
 def torch_generator(real_config, vllm_generator):
-    return TorchGenerator(real_config)
+    return load_generator(real_config)
 
 
 @pytest.fixture(scope="module")
 def layout(vllm_generator, record) -> PromptLayout:
-    return vllm_generator.layout(record["question"], [p["text"] for p in record["passages"][:2]])
+    return layout_of(
+        vllm_generator, record["question"], [p["text"] for p in record["passages"][:2]]
+    )
 
 
 def _sources(generator, layout, ratio):
     """The exact system-prefix KV and each chunk's independent KV, at ``ratio``."""
-    system_kv = system_prefix_kv(generator, layout)
-    chunks = [generator.compute_chunk(ids, system_kv) for ids in layout.chunk_ids]
-    return [SegmentSource(system_kv), *(SegmentSource(kv, ratio) for kv in chunks), SegmentSource()]
+    return independent_sources(generator, layout, ratio)[0]
 
 
 @pytest.fixture(scope="module")
 def vllm_alone(vllm_generator, layout):
     """vLLM computing the whole prompt itself (a fresh cache salt: no prefix-cache hit)."""
-    stream = vllm_generator.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
+    stream = vllm_generator.decoder.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
     return list(stream), stream.num_cached_tokens
 
 
@@ -90,7 +86,7 @@ def test_ratio_one_through_the_connector_matches_vllm_alone(vllm_generator, layo
     # vLLM's own count of the prompt tokens it did not compute is what the connector wrote
     assert stream.num_connector_tokens == layout.num_tokens - 1
     assert stream.num_cached_tokens == stream.num_connector_tokens
-    assert len(vllm_generator.handoff) == 0
+    assert len(vllm_generator.decoder.handoff) == 0
 
 
 def test_torch_engine_fused_kv_decodes_the_same_on_vllm(vllm_generator, layout, torch_fused):
@@ -123,7 +119,7 @@ def test_interleaved_streams_each_get_their_own_tokens(
     fused_output, fused_expected = torch_fused
     plain_expected, _ = vllm_alone
     fused = vllm_generator.decode_tokens(layout, fused_output, GREEDY)
-    plain = vllm_generator.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
+    plain = vllm_generator.decoder.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
     fused_tokens, plain_tokens = [next(fused)], [next(plain)]  # both in flight, batched by vLLM
     for tokens, stream in ((fused_tokens, fused), (plain_tokens, plain)):
         tokens.extend(stream)
@@ -136,11 +132,11 @@ def test_prefix_cache_never_serves_fused_blocks_to_plain_requests(
     fused, _ = torch_fused
     assert len(list(vllm_generator.decode_tokens(layout, fused, GREEDY))) > 0
     # the same tokens without a salt find none of the fused blocks: vLLM computes everything
-    first = vllm_generator.generate(layout.token_ids, GREEDY)
+    first = vllm_generator.decoder.generate(layout.token_ids, GREEDY)
     first_tokens = list(first)
     assert first.num_cached_tokens == 0
     # while plain requests keep sharing their own prefix cache
-    second = vllm_generator.generate(layout.token_ids, GREEDY)
+    second = vllm_generator.decoder.generate(layout.token_ids, GREEDY)
     assert list(second) == first_tokens
     assert second.num_cached_tokens > 0
 
@@ -153,14 +149,12 @@ def test_pipeline_answers_on_the_vllm_backend_and_stops_early(vllm_generator, re
     stop_at_space = GREEDY.model_copy(update={"stop": (" ",)})
     stopped = "".join(rag.stream(record["question"], chunks=passages, params=stop_at_space))
     assert stopped and " " not in stopped.strip()
-    assert len(vllm_generator.handoff) == 0  # the stopped request was aborted and released
+    assert len(vllm_generator.decoder.handoff) == 0  # the stopped request was aborted and released
 
 
 def test_unsupported_family_is_rejected_before_vllm_starts(tmp_path):
-    from adarag.engine.vllm import VLLMGenerator
-
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     config = AdaRagConfig.build(home=tmp_path, engine={"backend": "vllm", "model": str(tmp_path)})
     with pytest.raises(ModelLoadError, match="llama, mistral, qwen2, qwen3"):
-        VLLMGenerator(config)
+        load_generator(config)

@@ -5,10 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adarag.engine.generator import TorchGenerator
 from adarag.kernels._dispatch import is_triton_interpreted
 from adarag.schema import GenerationParams
-from tests.unit.engine.helpers import CHUNKS, QUESTION, independent_sources
+from tests.unit.engine.helpers import (
+    CHUNKS,
+    QUESTION,
+    independent_sources,
+    layout_of,
+    load_generator,
+)
 
 TARGETS = [
     pytest.param("cpu", "float32", id="cpu-interpreted-float32"),
@@ -22,12 +27,11 @@ def _generators(tiny_checkpoints, tiny_config, device, dtype):
     if device == "cpu" and not is_triton_interpreted():
         pytest.skip("interpreting Triton on the CPU needs TRITON_INTERPRET=1")
     return {
-        backend: TorchGenerator(
+        backend: load_generator(
             tiny_config(
                 tiny_checkpoints["llama"],
                 engine={"device": device, "dtype": dtype},
                 kernels={"backend": backend},
-                cache={"recompute": {"selection_policy": "cross_attention"}},
             )
         )
         for backend in ("torch", "triton")
@@ -41,7 +45,7 @@ def _assert_close(actual, expected, dtype):
 @pytest.mark.parametrize(("device", "dtype"), TARGETS)
 def test_full_and_reused_prefill_match_torch(device, dtype, tiny_checkpoints, tiny_config):
     generators = _generators(tiny_checkpoints, tiny_config, device, dtype)
-    layout = generators["torch"].layout(QUESTION, CHUNKS)
+    layout = layout_of(generators["torch"], QUESTION, CHUNKS)
     rows = slice(0, layout.num_tokens)
     # --- full prefill, with per-layer segment attention
     full = {
@@ -66,7 +70,7 @@ def test_selective_recomputation_and_decode_match_torch(
     # float32 only: the twin's segment masses carry the input dtype's rounding, so bfloat16
     # near-ties may rank differently
     generators = _generators(tiny_checkpoints, tiny_config, device, dtype)
-    layout = generators["torch"].layout(QUESTION, CHUNKS)
+    layout = layout_of(generators["torch"], QUESTION, CHUNKS)
     sources, _, _ = independent_sources(generators["torch"], layout, ratio=0.5)
     fused = {
         backend: generator.prefill(layout, sources, max_new_tokens=4)

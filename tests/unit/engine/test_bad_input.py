@@ -7,34 +7,33 @@ import json
 import pytest
 
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import TorchGenerator
 from adarag.errors import ConfigError, InputError, ModelLoadError
-from tests.unit.engine.helpers import CHUNKS, QUESTION
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
 
 
 @pytest.fixture()
 def generator(tiny_checkpoints, tiny_config):
-    return TorchGenerator(tiny_config(tiny_checkpoints["llama"]))
+    return load_generator(tiny_config(tiny_checkpoints["llama"]))
 
 
 @pytest.mark.parametrize("question", ["", "   \n"])
 def test_empty_question_is_rejected(generator, question):
     with pytest.raises(InputError, match="question is empty"):
-        generator.layout(question, CHUNKS)
+        layout_of(generator, question, CHUNKS)
 
 
 def test_no_chunks_is_rejected(generator):
     with pytest.raises(InputError, match="no chunks"):
-        generator.layout(QUESTION, [])
+        layout_of(generator, QUESTION, [])
 
 
 def test_empty_chunk_is_rejected(generator):
     with pytest.raises(InputError, match="chunk 1 is empty"):
-        generator.layout(QUESTION, ["text", " "])
+        layout_of(generator, QUESTION, ["text", " "])
 
 
 def test_prompt_longer_than_the_context_is_rejected(generator):
-    layout = generator.layout(QUESTION, ["the quick brown fox " * 60] * 3)
+    layout = layout_of(generator, QUESTION, ["the quick brown fox " * 60] * 3)
     with pytest.raises(InputError, match=r"model's context is 512 tokens"):
         generator.prefill(layout, max_new_tokens=8)
 
@@ -42,18 +41,18 @@ def test_prompt_longer_than_the_context_is_rejected(generator):
 def test_unknown_model_path_is_named(tmp_path):
     missing = tmp_path / "no-such-model"
     with pytest.raises(ModelLoadError, match="does not exist"):
-        TorchGenerator(AdaRagConfig.build(home=tmp_path, engine={"model": str(missing)}))
+        load_generator(AdaRagConfig.build(home=tmp_path, engine={"model": str(missing)}))
 
 
 def test_directory_that_is_not_a_checkpoint_is_named(tmp_path):
     with pytest.raises(ModelLoadError, match="no config.json"):
-        TorchGenerator(AdaRagConfig.build(home=tmp_path, engine={"model": str(tmp_path)}))
+        load_generator(AdaRagConfig.build(home=tmp_path, engine={"model": str(tmp_path)}))
 
 
 def test_checkpoint_without_safetensors_is_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
-        TorchGenerator(AdaRagConfig.build(home=tmp_path, engine={"model": str(tmp_path)}))
+        load_generator(AdaRagConfig.build(home=tmp_path, engine={"model": str(tmp_path)}))
 
 
 def test_unsupported_family_names_the_supported_ones(tmp_path, tiny_checkpoints):
@@ -64,7 +63,7 @@ def test_unsupported_family_names_the_supported_ones(tmp_path, tiny_checkpoints)
         (tiny_checkpoints["llama"] / "model.safetensors").read_bytes()
     )
     with pytest.raises(ModelLoadError, match="'gpt2' is not supported.*llama, mistral, qwen2"):
-        TorchGenerator(AdaRagConfig.build(home=tmp_path, engine={"model": str(tmp_path)}))
+        load_generator(AdaRagConfig.build(home=tmp_path, engine={"model": str(tmp_path)}))
 
 
 @pytest.mark.parametrize("ratio", [-0.1, 1.5])

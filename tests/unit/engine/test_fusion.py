@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from adarag.config import AdaRagConfig
-from adarag.engine.generator import TorchGenerator
+from adarag.config import AdaRagConfig, RecomputeConfig
 from adarag.kernels import rope_delta
 from adarag.schema import PromptLayout
 from tests.tiny_models import load_hf_model
@@ -17,26 +16,38 @@ from tests.unit.engine.helpers import (
     QUESTION,
     hf_logits_with_past,
     independent_sources,
+    layout_of,
+    load_generator,
 )
 
-POLICIES = ["cross_attention", "kv_deviation"]
+POLICIES = ["cross_attention", "kv_deviation", "query_attention", "random", "oracle"]
+# query-aware selection reads the query, so a later (query) token may change which chunk
+# tokens are recomputed; the other rules never look past a chunk token's own position
+QUERY_BLIND = [policy for policy in POLICIES if policy != "query_attention"]
 
 
-def _generator(tiny_checkpoints, tiny_config, family="llama", policy="cross_attention"):
-    config = tiny_config(
-        tiny_checkpoints[family], cache={"recompute": {"selection_policy": policy}}
-    )
-    return TorchGenerator(config)
+def _generator(tiny_checkpoints, tiny_config, family="llama"):
+    return load_generator(tiny_config(tiny_checkpoints[family]))
+
+
+def _selection(policy):
+    return RecomputeConfig(selection_policy=policy)
+
+
+def _fused(generator, layout, sources, policy):
+    """A fused prefill with ``policy`` (the oracle's reference is a full prefill of ``layout``)."""
+    reference = generator.prefill(layout).kv if policy == "oracle" else None
+    return generator.prefill(layout, sources, selection=_selection(policy), reference_kv=reference)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_ratio_one_matches_full_prefill(family, policy, tiny_checkpoints, tiny_config):
-    generator = _generator(tiny_checkpoints, tiny_config, family, policy)
-    layout = generator.layout(QUESTION, CHUNKS)
+    generator = _generator(tiny_checkpoints, tiny_config, family)
+    layout = layout_of(generator, QUESTION, CHUNKS)
     full = generator.prefill(layout)
     sources, _, _ = independent_sources(generator, layout, ratio=1.0)
-    fused = generator.prefill(layout, sources)
+    fused = _fused(generator, layout, sources, policy)
     rows = slice(0, layout.num_tokens)
     torch.testing.assert_close(fused.kv.k[:, rows], full.kv.k[:, rows], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fused.kv.v[:, rows], full.kv.v[:, rows], atol=1e-5, rtol=1e-5)
@@ -46,7 +57,7 @@ def test_ratio_one_matches_full_prefill(family, policy, tiny_checkpoints, tiny_c
 
 def test_ratio_zero_is_repositioned_cache_plus_recomputed_query(tiny_checkpoints, tiny_config):
     generator = _generator(tiny_checkpoints, tiny_config)
-    layout = generator.layout(QUESTION, CHUNKS)
+    layout = layout_of(generator, QUESTION, CHUNKS)
     sources, chunk_kvs, system_kv = independent_sources(generator, layout, ratio=0.0)
     fused = generator.prefill(layout, sources)
     cu = layout.cu_segments
@@ -59,7 +70,7 @@ def test_ratio_zero_is_repositioned_cache_plus_recomputed_query(tiny_checkpoints
         assert torch.equal(fused.kv.v[:, start:end], chunk_kv.v)
     assert torch.equal(fused.kv.k[:, : cu[1]], system_kv.k)
     # the query is computed against that KV exactly as transformers would
-    hf_model = load_hf_model(generator.checkpoint)
+    hf_model = load_hf_model(generator.checkpoint.path)
     reference = hf_logits_with_past(hf_model, fused, cu[-2], list(layout.query_ids))
     torch.testing.assert_close(fused.logits, reference, atol=2e-5, rtol=1e-5)
     assert fused.recomputed_positions.tolist() == list(range(cu[-2], cu[-1]))
@@ -67,7 +78,7 @@ def test_ratio_zero_is_repositioned_cache_plus_recomputed_query(tiny_checkpoints
 
 def test_repositioned_key_equals_key_computed_at_target(tiny_checkpoints, tiny_config):
     generator = _generator(tiny_checkpoints, tiny_config)
-    layout = generator.layout(QUESTION, CHUNKS)
+    layout = layout_of(generator, QUESTION, CHUNKS)
     _, chunk_kvs, _ = independent_sources(generator, layout, ratio=0.0)
     # Layer-0 keys depend only on token and position: compare the third chunk moved from right
     # after the system prefix to its place in the full prompt with the full prefill's keys.
@@ -79,12 +90,13 @@ def test_repositioned_key_equals_key_computed_at_target(tiny_checkpoints, tiny_c
     torch.testing.assert_close(rotated, full.kv.k[0, start:end], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", QUERY_BLIND)
 def test_changing_a_later_token_never_changes_earlier_outputs(
     policy, tiny_checkpoints, tiny_config
 ):
-    generator = _generator(tiny_checkpoints, tiny_config, policy=policy)
-    layout = generator.layout(QUESTION, CHUNKS)
+    generator = _generator(tiny_checkpoints, tiny_config)
+    selection = _selection(policy)
+    layout = layout_of(generator, QUESTION, CHUNKS)
     sources, _, _ = independent_sources(generator, layout, ratio=0.5)
     changed_query = (
         *layout.query_ids[:-3],
@@ -92,7 +104,9 @@ def test_changing_a_later_token_never_changes_earlier_outputs(
         *layout.query_ids[-2:],
     )
     other = PromptLayout(layout.system_ids, layout.chunk_ids, changed_query)
-    first, second = generator.prefill(layout, sources), generator.prefill(other, sources)
+    reference = generator.prefill(layout).kv  # the oracle scores chunk rows only
+    first = generator.prefill(layout, sources, selection=selection, reference_kv=reference)
+    second = generator.prefill(other, sources, selection=selection, reference_kv=reference)
     changed_at = layout.num_tokens - 3
     torch.testing.assert_close(
         first.kv.k[:, :changed_at], second.kv.k[:, :changed_at], atol=1e-6, rtol=0
@@ -110,11 +124,11 @@ def test_changing_a_later_token_never_changes_earlier_outputs(
 def test_selection_recomputes_ceil_ratio_of_each_chunk(
     policy, ratio, tiny_checkpoints, tiny_config
 ):
-    generator = _generator(tiny_checkpoints, tiny_config, policy=policy)
-    layout = generator.layout(QUESTION, CHUNKS)
+    generator = _generator(tiny_checkpoints, tiny_config)
+    layout = layout_of(generator, QUESTION, CHUNKS)
     sources, _, _ = independent_sources(generator, layout, ratio=ratio)
-    fused = generator.prefill(layout, sources)
-    again = generator.prefill(layout, sources)
+    fused = _fused(generator, layout, sources, policy)
+    again = _fused(generator, layout, sources, policy)
     assert torch.equal(fused.recomputed_positions, again.recomputed_positions)
     cu = layout.cu_segments
     positions = fused.recomputed_positions
@@ -126,7 +140,7 @@ def test_selection_recomputes_ceil_ratio_of_each_chunk(
 
 def test_higher_ratio_brings_kv_closer_to_full_prefill(tiny_checkpoints, tiny_config):
     generator = _generator(tiny_checkpoints, tiny_config)
-    layout = generator.layout(QUESTION, CHUNKS)
+    layout = layout_of(generator, QUESTION, CHUNKS)
     full = generator.prefill(layout)
     errors = []
     for ratio in (0.0, 0.5, 1.0):
@@ -140,7 +154,7 @@ def test_higher_ratio_brings_kv_closer_to_full_prefill(tiny_checkpoints, tiny_co
 
 def test_segment_attention_rows_sum_to_one(tiny_checkpoints, tiny_config):
     generator = _generator(tiny_checkpoints, tiny_config)
-    layout = generator.layout(QUESTION, CHUNKS)
+    layout = layout_of(generator, QUESTION, CHUNKS)
     output = generator.prefill(layout, collect_segment_attention=True)
     assert output.segment_attention is not None
     num_segments = len(layout.segments)
@@ -161,7 +175,7 @@ def test_prefill_lens_logits_give_the_signals_of_a_separate_lens_pass(
     family, tiny_checkpoints, tiny_config
 ):
     generator = _generator(tiny_checkpoints, tiny_config, family)
-    layout = generator.layout(QUESTION, CHUNKS)
+    layout = layout_of(generator, QUESTION, CHUNKS)
     sources, _, _ = independent_sources(generator, layout, ratio=0.3)
     plain = generator.prefill(layout, sources)
     num_layers = generator.spec.num_layers

@@ -5,17 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adarag.engine.generator import TorchGenerator
 from adarag.schema import GenerationParams
 from tests.tiny_models import TINY_FAMILIES, load_hf_model
-from tests.unit.engine.helpers import CHUNKS, QUESTION
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
 
 
 @pytest.mark.parametrize("family", list(TINY_FAMILIES))
 def test_full_prefill_logits_and_kv_match_hf(family, tiny_checkpoints, tiny_config):
-    generator = TorchGenerator(tiny_config(tiny_checkpoints[family]))
+    generator = load_generator(tiny_config(tiny_checkpoints[family]))
     hf_model = load_hf_model(tiny_checkpoints[family])
-    layout = generator.layout(QUESTION, CHUNKS)
+    layout = layout_of(generator, QUESTION, CHUNKS)
     output = generator.prefill(layout)
     with torch.inference_mode():
         reference = hf_model(torch.tensor([layout.token_ids]), use_cache=True)
@@ -29,9 +28,9 @@ def test_full_prefill_logits_and_kv_match_hf(family, tiny_checkpoints, tiny_conf
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_greedy_decode_matches_hf_generate(family, tiny_checkpoints, tiny_config):
-    generator = TorchGenerator(tiny_config(tiny_checkpoints[family]))
+    generator = load_generator(tiny_config(tiny_checkpoints[family]))
     hf_model = load_hf_model(tiny_checkpoints[family])
-    layout = generator.layout(QUESTION, CHUNKS[:2])
+    layout = layout_of(generator, QUESTION, CHUNKS[:2])
     params = GenerationParams(max_new_tokens=32)
     ours = list(
         generator.decode_tokens(layout, generator.prefill(layout, max_new_tokens=32), params)
@@ -47,8 +46,8 @@ def test_greedy_decode_matches_hf_generate(family, tiny_checkpoints, tiny_config
 
 
 def test_decoding_the_same_prefill_twice_gives_the_same_tokens(tiny_checkpoints, tiny_config):
-    generator = TorchGenerator(tiny_config(tiny_checkpoints["llama"]))
-    layout = generator.layout(QUESTION, CHUNKS)
+    generator = load_generator(tiny_config(tiny_checkpoints["llama"]))
+    layout = layout_of(generator, QUESTION, CHUNKS)
     output = generator.prefill(layout, max_new_tokens=16)
     params = GenerationParams(max_new_tokens=16)
     first = list(generator.decode_tokens(layout, output, params))

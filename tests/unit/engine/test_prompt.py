@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from adarag.config import PromptConfig
-from adarag.engine.prompt import PromptBuilder
+from adarag.pipeline.prompt import PromptBuilder
 from tests.tiny_models import build_tiny_tokenizer
 
 

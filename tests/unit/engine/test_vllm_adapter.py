@@ -7,12 +7,11 @@ import torch
 from torch import nn
 
 from adarag.engine.batch import ForwardBatch, SegmentPlan
-from adarag.engine.generator import TorchGenerator
 from adarag.engine.model import DecoderModel
 from adarag.engine.runner import Runner
 from adarag.engine.vllm.adapter import SUPPORTED_ARCHITECTURES, VLLMDecoderAdapter, check_supported
 from adarag.errors import ModelLoadError
-from tests.unit.engine.helpers import CHUNKS, QUESTION
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
 
 
 class _Linear(nn.Module):
@@ -61,11 +60,11 @@ def _vllm_like(model: DecoderModel, class_name: str) -> nn.Module:
 def test_adapter_over_vllm_modules_prefills_like_our_model(
     family, class_name, tiny_checkpoints, tiny_config
 ):
-    generator = TorchGenerator(tiny_config(tiny_checkpoints[family]))
+    generator = load_generator(tiny_config(tiny_checkpoints[family]))
     adapter = VLLMDecoderAdapter(_vllm_like(generator.model, class_name), generator.spec)
     config = tiny_config(tiny_checkpoints[family])
-    runner = Runner(adapter, config.engine, config.kernels, config.cache.recompute)
-    layout = generator.layout(QUESTION, CHUNKS)
+    runner = Runner(adapter, config.engine, config.kernels)
+    layout = layout_of(generator, QUESTION, CHUNKS)
     batch = ForwardBatch(
         torch.tensor(layout.token_ids), (SegmentPlan(0, layout.num_tokens),), extra_capacity=0
     )

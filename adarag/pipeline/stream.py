@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from adarag.engine.batch import PrefillOutput
-from adarag.schema import Answer, Chunk, PromptLayout, QueryTrace
+from adarag.pipeline.detokenizer import StreamingDetokenizer
+from adarag.schema import Answer, Chunk, GenerationParams, PromptLayout, QueryTrace
 
 NO_CONTEXT_ANSWER = "I found no context for this question in the knowledge base."
 
@@ -39,6 +41,28 @@ def no_context(retrieval_s: float) -> PreparedAnswer:
         steps=(), stop_reason="no_context", ttft_s=0.0, num_prompt_tokens=0, retrieval_s=retrieval_s
     )
     return PreparedAnswer(None, None, (), trace, 0)
+
+
+def decode_text(tokens: Iterator[int], tokenizer: Any, params: GenerationParams) -> Iterator[str]:
+    """Answer text deltas of generated token ids, cut at the first of ``params.stop``.
+
+    Closing the deltas early closes ``tokens`` too (a backend request then ends).
+    """
+    detokenizer = StreamingDetokenizer(tokenizer, params.stop)
+    try:
+        for token in tokens:
+            delta = detokenizer.push(token)
+            if delta:
+                yield delta
+            if detokenizer.stopped:
+                return
+        tail = detokenizer.flush()
+        if tail:
+            yield tail
+    finally:
+        close = getattr(tokens, "close", None)
+        if close is not None:
+            close()
 
 
 DecodeSteps = Callable[[PreparedAnswer, list[int]], Iterator[str]]

@@ -1,9 +1,9 @@
 """The prefills behind one answer: tier lookup, fused prefill, confidence, write-back.
 
-Adaptive context augmentation (AdaCache Algorithm 1) runs here step by step: each step looks the
-prompt's chunks up in the three tiers, runs the fused prefill, scores the logit-lens confidence
-and, unless the controller stops, writes the chunks back so the next step finds them in the hard
-tier.
+Adaptive context augmentation (AdaCache Algorithm 1) is the loop in :meth:`AugmentedPrefill.run`:
+each step looks the prompt's chunks up in the three tiers, runs the fused prefill, scores the
+logit-lens confidence and, unless the controller stops, writes the chunks back so the next step
+finds them in the hard tier.
 """
 
 from __future__ import annotations
@@ -14,16 +14,23 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from adarag.answer_stream import PreparedAnswer
-from adarag.augment import AugmentationController, LensSignals, StepResult
+from adarag.augment import AugmentationController, LensSignals, ScoredStep, StepResult
 from adarag.augment.confidence import mean
-from adarag.augment.controller import AugmentationOutcome, ScoredStep
 from adarag.cache.entry import ChunkKV
 from adarag.cache.tiers import TieredCache, TierHit
-from adarag.config import AdaRagConfig
+from adarag.config import AugmentConfig, CacheConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
-from adarag.engine.interface import Generator
-from adarag.schema import Chunk, GenerationParams, PromptLayout, QueryTrace, StepTrace, Tier
+from adarag.engine.generator import Generator
+from adarag.pipeline.stream import PreparedAnswer, decode_text
+from adarag.schema import (
+    Chunk,
+    GenerationParams,
+    PromptLayout,
+    QueryTrace,
+    StepTrace,
+    StopReason,
+    Tier,
+)
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,8 @@ class AugmentedPrefill:
     Args:
         generator: The backend.
         cache: The three-tier chunk-KV cache.
-        config: The root configuration (tiers, lens layers, whether to augment).
+        cache_config: Which tiers are on, and the selection rule (sent with every prefill).
+        augment_config: Whether to augment, and the logit-lens layers.
         controller: The confidence estimator and stop rule.
         engine_lock: Serialises engine work with other requests.
         system_kv: Returns the system prefix's exact KV (computing it once).
@@ -57,14 +65,16 @@ class AugmentedPrefill:
         self,
         generator: Generator,
         cache: TieredCache,
-        config: AdaRagConfig,
+        cache_config: CacheConfig,
+        augment_config: AugmentConfig,
         controller: AugmentationController,
         engine_lock: threading.RLock,
         system_kv: Callable[[], ChunkKV],
     ) -> None:
         self._generator = generator
         self._cache = cache
-        self._config = config
+        self._cache_config = cache_config
+        self._augment_config = augment_config
         self._controller = controller
         self._engine_lock = engine_lock
         self._system_kv = system_kv
@@ -86,29 +96,23 @@ class AugmentedPrefill:
             started: ``time.perf_counter()`` when the request came (for TTFT).
             retrieval_s: Seconds retrieval took.
         """
-        steps: dict[int, _Step] = {}
-        tiers: dict[int, tuple[Tier, ...]] = {}
-
-        def run_step(num_chunks: int) -> StepResult:
-            step = steps[num_chunks] = self._run_step(layout.with_chunks(num_chunks), params)
-            tiers[num_chunks] = step.tiers
-            return step.result
-
-        def keep_step(num_chunks: int) -> None:
-            # Algorithm 1, line 18: c_i goes to the hard tier; the next step reuses it as is.
-            self._keep(steps.pop(num_chunks))
-
-        controller = self._controller
-        if self._config.augment.enabled:
-            outcome = controller.run(len(chunks), run_step, keep_step)
-        else:
-            result = run_step(len(chunks))
-            scored = ScoredStep(len(chunks), result, controller.estimator(result.signals), 0.0)
-            outcome = AugmentationOutcome((scored,), "static")
-        final = steps[outcome.num_chunks]
+        num_chunks = len(chunks)
+        augment = self._augment_config.enabled
+        taken: list[tuple[ScoredStep, _Step]] = []
+        reason: StopReason | None = None
+        for step_chunks in range(1, num_chunks + 1) if augment else [num_chunks]:
+            step = self._run_step(layout.with_chunks(step_chunks), params)
+            scored = self._controller.score(step_chunks, step.result)
+            taken.append((scored, step))
+            reason = self._controller.should_stop(scored, num_chunks) if augment else "static"
+            if reason is not None:
+                break
+            self._keep(step)  # Algorithm 1, line 18: the next step reuses c_i as is
+        assert reason is not None, "the stop rule must stop at the last step"
+        final = taken[-1][1]
         trace = QueryTrace(
-            steps=tuple(_step_trace(step, tiers[step.num_chunks]) for step in outcome.steps),
-            stop_reason=outcome.stop_reason,
+            steps=tuple(_step_trace(scored, step.tiers) for scored, step in taken),
+            stop_reason=reason,
             ttft_s=time.perf_counter() - started,
             num_prompt_tokens=final.layout.num_tokens,
             retrieval_s=retrieval_s,
@@ -116,7 +120,7 @@ class AugmentedPrefill:
         return PreparedAnswer(
             final.layout,
             final.output,
-            tuple(chunks[: outcome.num_chunks]),
+            tuple(chunks[: len(final.layout.chunk_ids)]),
             trace,
             final.layout.num_tokens - final.output.num_recomputed_tokens,
             write_back=functools.partial(self._keep, final),
@@ -126,14 +130,13 @@ class AugmentedPrefill:
         self, layout: PromptLayout, params: GenerationParams
     ) -> list[tuple[StepTrace, str]]:
         """Every step of ``layout``'s chunks (no early stop), each with the answer it decodes."""
-        estimator = self._controller.estimator
         results = []
         for num_chunks in range(1, len(layout.chunk_ids) + 1):
             step = self._run_step(layout.with_chunks(num_chunks), params)
-            scored = ScoredStep(num_chunks, step.result, estimator(step.result.signals), 0.0)
+            scored = self._controller.score(num_chunks, step.result)
             with self._engine_lock:
-                stream = self._generator.stream(step.layout, step.output, params)
-                answer = "".join(stream).strip()
+                tokens = self._generator.decode_tokens(step.layout, step.output, params)
+                answer = "".join(decode_text(tokens, self._generator.tokenizer, params)).strip()
                 self._keep(step)
             results.append((_step_trace(scored, step.tiers), answer))
         return results
@@ -145,7 +148,7 @@ class AugmentedPrefill:
 
         With every tier disabled this is a full recomputation, the system prefix included.
         """
-        tiers = self._config.cache
+        tiers = self._cache_config
         reuse = tiers.hard.enabled or tiers.soft.enabled or tiers.independent.enabled
         hits = self._cache.lookup(layout.chunk_ids)
         sources = [SegmentSource(self._system_kv()) if reuse else SegmentSource()]
@@ -157,22 +160,17 @@ class AugmentedPrefill:
                 layout,
                 sources,
                 max_new_tokens=max_new_tokens,
-                num_lens_layers=self._config.augment.num_lens_layers,
+                selection=tiers.recompute,
+                num_lens_layers=self._augment_config.num_lens_layers,
             )
         self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
         return output, hits, time.perf_counter() - started
-
-    def write_back(self, layout: PromptLayout, output: PrefillOutput, hits: list[TierHit]) -> None:
-        """Store every chunk of ``layout`` under its hard and soft keys (Algorithm 1, line 18)."""
-        cu = layout.cu_segments
-        fused = [output.kv.segment(cu[i + 1], cu[i + 2]) for i in range(len(layout.chunk_ids))]
-        self._cache.write_back(layout.chunk_ids, hits, fused)
 
     def _run_step(self, layout: PromptLayout, params: GenerationParams) -> _Step:
         """One augmentation step: fused prefill of ``layout`` and its confidence signals."""
         output, hits, prefill_s = self.fused_prefill(layout, params.max_new_tokens)
         lens_started = time.perf_counter()
-        kl, entropy = self._generator.lens_signals(output, self._config.augment.num_lens_layers)
+        kl, entropy = self._generator.lens_signals(output, self._augment_config.num_lens_layers)
         result = StepResult(
             LensSignals(tuple(kl), entropy),
             output.num_processed_tokens,
@@ -181,6 +179,12 @@ class AugmentedPrefill:
             time.perf_counter() - lens_started,
         )
         return _Step(layout, output, hits, result)
+
+    def write_back(self, layout: PromptLayout, output: PrefillOutput, hits: list[TierHit]) -> None:
+        """Store every chunk of ``layout`` under its hard and soft keys (Algorithm 1, line 18)."""
+        cu = layout.cu_segments
+        fused = [output.kv.segment(cu[i + 1], cu[i + 2]) for i in range(len(layout.chunk_ids))]
+        self._cache.write_back(layout.chunk_ids, hits, fused)
 
     def _keep(self, step: _Step) -> None:
         self.write_back(step.layout, step.output, step.hits)

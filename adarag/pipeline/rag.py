@@ -11,29 +11,29 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from adarag.answer_stream import (
-    AnswerStream,
-    AsyncAnswerStream,
-    DecodeSteps,
-    PreparedAnswer,
-    no_context,
-)
 from adarag.augment import (
     AugmentationController,
     ConfidenceParams,
     LensConfidence,
     ThresholdStop,
 )
-from adarag.augmented_prefill import AugmentedPrefill
 from adarag.cache.entry import ChunkKV
-from adarag.cache.profile import ModelProfile, find_profile, generic_profile
 from adarag.cache.store import StoreStats, TieredKVStore
 from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
-from adarag.engine.detokenizer import StreamingDetokenizer
-from adarag.engine.interface import Generator, create_generator
-from adarag.engine.prompt import PromptBuilder
+from adarag.engine.generator import Generator
 from adarag.errors import ConfigError, InputError
+from adarag.pipeline.prompt import PromptBuilder
+from adarag.pipeline.steps import AugmentedPrefill
+from adarag.pipeline.stream import (
+    AnswerStream,
+    AsyncAnswerStream,
+    DecodeSteps,
+    PreparedAnswer,
+    decode_text,
+    no_context,
+)
+from adarag.profiles import ModelProfile, find_profile, generic_profile
 from adarag.retrievers.base import Retriever
 from adarag.schema import (
     Answer,
@@ -116,7 +116,8 @@ class AdaRAG:
         if self._generator is None:
             with self._engine_lock:
                 if self._generator is None:
-                    self._generator = create_generator(self.config)
+                    config = self.config
+                    self._generator = Generator.load(config.engine, config.kernels, config.home)
         return self._generator
 
     @property
@@ -179,16 +180,13 @@ class AdaRAG:
 
     @cached_property
     def prompts(self) -> PromptBuilder:
-        """The prompt builder for this pipeline's ``config.prompt``."""
-        generator_prompts = self.generator.prompts
-        if generator_prompts.config == self.config.prompt:
-            return generator_prompts
-        return PromptBuilder(generator_prompts.tokenizer, self.config.prompt)
+        """The prompt builder for this pipeline's ``config.prompt`` (the only layout maker)."""
+        return PromptBuilder(self.generator.tokenizer, self.config.prompt)
 
     @property
     def tokenizer(self) -> Any:
         """The model's Hugging Face tokenizer (for token-sized chunking and counting)."""
-        return self.generator.prompts.tokenizer
+        return self.generator.tokenizer
 
     def with_config(self, **overrides: Any) -> AdaRAG:
         """A pipeline with config overrides that shares this one's generator and engine lock.
@@ -233,6 +231,7 @@ class AdaRAG:
         Entries go to the disk tier at once, so they survive restarts.
         """
         generator, cache = self.generator, self.cache
+        system_ids = self.prompts.system_ids
         system_kv = self._ensure_system_kv()
         computed = 0
         for chunk in chunks:
@@ -240,7 +239,8 @@ class AdaRAG:
             ids = self.prompts.chunk_ids(text)
             if not cache.has_independent(ids):
                 with self._engine_lock:
-                    cache.put_independent(ids, generator.compute_chunk(ids, system_kv))
+                    kv = generator.compute_chunk(system_ids, ids, system_kv)
+                    cache.put_independent(ids, kv)
                 computed += 1
         return computed
 
@@ -278,8 +278,7 @@ class AdaRAG:
         retrieval_s = time.perf_counter() - started
         if not found:
             return AnswerStream(no_context(retrieval_s), self._decoder(params))
-        layout = self.prompts.layout(question, [chunk.text for chunk in found])
-        self.generator.check_fits(layout, params.max_new_tokens)
+        layout = self.layout(question, found, params)
         prepared = self._augmented().run(layout, found, params, started, retrieval_s)
         return AnswerStream(prepared, self._decoder(params))
 
@@ -295,10 +294,24 @@ class AdaRAG:
         if it stopped there (same tiers, same reuse of steps ``1..i-1``).
         """
         params = params or GenerationParams()
+        return self._augmented().each_step(self.layout(question, chunks, params), params)
+
+    def layout(
+        self,
+        question: str,
+        chunks: Sequence[Chunk | str],
+        params: GenerationParams | None = None,
+    ) -> PromptLayout:
+        """The prompt ``system + chunks + question`` as token segments, checked to fit.
+
+        Raises:
+            InputError: The question or a chunk is empty, or the prompt and
+                ``params.max_new_tokens`` exceed the model's context.
+        """
         texts = [c.text if isinstance(c, Chunk) else c for c in chunks]
         layout = self.prompts.layout(question, texts)
-        self.generator.check_fits(layout, params.max_new_tokens)
-        return self._augmented().each_step(layout, params)
+        self.generator.check_fits(layout, (params or GenerationParams()).max_new_tokens)
+        return layout
 
     async def aquery(
         self,
@@ -400,7 +413,8 @@ class AdaRAG:
         return AugmentedPrefill(
             self.generator,
             self.cache,
-            self.config,
+            self.config.cache,
+            self.config.augment,
             self._controller(),
             self._engine_lock,
             self._ensure_system_kv,
@@ -433,23 +447,29 @@ class AdaRAG:
         """Answer deltas, taking the engine lock for each decode step only."""
         assert prepared.layout is not None and prepared.output is not None
         tokens = self.generator.decode_tokens(prepared.layout, prepared.output, params)
-        detokenizer = StreamingDetokenizer(self.generator.prompts.tokenizer, params.stop)
         try:
-            while not detokenizer.stopped:
-                with self._engine_lock:
-                    token = next(tokens, None)
-                if token is None:
-                    break
-                counter[0] += 1
-                delta = detokenizer.push(token)
-                if delta:
-                    yield delta
-            tail = detokenizer.flush()
-            if tail:
-                yield tail
+            yield from decode_text(
+                _locked_steps(tokens, self._engine_lock, counter), self.tokenizer, params
+            )
         finally:
             # after the answer, off the time-to-first-token path (also when the stream is closed)
+            close = getattr(tokens, "close", None)
+            if close is not None:
+                close()  # ends a backend request the caller stopped early
             if prepared.write_back is not None:
                 with self._engine_lock:
                     prepared.write_back()
                 prepared.write_back = None
+
+
+def _locked_steps(
+    tokens: Iterator[int], engine_lock: threading.RLock, counter: list[int]
+) -> Iterator[int]:
+    """``tokens``, each produced under the engine lock, counted in ``counter[0]``."""
+    while True:
+        with engine_lock:
+            token = next(tokens, None)
+        if token is None:
+            return
+        counter[0] += 1
+        yield token

@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adarag.cache.profile import (
-    Calibration,
-    LayerBand,
-    ModelProfile,
-    analyse_chunk_attention,
-    bands_of,
-    find_profile,
-)
 from adarag.errors import ConfigError
+from adarag.profiles import Calibration, LayerBand, ModelProfile, find_profile
+from adarag.profiles.sinks import analyse_chunk_attention, bands_of
 
 NUM_CHUNKS = 6
 SEGMENTS = NUM_CHUNKS + 2

@@ -1,4 +1,4 @@
-"""A model's attention-sink profile (AdaCache section 3.1, Figure 4) and its analysis.
+"""Attention-sink profiling (AdaCache section 3.1, Figure 4): measure, analyse, build a profile.
 
 The profiler runs prompts ``[system, c_1..c_k, query]`` with full attention and averages each
 layer's attention to chunk granularity. For every chunk ``c_i`` with earlier chunks, its
@@ -7,120 +7,73 @@ chunk. A layer is *sink-dominated* when one earlier chunk (the sink) draws a lar
 predecessor, else *predecessor-local*. Runs of layers with one pattern form bands; the first band
 boundary is the transition layer. The sink chunk (a position, e.g. the first chunk) joins the
 predecessor in later chunks' effective prefix, which the soft tier's key uses.
-
-The same JSON file carries the model's calibration for adaptive context augmentation.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 from collections import Counter
-from dataclasses import asdict, dataclass, field
-from importlib import resources
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Iterable, Sequence
 
 import torch
 
+from adarag.engine.generator import Generator
 from adarag.errors import ConfigError
+from adarag.pipeline.prompt import PromptBuilder
+from adarag.profiles.model_profile import LayerBand, ModelProfile, Pattern
 
-FORMAT = "adarag-profile-1"
-Pattern = Literal["predecessor", "sink"]
-
-
-@dataclass(frozen=True)
-class LayerBand:
-    """Consecutive layers ``[start, end)`` with one attention pattern."""
-
-    start: int
-    end: int
-    pattern: Pattern
+logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """Constants of the augmentation confidence (fitted by ``adarag calibrate``)."""
+def chunk_attention(
+    generator: Generator,
+    prompts: PromptBuilder,
+    questions: Iterable[tuple[str, Sequence[str]]],
+    num_chunks: int,
+) -> tuple[torch.Tensor, int]:
+    """Mean chunk-granularity attention over prompts with exactly ``num_chunks`` chunks each.
 
-    threshold: float = 0.5
-    kl_weight: float = 0.5
-    kl_scale: float = 1.0
-    entropy_scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class ModelProfile:
-    """Attention-sink profile and calibration of one model."""
-
-    model: str
-    fingerprint: str
-    num_layers: int
-    transition_layer: int | None
-    sink_chunk_idx: int | None
-    bands: tuple[LayerBand, ...]
-    predecessor_share: tuple[float, ...] = ()
-    sink_share: tuple[float, ...] = ()
-    num_prompts: int = 0
-    num_chunks: int = 0
-    chunk_attention: tuple[tuple[tuple[float, ...], ...], ...] = ()
-    calibration: Calibration = field(default_factory=Calibration)
-
-    def to_json(self) -> str:
-        """The profile as JSON."""
-        return json.dumps({"format": FORMAT, **asdict(self)}, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str, source: str) -> ModelProfile:
-        """Parse a profile file.
-
-        Raises:
-            ConfigError: The text is not an adarag profile.
-        """
-        try:
-            data: dict[str, Any] = json.loads(text)
-            if data.pop("format", None) != FORMAT:
-                raise ValueError(f"format is not {FORMAT}")
-            data["bands"] = tuple(LayerBand(**band) for band in data["bands"])
-            data["calibration"] = Calibration(**data.get("calibration") or {})
-            for name in ("predecessor_share", "sink_share"):
-                data[name] = tuple(data.get(name, ()))
-            data["chunk_attention"] = tuple(
-                tuple(tuple(row) for row in layer) for layer in data.get("chunk_attention", ())
-            )
-            return cls(**data)
-        except (ValueError, TypeError, KeyError) as err:
-            raise ConfigError(f"{source} is not a valid adarag model profile: {err}") from err
-
-    def with_calibration(self, calibration: Calibration) -> ModelProfile:
-        """The same profile with new calibration constants."""
-        return ModelProfile(**{**self.__dict__, "calibration": calibration})
-
-
-def generic_profile(model: str, fingerprint: str, num_layers: int) -> ModelProfile:
-    """The fallback for a model never profiled: predecessor-only soft keys, default calibration."""
-    return ModelProfile(
-        model, fingerprint, num_layers, None, None, (LayerBand(0, num_layers, "predecessor"),)
-    )
-
-
-def find_profile(
-    model: str, fingerprint: str, num_layers: int, search_dirs: list[Path]
-) -> ModelProfile | None:
-    """The profile for a model: by fingerprint in ``search_dirs``, else a packaged one by name.
-
-    Packaged profiles (``adarag/profiles/<model>.json``) match on the checkpoint's directory name
-    and layer count, since converting the same GGUF with another transformers version changes
-    the fingerprint but not the weights.
+    Returns:
+        ``([num_layers, num_chunks + 2, num_chunks + 2] mean attention, number of prompts)``.
     """
-    for directory in search_dirs:
-        path = directory / f"{fingerprint}.json"
-        if path.is_file():
-            return ModelProfile.from_json(path.read_text(), str(path))
-    packaged = resources.files("adarag.profiles").joinpath(f"{model}.json")
-    if packaged.is_file():
-        profile = ModelProfile.from_json(packaged.read_text(), f"packaged profile {model}")
-        if profile.num_layers == num_layers:
-            return profile
-    return None
+    total: torch.Tensor | None = None
+    count = 0
+    for question, chunks in questions:
+        if len(chunks) != num_chunks:
+            continue
+        layout = prompts.layout(question, chunks)
+        output = generator.prefill(layout, collect_segment_attention=True)
+        assert output.segment_attention is not None
+        total = output.segment_attention if total is None else total + output.segment_attention
+        count += 1
+        logger.info("profiled prompt %d (%d tokens)", count, layout.num_tokens)
+    if total is None:
+        raise ValueError(f"no prompt had {num_chunks} chunks to profile")
+    return total / count, count
+
+
+def build_profile(
+    generator: Generator, attention: torch.Tensor, num_prompts: int, model_name: str
+) -> ModelProfile:
+    """Analyse mean chunk attention into a profile of ``generator``'s model."""
+    patterns, predecessor, sink, sink_chunk = analyse_chunk_attention(attention)
+    bands = bands_of(patterns)
+    transition = bands[1].start if len(bands) > 1 else None
+    return ModelProfile(
+        model=model_name,
+        fingerprint=generator.fingerprint,
+        num_layers=attention.shape[0],
+        transition_layer=transition,
+        sink_chunk_idx=sink_chunk,
+        bands=bands,
+        predecessor_share=tuple(round(x, 4) for x in predecessor),
+        sink_share=tuple(round(x, 4) for x in sink),
+        num_prompts=num_prompts,
+        num_chunks=attention.shape[1] - 2,
+        chunk_attention=tuple(
+            tuple(tuple(round(float(x), 4) for x in row) for row in layer) for layer in attention
+        ),
+    )
 
 
 def analyse_chunk_attention(

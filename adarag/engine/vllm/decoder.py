@@ -1,12 +1,9 @@
-"""The vLLM-backed generator: adarag fuses the context KV, vLLM decodes, samples and streams.
+"""vLLM as the decoder: adarag fuses the context KV, vLLM decodes, samples and streams.
 
-:meth:`VLLMGenerator.prefill` runs adarag's fusion loop over the layers of the model vLLM
-loaded (through :class:`~adarag.engine.vllm.adapter.VLLMDecoderAdapter`, no second copy of the
-weights), so the pipeline gets logits and logit-lens signals as from the torch engine.
-:meth:`VLLMGenerator.decode_tokens` hands the fused KV of every prompt token but the last to
-vLLM's worker through adarag's connector and submits the prompt; vLLM treats those tokens as
-computed, computes the last one, then decodes and samples with its own scheduler, paged memory
-and batching.
+The generator runs adarag's fusion loop over the layers of the model vLLM loaded (through
+:class:`~adarag.engine.vllm.adapter.VLLMDecoderAdapter`, no second copy of the weights), so the
+pipeline gets logits and logit-lens signals as from the torch engine. :class:`VLLMDecoder` hands
+the fused KV to vLLM, which computes the last prompt token and decodes.
 
 Prefix caching: a connector-fed request carries a cache salt of its own, so vLLM hashes the
 blocks holding fused (approximate) KV apart from every other prompt's: a plain request with the
@@ -27,12 +24,9 @@ from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.worker.worker_base import WorkerBase
 
-from adarag.config import AdaRagConfig
+from adarag.config import EngineConfig
 from adarag.engine.batch import PrefillOutput
-from adarag.engine.generator_base import FusionGenerator
-from adarag.engine.loader import resolve_checkpoint
-from adarag.engine.prompt import load_tokenizer
-from adarag.engine.spec import ModelSpec, model_fingerprint, read_hf_config
+from adarag.engine.checkpoint import Checkpoint
 from adarag.engine.vllm.adapter import VLLMDecoderAdapter
 from adarag.engine.vllm.connector import AdaRagConnector
 from adarag.engine.vllm.engine import EngineDriver, RequestProgress, build_engine
@@ -73,64 +67,72 @@ class VLLMTokenStream(Iterator[int]):
         return self._progress.num_connector_tokens
 
 
-class VLLMGenerator(FusionGenerator):
-    """A generator backed by an in-process vLLM engine (``EngineConfig.backend == "vllm"``).
-
-    Example:
-        >>> generator = VLLMGenerator(AdaRagConfig.build(engine={"backend": "vllm"}))
-        >>> layout = generator.layout("Who wrote Hamlet?", ["Hamlet is a play by Shakespeare."])
-        >>> output = generator.prefill(layout, max_new_tokens=16)
-        >>> "".join(generator.stream(layout, output, GenerationParams(max_new_tokens=16)))
+def start_vllm(
+    checkpoint: Checkpoint,
+    engine_config: EngineConfig,
+    max_context_tokens: int,
+    eos_token_ids: frozenset[int],
+) -> tuple[VLLMDecoderAdapter, VLLMDecoder]:
+    """Start an in-process vLLM engine on ``checkpoint``: its model's layers and its decoder.
 
     vLLM runs in this process (its worker-side connector and model must be reachable), so its
     CPU worker's process-wide settings apply here too: it binds memory to the NUMA node and
-    replaces ``torch.set_num_threads`` with a no-op; ``engine.num_threads`` is applied before.
-
-    Args:
-        config: The configuration; ``config.engine`` sizes and configures vLLM.
+    replaces ``torch.set_num_threads`` with a no-op (``engine.num_threads`` is applied before).
 
     Raises:
-        ModelLoadError: The checkpoint is missing or of a family the vLLM adapter does not
-            support (checked before vLLM starts).
+        ModelLoadError: vLLM loaded a model class the adapter does not know.
         ConfigError: ``engine.device`` is not where vLLM placed the model.
     """
+    started = time.perf_counter()
+    engine = build_engine(checkpoint.path, engine_config, max_context_tokens)
+    startup_s = time.perf_counter() - started
+    driver = EngineDriver(engine)
+    handoff = KVHandoff()
+    try:
+        engine.collective_rpc(functools.partial(_bind_handoff, handoff=handoff))
+        model = VLLMDecoderAdapter(engine.apply_model(_the_model)[0], checkpoint.spec)
+        if model.device != torch.device(engine_config.device):
+            raise ConfigError(
+                f"vLLM placed the model on {model.device}, but engine.device is "
+                f"{engine_config.device!r}; set engine.device to {str(model.device)!r}"
+            )
+    except BaseException:
+        driver.shutdown()
+        raise
+    logger.info("vLLM engine for %s started in %.1f s", checkpoint.name, startup_s)
+    return model, VLLMDecoder(driver, handoff, eos_token_ids, startup_s)
 
-    model: VLLMDecoderAdapter
 
-    def __init__(self, config: AdaRagConfig) -> None:
-        engine_config = config.engine
-        checkpoint = resolve_checkpoint(engine_config.model, config.home)
-        spec = ModelSpec.from_hf_config(read_hf_config(checkpoint))
-        if engine_config.num_threads is not None:
-            # Before vLLM starts: its CPU worker then disables torch.set_num_threads.
-            torch.set_num_threads(engine_config.num_threads)
-        started = time.perf_counter()
-        max_model_len = engine_config.max_context_tokens or spec.max_position_embeddings
-        engine = build_engine(checkpoint, engine_config, max_model_len)
-        self.startup_s = time.perf_counter() - started
-        self.driver = EngineDriver(engine)
-        self.handoff = KVHandoff()
-        try:
-            engine.collective_rpc(functools.partial(_bind_handoff, handoff=self.handoff))
-            model = VLLMDecoderAdapter(engine.apply_model(_the_model)[0], spec)
-            if model.device != torch.device(engine_config.device):
-                raise ConfigError(
-                    f"vLLM placed the model on {model.device}, but engine.device is "
-                    f"{engine_config.device!r}; set engine.device to {str(model.device)!r}"
-                )
-        except BaseException:
-            self.driver.shutdown()
-            raise
-        fingerprint = model_fingerprint(checkpoint)
-        tokenizer = load_tokenizer(checkpoint)
-        super().__init__(config, checkpoint, spec, fingerprint, model, tokenizer)
-        logger.info(
-            "vLLM engine for %s (%s, %d layers) started in %.1f s",
-            checkpoint.name,
-            spec.family,
-            spec.num_layers,
-            self.startup_s,
-        )
+class VLLMDecoder:
+    """Decoding by an in-process vLLM engine fed adarag's fused KV (``engine.backend == "vllm"``).
+
+    :meth:`decode_tokens` hands the fused KV of every prompt token but the last to vLLM's worker
+    through adarag's connector and submits the prompt; vLLM treats those tokens as computed,
+    computes the last one, then decodes and samples with its own scheduler, paged memory and
+    batching.
+
+    Args:
+        driver: Steps the engine for whichever request waits.
+        handoff: Where fused KV waits for the connector.
+        eos_token_ids: Tokens that end an answer.
+        startup_s: Seconds vLLM took to start.
+    """
+
+    def __init__(
+        self,
+        driver: EngineDriver,
+        handoff: KVHandoff,
+        eos_token_ids: frozenset[int],
+        startup_s: float,
+    ) -> None:
+        self.driver = driver
+        self.handoff = handoff
+        self.eos_token_ids = eos_token_ids
+        self.startup_s = startup_s
+
+    def reserved_rows(self, max_new_tokens: int) -> int:
+        """None: vLLM decodes into its own paged blocks."""
+        return 0
 
     def decode_tokens(
         self, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
@@ -170,9 +172,6 @@ class VLLMGenerator(FusionGenerator):
     def close(self) -> None:
         """Shut vLLM down; the generator is unusable afterwards."""
         self.driver.shutdown()
-
-    def _decode_rows(self, max_new_tokens: int) -> int:
-        return 0  # vLLM decodes into its own paged blocks
 
     def _sampling(
         self, params: GenerationParams, kv_transfer_params: dict[str, Any] | None

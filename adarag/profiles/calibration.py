@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from adarag.augment.calibrate import QuestionRecord, StepRecord
 from adarag.augment.confidence import LensSignals
-from adarag.metrics import best_f1, token_f1
+from adarag.evaluation.metrics import best_f1, token_f1
 from adarag.pipeline import AdaRAG
+from adarag.pipeline.stream import decode_text
 from adarag.schema import GenerationParams, StepTrace
 
 logger = logging.getLogger(__name__)
@@ -45,11 +46,13 @@ def record_questions(
     query would.
     """
     recorded = []
+    generator = rag.generator
     for item in questions:
         rag.warm(item.chunks)
-        layout = rag.generator.layout(item.question, item.chunks)
-        full = rag.generator.prefill(layout, max_new_tokens=params.max_new_tokens)
-        reference = "".join(rag.generator.stream(layout, full, params)).strip()
+        layout = rag.layout(item.question, item.chunks, params)
+        full = generator.prefill(layout, max_new_tokens=params.max_new_tokens)
+        tokens = generator.decode_tokens(layout, full, params)
+        reference = "".join(decode_text(tokens, generator.tokenizer, params)).strip()
         steps = rag.answer_each_step(item.question, item.chunks, params)
         recorded.append(_record(steps, reference, item.answers, layout.num_tokens))
         logger.info("recorded %d steps of %r", len(steps), item.question[:50])

@@ -1,0 +1,74 @@
+"""Decoding after a fused prefill: the interface a generator's decoder implements, and torch's.
+
+The torch engine decodes with adarag's own runner into the prefill's KV; the vLLM backend
+(``adarag.engine.vllm.decoder``) hands the fused KV to vLLM, which decodes, samples and batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from adarag.engine.batch import PrefillOutput
+from adarag.engine.runner import Runner
+from adarag.engine.sampler import make_generator, sample_token
+from adarag.schema import GenerationParams, PromptLayout
+
+
+class Decoder(Protocol):
+    """Generates token ids after a prefill."""
+
+    def reserved_rows(self, max_new_tokens: int) -> int:
+        """KV rows a prefill reserves after the prompt for this decoder."""
+        ...
+
+    def decode_tokens(
+        self, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
+    ) -> Iterator[int]:
+        """Generated token ids, stopping at EOS (not yielded) or ``max_new_tokens``."""
+        ...
+
+    def close(self) -> None:
+        """Release what the decoder holds (a vLLM engine); a no-op for torch."""
+        ...
+
+
+class TorchDecoder:
+    """Decodes with adarag's runner into the rows after the prompt in the prefill's KV.
+
+    Args:
+        runner: The fusion loop over the model's layers.
+        eos_token_ids: Tokens that end an answer.
+    """
+
+    def __init__(self, runner: Runner, eos_token_ids: frozenset[int]) -> None:
+        self.runner = runner
+        self.eos_token_ids = eos_token_ids
+
+    def reserved_rows(self, max_new_tokens: int) -> int:
+        """One row per new token."""
+        return max_new_tokens
+
+    def decode_tokens(
+        self, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
+    ) -> Iterator[int]:
+        """Yield generated token ids after a prefill, stopping at EOS or ``max_new_tokens``.
+
+        Decoding writes after the prompt's rows of ``output.kv``; the same prefill can be decoded
+        again (its prompt rows are never changed).
+        """
+        kv = output.kv
+        kv.length = layout.num_tokens
+        budget = min(params.max_new_tokens, kv.capacity - kv.length + 1)
+        generator = make_generator(params)
+        logits = output.logits
+        for step in range(budget):
+            token = sample_token(logits, params, generator)
+            if token in self.eos_token_ids:
+                return
+            yield token
+            if step + 1 < budget:
+                logits = self.runner.decode(token, kv)
+
+    def close(self) -> None:
+        """Nothing to release."""

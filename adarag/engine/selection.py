@@ -1,0 +1,240 @@
+"""Token selection for fused prefill: which tokens of the cached chunks are recomputed.
+
+Every chunk whose KV came from a cache with ratio ``0 < ρ < 1`` is a *candidate* segment; its
+tokens compete for recomputation. A fused prefill resolves one :class:`RecomputePlan` from its
+segments (always-computed positions, candidates, and each candidate segment's budget
+``ceil(ρ · length)``), a rule scores the candidates, and :meth:`RecomputePlan.choose` keeps the
+best within the budget. The rules (``RecomputeConfig.selection_policy``, chosen per request):
+
+- ``cross_attention`` (AdaCache section 3.1): at the first layer, the share of a token's
+  attention that falls on *other chunks*. First-layer K/V depend only on token embeddings and
+  positions, so the analysis is exact and costs one layer.
+- ``kv_deviation`` (CacheBlend section 4.3): after recomputing the layers below the check layer,
+  the squared L2 deviation of a token's fresh V from its cached V there.
+- ``query_attention`` (A3, ProphetKV, FusionRAG's online step): the query suffix first runs over
+  the re-positioned cached KV; a token's score is the attention the query pays it, averaged over
+  heads, query tokens and the chosen layers.
+- ``random``: uniform at the same budget (a control).
+- ``oracle``: the tokens whose cached K/V deviate most from a full prefill of the same prompt
+  (a control that needs that reference; no rule can know it).
+
+Budgets: ``per_chunk`` keeps the top ``ceil(ρ · n)`` of each candidate segment; ``global`` keeps
+the top of all candidates together (the same total), so the chunks the rule ranks higher get
+more, with at most ``max_chunk_ratio`` of any one chunk. Ties break towards the earlier position,
+so selection is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from adarag.config import RecomputeConfig
+from adarag.engine.batch import SegmentPlan
+from adarag.engine.kv_cache import KVCache
+
+SCORING_LAYER_RULES = ("cross_attention", "kv_deviation")
+"""Rules that score inside the layer loop (after layers computed for every candidate)."""
+
+
+def num_to_recompute(num_tokens: int, ratio: float) -> int:
+    """Tokens of a chunk to recompute at ``ratio``: ``ceil(ratio * num_tokens)``, at most all."""
+    return min(num_tokens, math.ceil(ratio * num_tokens - 1e-9))
+
+
+def is_candidate(segment: SegmentPlan) -> bool:
+    """A segment whose tokens compete for recomputation (cached, 0 < ratio < 1)."""
+    return segment.cached is not None and 0.0 < segment.recompute_ratio < 1.0
+
+
+def scoring_layer(selection: RecomputeConfig) -> int | None:
+    """The layer at which the rule scores (layers below run for every candidate), or None."""
+    if selection.selection_policy == "cross_attention":
+        return 0
+    if selection.selection_policy == "kv_deviation":
+        return selection.deviation_check_layer
+    return None
+
+
+@dataclass(frozen=True)
+class RecomputePlan:
+    """The positions of one fused prefill, resolved once from its segment plans.
+
+    Attributes:
+        always: [n_always] ascending positions computed in full (uncached segments, ratio 1,
+            the query suffix).
+        candidates: [n_candidates] ascending positions of candidate segments.
+        processed: [n_processed] ascending union of both, the tokens run through layer 0.
+        candidate_segment: [n_candidates] index of each candidate's segment in ``segments``.
+        budgets: Per segment, the tokens it recomputes if it is a candidate (0 otherwise).
+        lengths: Per segment, its number of tokens.
+        query: [n_query] positions of the last segment (the query suffix).
+    """
+
+    always: torch.Tensor
+    candidates: torch.Tensor
+    processed: torch.Tensor
+    candidate_segment: torch.Tensor
+    budgets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    query: torch.Tensor
+
+    @classmethod
+    def of(cls, segments: Sequence[SegmentPlan]) -> RecomputePlan:
+        """Resolve the plan of a batch's segments (positions on the CPU)."""
+        always: list[torch.Tensor] = []
+        candidates: list[torch.Tensor] = []
+        owners: list[torch.Tensor] = []
+        budgets = []
+        for idx, segment in enumerate(segments):
+            span = torch.arange(segment.start, segment.end)
+            if segment.is_computed_in_full:
+                always.append(span)
+            elif is_candidate(segment):
+                candidates.append(span)
+                owners.append(torch.full_like(span, idx))
+            count = is_candidate(segment) and num_to_recompute(
+                segment.num_tokens, segment.recompute_ratio
+            )
+            budgets.append(int(count))
+        empty = torch.empty(0, dtype=torch.int64)
+        always_t = torch.cat(always) if always else empty
+        candidates_t = torch.cat(candidates) if candidates else empty
+        return cls(
+            always=always_t,
+            candidates=candidates_t,
+            processed=torch.cat((always_t, candidates_t)).sort().values,
+            candidate_segment=torch.cat(owners) if owners else empty,
+            budgets=tuple(budgets),
+            lengths=tuple(segment.num_tokens for segment in segments),
+            query=torch.arange(segments[-1].start, segments[-1].end),
+        )
+
+    @property
+    def has_candidates(self) -> bool:
+        """Whether any token competes for recomputation."""
+        return self.candidates.numel() > 0
+
+    def candidate_mask(self) -> torch.Tensor:
+        """[n_processed] bool: which processed positions are candidates."""
+        return torch.isin(self.processed, self.candidates)
+
+    def choose(self, scores: torch.Tensor, selection: RecomputeConfig) -> torch.Tensor:
+        """The candidates to recompute, given their scores (higher first).
+
+        Args:
+            scores: [n_candidates] float, in ``candidates`` order.
+            selection: The budget mode and cap.
+
+        Returns:
+            [n_chosen] ascending positions.
+        """
+        assert scores.shape == self.candidates.shape, f"{scores.shape} scores for candidates"
+        scores = scores.detach().float().cpu()
+        # rank of each candidate inside its segment, best first (stable: earlier first on ties)
+        order = torch.sort(-scores, stable=True).indices
+        order = order[torch.sort(self.candidate_segment[order], stable=True).indices]
+        owner = self.candidate_segment[order]
+        first_of_segment = torch.searchsorted(owner, owner, right=False)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel()) - first_of_segment
+        budgets = torch.tensor(self.budgets)[self.candidate_segment]
+        if selection.budget == "per_chunk":
+            return self.candidates[rank < budgets].sort().values
+        lengths = torch.tensor(self.lengths)[self.candidate_segment]
+        cap = (
+            lengths
+            if selection.max_chunk_ratio is None
+            else torch.ceil(selection.max_chunk_ratio * lengths - 1e-9).long()
+        )
+        eligible = rank < torch.maximum(cap, budgets)
+        total = sum(self.budgets)
+        ranked = torch.sort(torch.where(eligible, -scores, math.inf), stable=True).indices
+        return self.candidates[ranked[:total]].sort().values
+
+    def keep_mask(self, chosen: torch.Tensor) -> torch.Tensor:
+        """[n_processed] bool: always-computed positions and the chosen candidates."""
+        return torch.isin(self.processed, self.always) | torch.isin(self.processed, chosen)
+
+
+def cross_chunk_ratio(
+    segment_mass: torch.Tensor, positions: torch.Tensor, cu_segments: list[int]
+) -> torch.Tensor:
+    """Share of each token's attention that falls on chunks other than its own.
+
+    Args:
+        segment_mass: [num_tokens, num_heads, num_segments] attention mass per key segment.
+        positions: [num_tokens] absolute positions of the tokens.
+        cu_segments: Segment boundaries; segment 0 is the system prefix and the last segment is
+            the query suffix, the rest are chunks.
+
+    Returns:
+        [num_tokens] float32 ratios in [0, 1], averaged over heads.
+    """
+    mass = segment_mass.mean(dim=1)  # [num_tokens, num_segments]
+    own_segment = torch.bucketize(positions, torch.tensor(cu_segments[1:]), right=True)
+    chunk_mass = mass[:, 1:-1].sum(dim=1)
+    own_mass = mass.gather(1, own_segment[:, None]).squeeze(1)
+    is_chunk = (own_segment >= 1) & (own_segment < len(cu_segments) - 2)
+    return torch.where(is_chunk, chunk_mass - own_mass, chunk_mass).clamp_(0.0, 1.0)
+
+
+def value_deviation(v_new: torch.Tensor, v_cached: torch.Tensor) -> torch.Tensor:
+    """Squared L2 deviation per token: [num_tokens, heads, dim] x2 -> [num_tokens] float32."""
+    return (v_new.float() - v_cached.float()).pow(2).sum(dim=(1, 2))
+
+
+def random_scores(num_candidates: int, seed: int) -> torch.Tensor:
+    """Uniform scores from a seeded generator (the ``random`` control)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(num_candidates, generator=generator)
+
+
+def reference_deviation(
+    fused: KVCache, reference: KVCache, positions: torch.Tensor
+) -> torch.Tensor:
+    """Deviation of the fused (cached) K/V from a full prefill's, per position (``oracle``).
+
+    Each layer's squared K and V errors are divided by that layer's mean squared norm over the
+    positions, so no layer with large activations dominates; the result sums over layers.
+
+    Args:
+        fused: The cache after loading the chunks' KV.
+        reference: A full prefill's KV of the same prompt.
+        positions: [n] positions to score.
+
+    Returns:
+        [n] float32.
+    """
+    total = torch.zeros(positions.numel())
+    for cached, exact in ((fused.k, reference.k), (fused.v, reference.v)):
+        rows = positions.to(cached.device)
+        error = (cached[:, rows].float() - exact[:, rows].to(cached.device).float()).pow(2)
+        scale = exact[:, rows].float().pow(2).sum(dim=(2, 3)).mean(dim=1).clamp(min=1e-12)
+        total += (error.sum(dim=(2, 3)) / scale[:, None]).sum(dim=0).cpu()
+    return total
+
+
+def key_attention_mass(
+    q: torch.Tensor, k: torch.Tensor, q_positions: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention probability each key receives, summed over queries and heads.
+
+    Args:
+        q: [num_q, num_heads, head_dim] queries at ``q_positions``.
+        k: [num_kv, num_kv_heads, head_dim], row ``j`` at position ``j``.
+        q_positions: [num_q] absolute positions (a query sees keys ``j <= p``).
+        scale: Softmax scale.
+
+    Returns:
+        [num_kv] float32 mass, averaged over heads (each query row sums to one per head).
+    """
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    keys = k.float().repeat_interleave(num_heads // num_kv_heads, dim=1)
+    logits = torch.einsum("qhd,khd->hqk", q.float(), keys) * scale
+    visible = torch.arange(k.shape[0], device=k.device)[None, :] <= q_positions[:, None]
+    probs = logits.masked_fill(~visible[None], -math.inf).softmax(dim=-1)
+    return probs.sum(dim=1).mean(dim=0)

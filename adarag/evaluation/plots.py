@@ -1,0 +1,169 @@
+"""PNG figures (matplotlib, imported lazily): attention heatmaps, calibration and benchmarks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from adarag.augment.calibrate import CalibrationFit, OperatingPoint
+from adarag.errors import MissingDependencyError
+from adarag.evaluation.harness import QueryRecord
+from adarag.evaluation.report import PolicySummary
+from adarag.profiles import ModelProfile
+
+
+def pyplot() -> Any:
+    """Matplotlib's pyplot with a file-only backend."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise MissingDependencyError("matplotlib", "plots") from err
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_profile(profile: ModelProfile, directory: Path) -> list[Path]:
+    """One chunk-attention heatmap per layer band, and the per-layer shares; returns the paths."""
+    plt = pyplot()
+    num_chunks = profile.num_chunks
+    labels = ["sys", *(f"c{i + 1}" for i in range(num_chunks)), "query"]
+    paths = []
+    for band in profile.bands:
+        layers = profile.chunk_attention[band.start : band.end]
+        mean = [
+            [sum(layer[row][col] for layer in layers) / len(layers) for col in range(len(labels))]
+            for row in range(len(labels))
+        ]
+        fig, axis = plt.subplots(figsize=(5, 4.5))
+        image = axis.imshow(mean, cmap="viridis", vmin=0.0)
+        axis.set_xticks(range(len(labels)), labels)
+        axis.set_yticks(range(len(labels)), labels)
+        axis.set_xlabel("attended segment (key)")
+        axis.set_ylabel("attending segment (query)")
+        axis.set_title(f"{profile.model}: layers {band.start + 1}-{band.end} ({band.pattern})")
+        fig.colorbar(image, ax=axis, fraction=0.046)
+        fig.tight_layout()
+        name = f"attention_layers_{band.start + 1:02d}-{band.end:02d}.png"
+        paths.append(_save(fig, plt, directory / name))
+    fig, axis = plt.subplots(figsize=(7, 3.5))
+    layer_numbers = range(1, profile.num_layers + 1)
+    axis.plot(layer_numbers, profile.predecessor_share, label="share on predecessor chunk")
+    axis.plot(layer_numbers, profile.sink_share, label="share on the strongest other earlier chunk")
+    for band in profile.bands[1:]:
+        axis.axvline(band.start + 0.5, color="grey", linestyle=":")
+    axis.set_xlabel("layer")
+    axis.set_ylabel("share of cross-chunk attention")
+    axis.legend()
+    fig.tight_layout()
+    return [*paths, _save(fig, plt, directory / "attention_shares.png")]
+
+
+def plot_tradeoff(result: CalibrationFit, path: Path) -> Path:
+    """Quality against cost over τ, one line per λ, the chosen setting marked."""
+    plt = pyplot()
+    fig, axis = plt.subplots(figsize=(6.5, 4.5))
+    by_weight: dict[float, list[OperatingPoint]] = {}
+    for point in result.points:
+        by_weight.setdefault(point.kl_weight, []).append(point)
+    for weight, points in sorted(by_weight.items()):
+        points = sorted(points, key=lambda p: p.cost)
+        is_chosen = weight == result.chosen.kl_weight
+        axis.plot(
+            [p.cost for p in points],
+            [p.quality for p in points],
+            alpha=1.0 if is_chosen else 0.25,
+            linewidth=2 if is_chosen else 1,
+            label=f"λ = {weight:.1f}" if is_chosen or weight in (0.0, 1.0) else None,
+        )
+    chosen = result.chosen
+    axis.scatter(
+        [chosen.cost],
+        [chosen.quality],
+        color="red",
+        zorder=5,
+        label=f"chosen τ = {chosen.threshold:.2f}, λ = {chosen.kl_weight:.1f}",
+    )
+    axis.set_xlabel("cost: tokens processed / static top-k prompt tokens")
+    axis.set_ylabel("quality: F1 with the full-recomputation answer")
+    axis.set_title("Adaptive augmentation trade-off (calibration split)")
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def ttft_vs_quality(summaries: Sequence[PolicySummary], title: str, path: Path) -> Path:
+    """AdaCache Figure 5: mean TTFT against gold F1 and agreement F1, one point per policy."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    panels = [("F1 against gold answers", lambda s: s.f1)]
+    panels.append(("F1 against the full-recomputation answer", lambda s: s.agreement_f1))
+    for axis, (label, value) in zip(axes, panels, strict=True):
+        for summary in summaries:
+            y = value(summary)
+            if y is None:
+                continue
+            axis.scatter(summary.ttft.mean, y, s=40)
+            axis.annotate(
+                summary.policy,
+                (summary.ttft.mean, y),
+                fontsize=8,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
+        axis.set_xlabel("mean TTFT (s)")
+        axis.set_ylabel(label)
+        axis.set_xlim(left=0)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def depth_histogram(records: Sequence[QueryRecord], top_k: int, title: str, path: Path) -> Path:
+    """AdaCache Figure 7: how many chunks adaptive augmentation used, per augmenting policy."""
+    plt = pyplot()
+    policies = [
+        p for p in dict.fromkeys(r.policy for r in records) if "aca" in p or p == "adacache"
+    ]
+    fig, axis = plt.subplots(figsize=(6.5, 4))
+    width = 0.8 / max(len(policies), 1)
+    for idx, policy in enumerate(policies):
+        counts = Counter(r.num_chunks_used for r in records if r.policy == policy)
+        total = sum(counts.values())
+        xs = [depth + (idx - (len(policies) - 1) / 2) * width for depth in range(1, top_k + 1)]
+        axis.bar(xs, [counts.get(d, 0) / total for d in range(1, top_k + 1)], width, label=policy)
+    axis.set_xticks(range(1, top_k + 1))
+    axis.set_xlabel("chunks in the prompt when augmentation stopped")
+    axis.set_ylabel("share of queries")
+    axis.set_title(title)
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def ttft_vs_top_k(by_top_k: Mapping[int, Sequence[PolicySummary]], title: str, path: Path) -> Path:
+    """AdaCache Figure 8: mean TTFT per policy as top-k grows."""
+    plt = pyplot()
+    fig, axis = plt.subplots(figsize=(6.5, 4))
+    ks = sorted(by_top_k)
+    policies = list(dict.fromkeys(s.policy for k in ks for s in by_top_k[k]))
+    for policy in policies:
+        points = [(k, s.ttft.mean) for k in ks for s in by_top_k[k] if s.policy == policy]
+        axis.plot([k for k, _ in points], [t for _, t in points], marker="o", label=policy)
+    axis.set_xticks(ks)
+    axis.set_xlabel("top-k (for augmentation: the most chunks it may add)")
+    axis.set_ylabel("mean TTFT (s)")
+    axis.set_title(title)
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def _save(fig: object, plt: object, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[attr-defined]
+    return path

@@ -1,0 +1,8 @@
+"""The request path: the pipeline class, its augmentation steps, prompts and answer streams."""
+
+from __future__ import annotations
+
+from adarag.pipeline.rag import AdaRAG, CacheReport
+from adarag.pipeline.stream import NO_CONTEXT_ANSWER, AnswerStream, AsyncAnswerStream
+
+__all__ = ["NO_CONTEXT_ANSWER", "AdaRAG", "AnswerStream", "AsyncAnswerStream", "CacheReport"]

@@ -1,0 +1,115 @@
+"""A model's profile: its attention sinks (AdaCache section 3.1) and augmentation calibration.
+
+``adarag profile`` measures the sinks (:mod:`adarag.profiles.sinks`), ``adarag calibrate`` fits
+the calibration (:mod:`adarag.profiles.calibration`); both are saved in one JSON file per model.
+The pipeline reads them from here: the sink chunk joins the predecessor in later chunks'
+effective prefix (the soft tier's key), the calibration sets the stop rule.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from adarag.errors import ConfigError
+
+FORMAT = "adarag-profile-1"
+Pattern = Literal["predecessor", "sink"]
+
+
+@dataclass(frozen=True)
+class LayerBand:
+    """Consecutive layers ``[start, end)`` with one attention pattern."""
+
+    start: int
+    end: int
+    pattern: Pattern
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Constants of the augmentation confidence (fitted by ``adarag calibrate``)."""
+
+    threshold: float = 0.5
+    kl_weight: float = 0.5
+    kl_scale: float = 1.0
+    entropy_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Attention-sink profile and calibration of one model."""
+
+    model: str
+    fingerprint: str
+    num_layers: int
+    transition_layer: int | None
+    sink_chunk_idx: int | None
+    bands: tuple[LayerBand, ...]
+    predecessor_share: tuple[float, ...] = ()
+    sink_share: tuple[float, ...] = ()
+    num_prompts: int = 0
+    num_chunks: int = 0
+    chunk_attention: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    calibration: Calibration = field(default_factory=Calibration)
+
+    def to_json(self) -> str:
+        """The profile as JSON."""
+        return json.dumps({"format": FORMAT, **asdict(self)}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> ModelProfile:
+        """Parse a profile file.
+
+        Raises:
+            ConfigError: The text is not an adarag profile.
+        """
+        try:
+            data: dict[str, Any] = json.loads(text)
+            if data.pop("format", None) != FORMAT:
+                raise ValueError(f"format is not {FORMAT}")
+            data["bands"] = tuple(LayerBand(**band) for band in data["bands"])
+            data["calibration"] = Calibration(**data.get("calibration") or {})
+            for name in ("predecessor_share", "sink_share"):
+                data[name] = tuple(data.get(name, ()))
+            data["chunk_attention"] = tuple(
+                tuple(tuple(row) for row in layer) for layer in data.get("chunk_attention", ())
+            )
+            return cls(**data)
+        except (ValueError, TypeError, KeyError) as err:
+            raise ConfigError(f"{source} is not a valid adarag model profile: {err}") from err
+
+    def with_calibration(self, calibration: Calibration) -> ModelProfile:
+        """The same profile with new calibration constants."""
+        return ModelProfile(**{**self.__dict__, "calibration": calibration})
+
+
+def generic_profile(model: str, fingerprint: str, num_layers: int) -> ModelProfile:
+    """The fallback for a model never profiled: predecessor-only soft keys, default calibration."""
+    return ModelProfile(
+        model, fingerprint, num_layers, None, None, (LayerBand(0, num_layers, "predecessor"),)
+    )
+
+
+def find_profile(
+    model: str, fingerprint: str, num_layers: int, search_dirs: list[Path]
+) -> ModelProfile | None:
+    """The profile for a model: by fingerprint in ``search_dirs``, else a packaged one by name.
+
+    Packaged profiles (``adarag/profiles/<model>.json``) match on the checkpoint's directory name
+    and layer count, since converting the same GGUF with another transformers version changes
+    the fingerprint but not the weights.
+    """
+    for directory in search_dirs:
+        path = directory / f"{fingerprint}.json"
+        if path.is_file():
+            return ModelProfile.from_json(path.read_text(), str(path))
+    packaged = resources.files("adarag.profiles").joinpath(f"{model}.json")
+    if packaged.is_file():
+        profile = ModelProfile.from_json(packaged.read_text(), f"packaged profile {model}")
+        if profile.num_layers == num_layers:
+            return profile
+    return None

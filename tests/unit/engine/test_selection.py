@@ -1,0 +1,139 @@
+"""Selection rules travel with the request, really differ, and respect their budgets."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from adarag import AdaRAG
+from adarag.cache.entry import ChunkKV
+from adarag.config import RecomputeConfig
+from adarag.engine.batch import SegmentPlan
+from adarag.engine.selection import RecomputePlan, key_attention_mass
+from adarag.errors import InputError
+from tests.unit.engine.helpers import (
+    CHUNKS,
+    QUESTION,
+    independent_sources,
+    layout_of,
+    load_generator,
+)
+
+RULES = ["cross_attention", "kv_deviation", "query_attention", "random", "oracle"]
+
+
+@pytest.fixture()
+def generator(tiny_checkpoints, tiny_config):
+    return load_generator(tiny_config(tiny_checkpoints["llama"]))
+
+
+def _recomputed(generator, layout, sources, rule, **knobs):
+    reference = generator.prefill(layout).kv
+    selection = RecomputeConfig(selection_policy=rule, **knobs)
+    output = generator.prefill(layout, sources, selection=selection, reference_kv=reference)
+    return tuple(output.recomputed_positions.tolist())
+
+
+def test_every_rule_recomputes_different_positions_at_one_ratio(generator):
+    """Issue 12: two selection policies at one ratio must not compute the same thing."""
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+    chosen = {rule: _recomputed(generator, layout, sources, rule) for rule in RULES}
+    for first, second in itertools.combinations(RULES, 2):
+        assert chosen[first] != chosen[second], f"{first} and {second} chose the same tokens"
+    assert len({len(positions) for positions in chosen.values()}) == 1  # one budget
+
+
+def test_with_config_pipeline_recomputes_with_its_own_selection_rule(tiny_checkpoints, tiny_config):
+    """Issue 20: a pipeline made by with_config must not run the base pipeline's rule."""
+    rag = AdaRAG(
+        tiny_config(tiny_checkpoints["llama"], cache={"independent": {"recompute_ratio": 0.3}})
+    )
+    rag.warm(list(CHUNKS))
+    layout = rag.prompts.layout(QUESTION, CHUNKS)
+    other = rag.with_config(cache={"recompute": {"selection_policy": "kv_deviation"}})
+    assert other.generator is rag.generator
+    base_output, base_hits, _ = rag._augmented().fused_prefill(layout, 0)
+    other_output, other_hits, _ = other._augmented().fused_prefill(layout, 0)
+    # the first chunk's independent KV is also its exact KV after the system prefix (hard)
+    expected = ["hard", "independent", "independent"]
+    assert [hit.tier for hit in base_hits] == [hit.tier for hit in other_hits] == expected
+    assert base_output.num_recomputed_tokens == other_output.num_recomputed_tokens
+    assert not torch.equal(base_output.recomputed_positions, other_output.recomputed_positions)
+
+
+def test_random_rule_follows_its_seed(generator):
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+    first = _recomputed(generator, layout, sources, "random", seed=1)
+    assert _recomputed(generator, layout, sources, "random", seed=1) == first
+    assert _recomputed(generator, layout, sources, "random", seed=2) != first
+
+
+def test_oracle_without_a_reference_is_a_clear_error(generator):
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+    with pytest.raises(InputError, match="oracle.*reference"):
+        generator.prefill(layout, sources, selection=RecomputeConfig(selection_policy="oracle"))
+
+
+def test_query_layers_outside_the_model_are_a_clear_error(generator):
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+    selection = RecomputeConfig(selection_policy="query_attention", query_layers=(1, 5))
+    with pytest.raises(InputError, match="query_layers"):
+        generator.prefill(layout, sources, selection=selection)
+
+
+def test_global_budget_keeps_the_total_and_the_cap(generator):
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(generator, layout, ratio=0.2)
+    per_chunk = _recomputed(generator, layout, sources, "query_attention")
+    pooled = _recomputed(generator, layout, sources, "query_attention", budget="global")
+    assert len(per_chunk) == len(pooled)
+    capped = _recomputed(
+        generator, layout, sources, "query_attention", budget="global", max_chunk_ratio=0.25
+    )
+    cu = layout.cu_segments
+    for idx, ids in enumerate(layout.chunk_ids):
+        in_chunk = sum(cu[idx + 1] <= p < cu[idx + 2] for p in capped)
+        assert in_chunk <= max(math.ceil(0.25 * len(ids)), math.ceil(0.2 * len(ids)))
+
+
+def _plan(lengths, ratios):
+    """A plan over segments of ``lengths``; a ratio of None computes that segment in full."""
+    segments, start = [], 0
+    for length, ratio in zip(lengths, ratios, strict=True):
+        cached = None if ratio is None else ChunkKV(*torch.zeros(2, 1, length, 1, 1), start)
+        segments.append(SegmentPlan(start, start + length, cached, ratio or 0.0))
+        start += length
+    return RecomputePlan.of(segments)
+
+
+def test_plan_budgets_and_tie_break_towards_earlier_positions():
+    plan = _plan([2, 4, 4, 3], [None, 0.5, 0.25, None])  # system, two chunks, query
+    assert plan.always.tolist() == [0, 1, 10, 11, 12]
+    assert plan.candidates.tolist() == list(range(2, 10))
+    assert plan.budgets == (0, 2, 1, 0)
+    flat = torch.zeros(8)
+    assert plan.choose(flat, RecomputeConfig()).tolist() == [2, 3, 6]
+    scores = torch.tensor([0.1, 0.9, 0.2, 0.8, 5.0, 4.0, 0.0, 0.0])
+    assert plan.choose(scores, RecomputeConfig()).tolist() == [3, 5, 6]
+    pooled = plan.choose(scores, RecomputeConfig(budget="global"))
+    assert pooled.tolist() == [3, 6, 7]  # the best three of all candidates
+    capped = plan.choose(scores, RecomputeConfig(budget="global", max_chunk_ratio=0.25))
+    assert capped.tolist() == [3, 5, 6]  # one of the second chunk; then the first chunk's best
+
+
+def test_key_attention_mass_sums_to_one_per_query_and_never_looks_ahead():
+    torch.manual_seed(0)
+    q, k = torch.randn(3, 4, 8), torch.randn(12, 2, 8)
+    positions = torch.tensor([5, 7, 9])
+    mass = key_attention_mass(q, k, positions, 8**-0.5)
+    assert mass.sum().item() == pytest.approx(3.0, rel=1e-5)
+    assert torch.all(mass[:10] > 0) and torch.all(mass[10:] == 0)
+    only_first = key_attention_mass(q[:1], k, positions[:1], 8**-0.5)
+    assert torch.all(only_first[6:] == 0)
