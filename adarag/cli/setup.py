@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from adarag.cli.options import add_model_arguments, build_config
-from adarag.engine.loader import resolve_checkpoint
+from adarag.engine.provision import resolve_checkpoint
 
-HELP = "provision the model checkpoint (converts the bundled SmolLM2 GGUF once)"
+HELP = "provision the model checkpoint (converts a named model's packaged GGUF once)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

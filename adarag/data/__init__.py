@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
+from adarag.retrievers.chunking import passage_text
 from adarag.schema import Chunk
 
 
@@ -14,7 +15,7 @@ def demo_corpus() -> list[Chunk]:
     chunks = []
     for line in rows:
         record = json.loads(line)
-        text = f"{record['title']}\n{record['text']}"
+        text = passage_text(record["text"], record["title"])
         chunks.append(Chunk(text, chunk_id=record["id"], metadata={"title": record["title"]}))
     return chunks
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adarag.engine.loader import resolve_checkpoint
+from adarag.engine.provision import resolve_checkpoint
 from adarag.engine.spec import ModelSpec, model_fingerprint, read_hf_config
 from adarag.errors import MissingDependencyError
 

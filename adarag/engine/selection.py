@@ -232,9 +232,13 @@ def key_attention_mass(
     Returns:
         [num_kv] float32 mass, averaged over heads (each query row sums to one per head).
     """
-    num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    keys = k.float().repeat_interleave(num_heads // num_kv_heads, dim=1)
-    logits = torch.einsum("qhd,khd->hqk", q.float(), keys) * scale
-    visible = torch.arange(k.shape[0], device=k.device)[None, :] <= q_positions[:, None]
-    probs = logits.masked_fill(~visible[None], -math.inf).softmax(dim=-1)
-    return probs.sum(dim=1).mean(dim=0)
+    num_q, num_heads, head_dim = q.shape
+    num_kv, num_kv_heads, _ = k.shape
+    group = num_heads // num_kv_heads
+    # one matmul per KV head over its whole query group: [kv_heads, group * num_q, num_kv]
+    grouped = q.reshape(num_q, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    grouped = grouped.reshape(num_kv_heads, group * num_q, head_dim)
+    logits = torch.bmm(grouped, k.permute(1, 2, 0)).float() * scale
+    visible = torch.arange(num_kv, device=k.device)[None, :] <= q_positions.repeat(group)[:, None]
+    probs = logits.masked_fill_(~visible[None], -math.inf).softmax(dim=-1)
+    return probs.sum(dim=(0, 1)) / num_heads

@@ -2,7 +2,9 @@
 
 musique and hotpotqa records carry their passages: each question's top-k chunks are ranked by
 BM25 among its own passages. 2wikimqa questions retrieve from the shared corpus through a
-retriever (the Chroma knowledge base).
+retriever (the Chroma knowledge base, or BM25 over the corpus when none is given).
+``2wikimqa-gold`` builds each question's context from the corpus: its gold passages (by title)
+and random distractor passages up to k, shuffled (seeded by the question id).
 
 The stream. Each question gets a popularity rank (a seeded random permutation); a query picks
 rank ``r`` with probability proportional to ``1 / r^s`` (Zipf, default ``s = 1.1``, as chunk
@@ -13,26 +15,35 @@ repeats), so cold and warm figures can be reported separately.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from adarag.retrievers import MemoryRetriever, Retriever
+from adarag.retrievers.chunking import passage_text
 from adarag.schema import Chunk
 
-DATASETS = ("musique", "hotpotqa", "2wikimqa")
+DATASETS = ("musique", "hotpotqa", "2wikimqa", "2wikimqa-gold")
+CORPUS_FILE = "2wikimqa_corpus.jsonl"
 
 
 @dataclass(frozen=True)
 class BenchQuestion:
-    """A question with gold answers and its retrieved chunks, best first."""
+    """A question with gold answers and its retrieved chunks, best first.
+
+    Attributes:
+        qtype: The question's type where the dataset has one (2WikiMultihopQA: comparison,
+            bridge_comparison, compositional, inference).
+    """
 
     qid: str
     question: str
     answers: tuple[str, ...]
     chunks: tuple[str, ...]
+    qtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,29 +65,57 @@ def load_questions(
     """The first ``limit`` questions (after ``offset``) with ``top_k`` chunks each."""
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
-    path = data_dir / f"{dataset}_dev.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    source = "2wikimqa" if dataset.startswith("2wikimqa") else dataset
+    rows = _rows(data_dir / f"{source}_dev.jsonl")
+    corpus = _corpus(data_dir) if source == "2wikimqa" else []
+    if dataset == "2wikimqa" and corpus_retriever is None:
+        corpus_retriever = MemoryRetriever(corpus)
     questions = []
     for row in rows[offset:]:
-        if dataset == "2wikimqa":
-            if corpus_retriever is None:
-                raise ValueError("2wikimqa retrieves from its corpus: pass corpus_retriever")
-            found = corpus_retriever.retrieve(row["question"], top_k)
+        if dataset == "2wikimqa-gold":
+            texts = _gold_context(row, corpus, top_k)
         else:
-            passages = [Chunk(_passage_text(p)) for p in row["passages"]]
-            found = MemoryRetriever(passages).retrieve(row["question"], top_k)
-        if len(found) == top_k:
-            questions.append(
-                BenchQuestion(
-                    str(row["id"]),
-                    row["question"],
-                    tuple(row["answers"]),
-                    tuple(chunk.text for chunk in found),
-                )
-            )
+            if corpus_retriever is not None:
+                found = corpus_retriever.retrieve(row["question"], top_k)
+            else:
+                own = [Chunk(passage_text(p["text"], p.get("title"))) for p in row["passages"]]
+                found = MemoryRetriever(own).retrieve(row["question"], top_k)
+            texts = [chunk.text for chunk in found]
+        if len(texts) == top_k:
+            answers = tuple(row["answers"])
+            item = BenchQuestion(str(row["id"]), row["question"], answers, tuple(texts))
+            questions.append(replace(item, qtype=row.get("type")))
         if len(questions) == limit:
             break
     return questions
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _corpus(data_dir: Path) -> list[Chunk]:
+    """The 2WikiMultihopQA corpus as chunks (title line + text), with their titles."""
+    return [
+        Chunk(passage_text(row["text"], row["title"]), row["id"], metadata={"title": row["title"]})
+        for row in _rows(data_dir / CORPUS_FILE)
+    ]
+
+
+def _gold_context(row: dict, corpus: list[Chunk], top_k: int) -> list[str]:
+    """The question's gold passages and random distractors up to ``top_k``, shuffled.
+
+    Empty when the question has no gold passage in the corpus or more than ``top_k``.
+    """
+    titles = set(row.get("gold_titles") or ())
+    gold = [chunk.text for chunk in corpus if chunk.metadata["title"] in titles]
+    if not gold or len(gold) > top_k:
+        return []
+    rng = random.Random(int(hashlib.sha256(str(row["id"]).encode()).hexdigest()[:8], 16))
+    others = [chunk.text for chunk in corpus if chunk.metadata["title"] not in titles]
+    context = gold + rng.sample(others, top_k - len(gold))
+    rng.shuffle(context)
+    return context
 
 
 def query_stream(
@@ -91,27 +130,6 @@ def query_stream(
     weights = [1.0 / (rank + 1) ** zipf_s for rank in range(num_questions)]
     repeats = rng.choices(ranked, weights=weights, k=max(num_queries - num_questions, 0))
     return [StreamItem(idx, False) for idx in first] + [StreamItem(idx, True) for idx in repeats]
-
-
-def corpus_chunks(path: Path) -> list[Chunk]:
-    """The 2wikimqa corpus as chunks (title line + text)."""
-    chunks = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            chunks.append(
-                Chunk(
-                    _passage_text(record),
-                    chunk_id=record["id"],
-                    metadata={"title": record["title"]},
-                )
-            )
-    return chunks
-
-
-def _passage_text(passage: dict[str, str]) -> str:
-    title = passage.get("title")
-    return f"{title}\n{passage['text']}" if title else passage["text"]
 
 
 def distinct_chunks(questions: Sequence[BenchQuestion]) -> list[str]:

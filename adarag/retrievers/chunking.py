@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from adarag.errors import InputError
+from adarag.schema import Chunk
 
 TEXT_SUFFIXES = frozenset({".txt", ".md", ".markdown", ".rst", ".text"})
 JSONL_SUFFIXES = frozenset({".jsonl"})
@@ -94,6 +95,29 @@ def read_source_file(path: Path) -> SourceFile:
         return SourceFile(path, digest, tuple(documents))
     document = SourceDocument(content, key="") if content.strip() else None
     return SourceFile(path, digest, (document,) if document else ())
+
+
+def passage_text(text: str, title: str | None = None) -> str:
+    """A passage as it goes into a prompt: its title line (when it has one), then its text."""
+    return f"{title}\n{text}" if title else text
+
+
+def read_passages(paths: Iterable[str | Path]) -> list[Chunk]:
+    """Every document of ``paths`` (files or folders) as one chunk, title line first.
+
+    Raises:
+        InputError: A path is missing or unreadable, or a JSONL line is not a passage.
+    """
+    chunks = []
+    for path in expand_paths(paths):
+        for document in read_source_file(path).documents:
+            metadata: dict[str, Any] = {"source": str(path), "document_key": document.key}
+            if document.title:
+                metadata["title"] = document.title
+            chunk_id = f"{path}#{document.key}" if document.key else str(path)
+            text = passage_text(document.text, document.title)
+            chunks.append(Chunk(text, chunk_id=chunk_id, metadata=metadata))
+    return chunks
 
 
 def split_by_tokens(

@@ -29,6 +29,7 @@ from adarag.retrievers.chroma import (
 from adarag.retrievers.chunking import (
     SourceFile,
     expand_paths,
+    passage_text,
     read_source_file,
     split_by_tokens,
     tokenizer_spans,
@@ -273,7 +274,7 @@ class KnowledgeBase:
                 budget = max(budget - len(spans(document.title + "\n")), 16)
             overlap = min(config.chunk_overlap_tokens, budget - 1)
             for text in split_by_tokens(document.text, spans, budget, overlap):
-                full = f"{document.title}\n{text}" if document.title else text
+                full = passage_text(text, document.title)
                 pieces.append((document.key, full, document.title))
         counts: Counter[tuple[str, str]] = Counter()
         chunks = []

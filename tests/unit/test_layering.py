@@ -43,7 +43,7 @@ ALLOWED = {
     "engine": {"kernels", "cache", "config", "schema", "errors", "engine"},
     "profiles": {"errors", "profiles"},
     "conversation": set(),
-    "data": {"schema"},
+    "data": {"schema", "retrievers"},
     "pipeline": SERVING - {"conversation", "data"},
     "profile_tools": SERVING | {"evaluation", "profile_tools"},
     "evaluation": SERVING | {"evaluation", "profile_tools"},

@@ -137,3 +137,15 @@ def test_key_attention_mass_sums_to_one_per_query_and_never_looks_ahead():
     assert torch.all(mass[:10] > 0) and torch.all(mass[10:] == 0)
     only_first = key_attention_mass(q[:1], k, positions[:1], 8**-0.5)
     assert torch.all(only_first[6:] == 0)
+
+
+def test_key_attention_mass_matches_per_head_softmax():
+    torch.manual_seed(1)
+    q, k = torch.randn(4, 6, 8), torch.randn(9, 2, 8)  # 3 query heads per KV head
+    positions = torch.tensor([3, 5, 6, 8])
+    expected = torch.zeros(9)
+    for head in range(6):
+        logits = q[:, head] @ k[:, head // 3].T * 0.5
+        logits[torch.arange(9)[None, :] > positions[:, None]] = -math.inf
+        expected += logits.softmax(dim=-1).sum(dim=0) / 6
+    torch.testing.assert_close(key_attention_mass(q, k, positions, 0.5), expected)

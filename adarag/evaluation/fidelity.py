@@ -1,0 +1,270 @@
+"""Fidelity of reused KV: answers decoded from fused prefills against full recomputation.
+
+For every question, the prompt ``system + chunks + question`` is prefilled in full (the
+reference) and, for each selection rule and ratio, fused from every chunk's independent KV (as
+ingest stores it) with that share of each chunk recomputed. Each variant decodes greedily; it is
+scored against the reference answer of the *same prompt* (exact agreement of the normalised
+answers, token-F1 agreement, first-token agreement, KL of the first token's distribution) and
+against the gold answers (EM, F1, contains). TTFT is the wall time of the prefill (cached KV in
+memory, first token included); the variants of one question run back to back so machine noise
+hits them alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from adarag.config import RecomputeConfig
+from adarag.engine.batch import PrefillOutput
+from adarag.evaluation.metrics import (
+    best_exact_match,
+    best_f1,
+    exact_match,
+    normalize_answer,
+    token_f1,
+)
+from adarag.evaluation.reuse import independent_chunks, reuse_sources
+from adarag.evaluation.workload import BenchQuestion
+from adarag.pipeline import AdaRAG
+from adarag.pipeline.stream import decode_text
+from adarag.schema import GenerationParams, PromptLayout
+
+logger = logging.getLogger(__name__)
+
+CONTROLS = ("random", "oracle")
+"""Rules that are controls, not product choices."""
+
+
+@dataclass(frozen=True)
+class FidelityRow:
+    """One question under one rule and ratio."""
+
+    dataset: str
+    qid: str
+    qtype: str | None
+    rule: str
+    ratio: float
+    answer: str
+    reference: str
+    exact_agreement: float
+    f1_agreement: float
+    first_token_agreement: float
+    first_token_kl: float
+    gold_em: float
+    gold_f1: float
+    gold_contains: float
+    reference_gold_f1: float
+    ttft_s: float
+    full_ttft_s: float
+    num_prompt_tokens: int
+    num_recomputed_tokens: int
+
+
+@dataclass(frozen=True)
+class FidelitySummary:
+    """Means of one rule at one ratio over a set of questions (agreement and gold in %)."""
+
+    rule: str
+    ratio: float
+    num_questions: int
+    exact_agreement: float
+    f1_agreement: float
+    first_token_agreement: float
+    first_token_kl: float
+    gold_em: float
+    gold_f1: float
+    gold_contains: float
+    reference_gold_f1: float
+    ttft_s: float
+    full_ttft_s: float
+
+    @property
+    def gold_f1_share(self) -> float | None:
+        """Gold F1 as a share of full recomputation's (None when full scores 0)."""
+        return self.gold_f1 / self.reference_gold_f1 if self.reference_gold_f1 else None
+
+
+def first_token_kl(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """KL(reference || other) of two next-token logit vectors, in nats."""
+    log_p = torch.log_softmax(reference.float(), dim=-1)
+    log_q = torch.log_softmax(other.float(), dim=-1)
+    return float((log_p.exp() * (log_p - log_q)).sum())
+
+
+def contains_gold(answer: str, golds: Sequence[str]) -> float:
+    """1.0 when a normalised gold answer appears in the normalised answer."""
+    normalised = normalize_answer(answer)
+    return float(
+        any(normalize_answer(gold) and normalize_answer(gold) in normalised for gold in golds)
+    )
+
+
+class FidelityRun:
+    """Runs rules and ratios over questions with one pipeline's model and prompt.
+
+    Args:
+        rag: The pipeline (its generator, prompt layout and checks).
+        rules: Rule name -> selection (the same ratios go to every rule).
+        ratios: Recomputation ratios of every chunk (1.0 is full recomputation of the chunks).
+        params: Decoding options (greedy).
+    """
+
+    def __init__(
+        self,
+        rag: AdaRAG,
+        rules: Mapping[str, RecomputeConfig],
+        ratios: Sequence[float],
+        params: GenerationParams,
+    ) -> None:
+        self.rag = rag
+        self.rules = dict(rules)
+        self.ratios = sorted(set(ratios))
+        self.params = params
+
+    def question(self, dataset: str, item: BenchQuestion) -> list[FidelityRow]:
+        """Every rule and ratio on one question."""
+        generator = self.rag.generator
+        layout = self.rag.layout(item.question, item.chunks, self.params)
+        full_s, full = self._timed(layout, None, None, None)
+        reference = self._decode(layout, full)
+        system_kv, chunk_kvs = independent_chunks(generator, layout)
+        rows = []
+        for ratio in self.ratios:
+            shared: tuple[float, PrefillOutput, str] | None = None
+            for rule, selection in self.rules.items():
+                if shared is None or 0.0 < ratio < 1.0:  # at 0 and 1 no rule chooses anything
+                    sources = reuse_sources(system_kv, chunk_kvs, ratio)
+                    seconds, output = self._timed(layout, sources, selection, full)
+                    shared = (seconds, output, self._decode(layout, output))
+                seconds, output, answer = shared
+                rows.append(
+                    self._row(
+                        dataset,
+                        item,
+                        rule,
+                        ratio,
+                        layout,
+                        (full, reference, full_s),
+                        (output, answer, seconds),
+                    )
+                )
+        logger.info("%s %s: reference %r", dataset, item.qid, reference[:40])
+        return rows
+
+    def _timed(
+        self,
+        layout: PromptLayout,
+        sources: list | None,
+        selection: RecomputeConfig | None,
+        full: PrefillOutput | None,
+    ) -> tuple[float, PrefillOutput]:
+        started = time.perf_counter()
+        output = self.rag.generator.prefill(
+            layout,
+            sources,
+            max_new_tokens=self.params.max_new_tokens,
+            selection=selection,
+            reference_kv=None if full is None else full.kv,
+        )
+        output.logits.argmax()  # the first token
+        return time.perf_counter() - started, output
+
+    def _decode(self, layout: PromptLayout, output: PrefillOutput) -> str:
+        generator = self.rag.generator
+        tokens = generator.decode_tokens(layout, output, self.params)
+        return "".join(decode_text(tokens, generator.tokenizer, self.params)).strip()
+
+    def _row(
+        self,
+        dataset: str,
+        item: BenchQuestion,
+        rule: str,
+        ratio: float,
+        layout: PromptLayout,
+        full: tuple[PrefillOutput, str, float],
+        fused: tuple[PrefillOutput, str, float],
+    ) -> FidelityRow:
+        full_output, reference, full_s = full
+        output, answer, seconds = fused
+        same_first = int(output.logits.argmax()) == int(full_output.logits.argmax())
+        return FidelityRow(
+            dataset=dataset,
+            qid=item.qid,
+            qtype=item.qtype,
+            rule=rule,
+            ratio=ratio,
+            answer=answer,
+            reference=reference,
+            exact_agreement=exact_match(answer, reference),
+            f1_agreement=token_f1(answer, reference),
+            first_token_agreement=float(same_first),
+            first_token_kl=first_token_kl(full_output.logits, output.logits),
+            gold_em=best_exact_match(answer, item.answers),
+            gold_f1=best_f1(answer, item.answers),
+            gold_contains=contains_gold(answer, item.answers),
+            reference_gold_f1=best_f1(reference, item.answers),
+            ttft_s=seconds,
+            full_ttft_s=full_s,
+            num_prompt_tokens=layout.num_tokens,
+            num_recomputed_tokens=output.num_recomputed_tokens,
+        )
+
+
+def summarize(rows: Sequence[FidelityRow]) -> list[FidelitySummary]:
+    """Per (rule, ratio) means, in first-seen order."""
+    groups: dict[tuple[str, float], list[FidelityRow]] = {}
+    for row in rows:
+        groups.setdefault((row.rule, row.ratio), []).append(row)
+
+    def pct(values: Sequence[float]) -> float:
+        return 100 * statistics.fmean(values)
+
+    return [
+        FidelitySummary(
+            rule=rule,
+            ratio=ratio,
+            num_questions=len(group),
+            exact_agreement=pct([r.exact_agreement for r in group]),
+            f1_agreement=pct([r.f1_agreement for r in group]),
+            first_token_agreement=pct([r.first_token_agreement for r in group]),
+            first_token_kl=statistics.fmean(r.first_token_kl for r in group),
+            gold_em=pct([r.gold_em for r in group]),
+            gold_f1=pct([r.gold_f1 for r in group]),
+            gold_contains=pct([r.gold_contains for r in group]),
+            reference_gold_f1=pct([r.reference_gold_f1 for r in group]),
+            ttft_s=statistics.fmean(r.ttft_s for r in group),
+            full_ttft_s=statistics.fmean(r.full_ttft_s for r in group),
+        )
+        for (rule, ratio), group in groups.items()
+    ]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A quality target: the least a policy must keep of full recomputation's answers."""
+
+    min_exact_agreement: float = 85.0
+    min_gold_f1_share: float = 0.97
+    min_first_token_agreement: float | None = None
+
+    def is_met(self, summary: FidelitySummary) -> bool:
+        """Whether ``summary`` meets every part of the target."""
+        if self.min_first_token_agreement is not None:
+            return summary.first_token_agreement >= self.min_first_token_agreement
+        share = summary.gold_f1_share
+        gold_ok = share is None or share >= self.min_gold_f1_share
+        return summary.exact_agreement >= self.min_exact_agreement and gold_ok
+
+
+def smallest_ratio_meeting(
+    summaries: Sequence[FidelitySummary], rule: str, target: Target
+) -> FidelitySummary | None:
+    """The summary of ``rule`` at the smallest ratio that meets ``target`` (None if none does)."""
+    meeting = [s for s in summaries if s.rule == rule and target.is_met(s)]
+    return min(meeting, key=lambda s: s.ratio) if meeting else None
