@@ -1,0 +1,46 @@
+"""The fidelity run on a tiny model: full recomputation agrees with itself, controls differ."""
+
+from __future__ import annotations
+
+import pytest
+
+from adarag import AdaRAG
+from adarag.config import RecomputeConfig
+from adarag.evaluation.fidelity import FidelityRun, Target, smallest_ratio_meeting, summarize
+from adarag.evaluation.workload import BenchQuestion
+from adarag.schema import GenerationParams
+from tests.unit.engine.helpers import CHUNKS, QUESTION
+
+
+@pytest.fixture()
+def rows(tiny_checkpoints, tiny_config):
+    rag = AdaRAG(tiny_config(tiny_checkpoints["llama"]))
+    rules = {
+        "cross_attention": RecomputeConfig(),
+        "oracle": RecomputeConfig(selection_policy="oracle"),
+    }
+    run = FidelityRun(rag, rules, [0.0, 0.5, 1.0], GenerationParams(max_new_tokens=6))
+    item = BenchQuestion("q1", QUESTION, ("paris",), CHUNKS)
+    return run.question("tiny", item)
+
+
+def test_ratio_one_reproduces_the_reference_and_ratio_zero_is_shared(rows):
+    by_key = {(row.rule, row.ratio): row for row in rows}
+    assert len(rows) == 6
+    for rule in ("cross_attention", "oracle"):
+        exact = by_key[(rule, 1.0)]
+        assert exact.answer == exact.reference and exact.exact_agreement == 1.0
+        assert exact.first_token_kl == pytest.approx(0.0, abs=1e-6)
+    assert by_key[("cross_attention", 0.0)].answer == by_key[("oracle", 0.0)].answer
+    recomputed = {row.ratio: row.num_recomputed_tokens for row in rows if row.rule == "oracle"}
+    assert recomputed[0.0] < recomputed[0.5] < recomputed[1.0]
+
+
+def test_summaries_and_the_smallest_ratio_meeting_a_target(rows):
+    summaries = summarize(rows)
+    assert [(s.rule, s.ratio) for s in summaries][:2] == [("cross_attention", 0.0), ("oracle", 0.0)]
+    loose = Target(min_exact_agreement=0.0, min_gold_f1_share=0.0)
+    assert smallest_ratio_meeting(summaries, "oracle", loose).ratio == 0.0
+    strict = Target(min_exact_agreement=100.0, min_gold_f1_share=0.0)
+    hit = smallest_ratio_meeting(summaries, "oracle", strict)
+    assert hit is not None and hit.exact_agreement == 100.0
