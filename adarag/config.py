@@ -226,6 +226,18 @@ class AugmentConfig(_Frozen):
     estimator: Literal["combined", "entropy", "kl"] = Field(
         default="combined", description="Uncertainty estimator."
     )
+    stop_rule: Literal["confidence", "agreement"] = Field(
+        default="confidence",
+        description="'confidence': stop when the lens confidence reaches τ; 'agreement': stop "
+        "when the first answer tokens repeat the previous step's and the calibrated probability "
+        "of the static top-k answer reaches the profile's τ (static top-k without one).",
+    )
+    stability_tokens: int = Field(
+        default=4, ge=1, le=64, description="Answer tokens compared by the agreement rule."
+    )
+    min_chunks: int | None = Field(
+        default=None, ge=1, description="Floor on chunks before a stop; None: the profile's."
+    )
 
 
 class RetrievalConfig(_Frozen):

@@ -99,6 +99,11 @@ class StepTrace:
         confidence_s: Wall time of this step's confidence check.
         mean_kl: Raw mean logit-lens KL to the final layer (nats), before normalising.
         entropy: Raw entropy of the final next-token distribution (nats), before normalising.
+        margin: Probability of the most likely first answer token minus the second's.
+        answer_prefix: The first answer tokens decoded at this step (stop rules that compare
+            steps' answers), else None.
+        is_stable: Whether ``answer_prefix`` equals the previous step's (None without one).
+        probability: Calibrated P(this step's answer equals the static top-k answer), or None.
     """
 
     num_chunks: int
@@ -112,6 +117,10 @@ class StepTrace:
     confidence_s: float
     mean_kl: float | None = None
     entropy: float | None = None
+    margin: float | None = None
+    answer_prefix: str | None = None
+    is_stable: bool | None = None
+    probability: float | None = None
 
 
 @dataclass(frozen=True)

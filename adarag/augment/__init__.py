@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from adarag.augment.agreement import AgreementModel, IsotonicMap
 from adarag.augment.confidence import (
     Confidence,
     ConfidenceParams,
     LensConfidence,
     LensSignals,
 )
-from adarag.augment.controller import AugmentationController, ScoredStep, StepResult
-from adarag.augment.policies import StopRule, ThresholdStop
+from adarag.augment.controller import AugmentationController
+from adarag.augment.evidence import ScoredStep, StepResult
+from adarag.augment.policies import AgreementStop, StopRule, ThresholdStop
 
 __all__ = [
+    "AgreementModel",
+    "AgreementStop",
     "AugmentationController",
     "Confidence",
+    "IsotonicMap",
     "ConfidenceParams",
     "LensConfidence",
     "LensSignals",

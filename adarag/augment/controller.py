@@ -2,40 +2,22 @@
 
 Chunks are added one at a time. For step ``i`` the caller runs a prefill of ``system + c_1..c_i +
 query`` (reusing ``c_1..c_{i-1}`` from the hard tier) and hands back plain values: the lens
-signals and its costs. The controller scores the confidence and asks the stop rule; the caller
-then either decodes from step ``i``'s KV or keeps ``c_i`` under its hard key and goes on.
+signals, the first-token margin, optionally the first answer tokens, and its costs. The
+controller scores the confidence (and, with an agreement model, the calibrated probability that
+this step already gives the static top-k answer) and asks the stop rule; the caller then either
+decodes from step ``i``'s KV or keeps ``c_i`` under its hard key and goes on.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
-from adarag.augment.confidence import Confidence, ConfidenceEstimator, LensSignals
+from adarag.augment.agreement import AgreementModel
+from adarag.augment.confidence import ConfidenceEstimator
+from adarag.augment.evidence import ScoredStep, StepResult
 from adarag.augment.policies import StopRule
 from adarag.errors import InputError
 from adarag.schema import StopReason
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What the caller reports for one step."""
-
-    signals: LensSignals
-    num_processed_tokens: int
-    num_recomputed_tokens: int
-    prefill_s: float
-    confidence_s: float
-
-
-@dataclass(frozen=True)
-class ScoredStep:
-    """A step and the confidence the controller gave it."""
-
-    num_chunks: int
-    result: StepResult
-    confidence: Confidence
-    scoring_s: float
 
 
 class AugmentationController:
@@ -44,17 +26,30 @@ class AugmentationController:
     Args:
         estimator: Maps lens signals to confidence.
         stop_rule: Decides after each step.
+        agreement: Maps a step's scores to P(its answer equals the static top-k answer); None
+            leaves the probability out.
     """
 
-    def __init__(self, estimator: ConfidenceEstimator, stop_rule: StopRule) -> None:
+    def __init__(
+        self,
+        estimator: ConfidenceEstimator,
+        stop_rule: StopRule,
+        agreement: AgreementModel | None = None,
+    ) -> None:
         self.estimator = estimator
         self.stop_rule = stop_rule
+        self.agreement = agreement
 
     def score(self, num_chunks: int, result: StepResult) -> ScoredStep:
-        """The confidence of the step with ``num_chunks`` chunks, timed."""
+        """The confidence (and calibrated probability) of the step with ``num_chunks`` chunks."""
         started = time.perf_counter()
         confidence = self.estimator(result.signals)
-        return ScoredStep(num_chunks, result, confidence, time.perf_counter() - started)
+        probability = (
+            None if self.agreement is None else self.agreement(confidence.value, result.margin)
+        )
+        return ScoredStep(
+            num_chunks, result, confidence, time.perf_counter() - started, probability
+        )
 
     def should_stop(self, step: ScoredStep, max_steps: int) -> StopReason | None:
         """``"confident"`` or ``"exhausted"`` to decode from ``step``, None to add a chunk.
@@ -64,4 +59,4 @@ class AugmentationController:
         """
         if max_steps < 1:
             raise InputError(f"augmentation needs at least one chunk, got k={max_steps}")
-        return self.stop_rule.decide(step.confidence.value, step.num_chunks, max_steps)
+        return self.stop_rule.decide(step, max_steps)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from adarag.augment.evidence import ScoredStep
 from adarag.errors import ConfigError
 from adarag.schema import StopReason
 
@@ -12,14 +13,26 @@ from adarag.schema import StopReason
 class StopRule(Protocol):
     """Decides after each step whether to decode now."""
 
-    def decide(self, confidence: float, step: int, max_steps: int) -> StopReason | None:
-        """``"confident"`` or ``"exhausted"`` to stop after ``step`` (1-based), None to go on."""
+    @property
+    def needs_answer_prefix(self) -> bool:
+        """Whether the caller must decode the first answer tokens of every step."""
         ...
+
+    def decide(self, step: ScoredStep, max_steps: int) -> StopReason | None:
+        """``"confident"`` or ``"exhausted"`` to stop after ``step``, None to go on."""
+        ...
+
+
+def _check_floor(threshold: float, min_steps: int) -> None:
+    if not 0.0 <= threshold <= 1.0:
+        raise ConfigError(f"threshold (τ) must be in [0, 1], got {threshold}")
+    if min_steps < 1:
+        raise ConfigError(f"min_steps must be at least 1, got {min_steps}")
 
 
 @dataclass(frozen=True)
 class ThresholdStop:
-    """Stop at the first step whose confidence reaches τ, or after the last chunk.
+    """Stop at the first step whose lens confidence reaches τ, or after the last chunk.
 
     Args:
         threshold: τ in [0, 1].
@@ -28,17 +41,50 @@ class ThresholdStop:
 
     threshold: float
     min_steps: int = 1
+    needs_answer_prefix: bool = False
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ConfigError(f"threshold (τ) must be in [0, 1], got {self.threshold}")
-        if self.min_steps < 1:
-            raise ConfigError(f"min_steps must be at least 1, got {self.min_steps}")
+        _check_floor(self.threshold, self.min_steps)
 
-    def decide(self, confidence: float, step: int, max_steps: int) -> StopReason | None:
+    def decide(self, step: ScoredStep, max_steps: int) -> StopReason | None:
         """See the class docstring."""
-        if step >= self.min_steps and confidence >= self.threshold:
+        if step.num_chunks >= self.min_steps and step.confidence.value >= self.threshold:
             return "confident"
-        if step >= max_steps:
-            return "exhausted"
-        return None
+        return "exhausted" if step.num_chunks >= max_steps else None
+
+
+@dataclass(frozen=True)
+class AgreementStop:
+    """Stop when two signals agree: the answer is stable and its agreement is likely.
+
+    A step stops when at least ``min_steps`` chunks are in the prompt, its first answer tokens
+    equal the previous step's (TASR's answer stability), and its calibrated probability of giving
+    the static top-k answer reaches τ (chosen for a risk ε by calibration); else after the last
+    chunk.
+
+    Args:
+        threshold: τ on the calibrated probability, in [0, 1].
+        min_steps: The floor on the chunks in the prompt (stability needs at least 2).
+    """
+
+    threshold: float
+    min_steps: int = 2
+    needs_answer_prefix: bool = True
+
+    def __post_init__(self) -> None:
+        _check_floor(self.threshold, self.min_steps)
+
+    def decide(self, step: ScoredStep, max_steps: int) -> StopReason | None:
+        """See the class docstring."""
+        if step.probability is None:
+            raise ConfigError(
+                "the agreement stop rule needs a calibrated agreement model; run "
+                "`adarag calibrate` for this model or set augment.stop_rule='confidence'"
+            )
+        if (
+            step.num_chunks >= self.min_steps
+            and step.result.is_stable
+            and step.probability >= self.threshold
+        ):
+            return "confident"
+        return "exhausted" if step.num_chunks >= max_steps else None

@@ -7,13 +7,19 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from adarag.augment.agreement import fit_agreement
 from adarag.augment.calibrate import CalibrationFit, fit
+from adarag.augment.confidence import ConfidenceParams, LensConfidence
 from adarag.cli.options import add_model_arguments, build_config
 from adarag.data import demo_corpus, demo_questions
-from adarag.evaluation.plots import plot_tradeoff
+from adarag.evaluation.plots import plot_reliability, plot_tradeoff
 from adarag.pipeline import AdaRAG
-from adarag.profiles.calibration import ValidationQuestion, record_questions
-from adarag.profiles.model_profile import Calibration
+from adarag.profiles.calibration import (
+    ValidationQuestion,
+    agreement_evidence,
+    record_questions,
+)
+from adarag.profiles.model_profile import AgreementCalibration, Calibration
 from adarag.retrievers import MemoryRetriever
 from adarag.schema import Chunk, GenerationParams
 
@@ -36,6 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cost-weight", type=float, default=0.3, help="objective: quality - w * cost ratio"
     )
+    parser.add_argument(
+        "--risk",
+        type=float,
+        default=0.05,
+        help="ε of the agreement stop rule: tolerated share of early stops whose answer differs "
+        "from the static top-k answer",
+    )
+    parser.add_argument(
+        "--min-chunks", type=int, default=2, help="floor of the agreement stop rule"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--output", type=Path, help="profile JSON to write (default: the home)")
     parser.add_argument("--plot", type=Path, help="trade-off curve PNG (default: beside it)")
@@ -51,11 +67,24 @@ def run(args: argparse.Namespace) -> int:
     recorded = record_questions(rag, questions, params)
     result = fit([item.record for item in recorded], args.cost_weight)
     chosen = result.chosen
+    params_fit = ConfidenceParams(chosen.kl_weight, result.kl_scale, result.entropy_scale)
+    evidence = agreement_evidence(recorded, LensConfidence(params_fit))
+    agreement = fit_agreement(evidence, args.risk, args.min_chunks)
+    probability = agreement.model.probability
     calibration = Calibration(
         threshold=round(chosen.threshold, 4),
         kl_weight=round(chosen.kl_weight, 4),
         kl_scale=round(result.kl_scale, 6),
         entropy_scale=round(result.entropy_scale, 6),
+        agreement=AgreementCalibration(
+            agreement.model.feature,
+            probability.x,
+            probability.y,
+            agreement.threshold,
+            agreement.risk,
+            agreement.min_steps,
+            agreement.held_out_risk,
+        ),
     )
     profile = rag.profile.with_calibration(calibration)
     output = args.output or config.home / "profiles" / f"{rag.generator.fingerprint}.json"
@@ -64,7 +93,16 @@ def run(args: argparse.Namespace) -> int:
     records_path = output.with_name(output.stem + ".calibration-records.json")
     records_path.write_text(json.dumps([asdict(item) for item in recorded]) + "\n")
     plot = plot_tradeoff(result, args.plot or output.with_name(output.stem + ".tradeoff.png"))
+    reliability = plot_reliability(
+        evidence, agreement.model, output.with_name(output.stem + ".reliability.png")
+    )
     _report(result, recorded, calibration, output, plot)
+    print(
+        f"agreement rule (ε={agreement.risk:.2f}, min {agreement.min_steps} chunks): "
+        f"τ={agreement.threshold}, risk on the fitting half {agreement.fit_risk:.3f}, held out "
+        f"{agreement.held_out_risk} with {100 * agreement.held_out_early_share:.0f}% stopping "
+        f"early; reliability plot: {reliability}"
+    )
     return 0
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from adarag.augment.agreement import AgreementModel, StepEvidence
 from adarag.augment.calibrate import CalibrationFit, OperatingPoint
 from adarag.errors import MissingDependencyError
 from adarag.evaluation.harness import QueryRecord
@@ -90,6 +91,37 @@ def plot_tradeoff(result: CalibrationFit, path: Path) -> Path:
     axis.set_xlabel("cost: tokens processed / static top-k prompt tokens")
     axis.set_ylabel("quality: F1 with the full-recomputation answer")
     axis.set_title("Adaptive augmentation trade-off (calibration split)")
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def plot_reliability(
+    questions: Sequence[Sequence[StepEvidence]], model: AgreementModel, path: Path, bins: int = 8
+) -> Path:
+    """Reliability of the agreement model: predicted P(agreement) against the observed share."""
+    plt = pyplot()
+    steps = [step for question in questions for step in question]
+    predicted = [model(step.confidence, step.margin) for step in steps]
+    groups: dict[int, list[int]] = {}
+    for index, value in enumerate(predicted):
+        groups.setdefault(min(int(value * bins), bins - 1), []).append(index)
+    fig, axis = plt.subplots(figsize=(5.0, 4.5))
+    axis.plot([0, 1], [0, 1], ":", color="grey", label="perfect calibration")
+    points = sorted(
+        (
+            sum(predicted[i] for i in members) / len(members),
+            sum(steps[i].agrees for i in members) / len(members),
+            len(members),
+        )
+        for members in groups.values()
+    )
+    axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label="steps")
+    for x, y, n in points:
+        axis.annotate(str(n), (x, y), fontsize=7, xytext=(3, -9), textcoords="offset points")
+    axis.set_xlabel("predicted P(answer = static top-k answer)")
+    axis.set_ylabel("observed share")
+    axis.set_title("Agreement model reliability (calibration split)")
     axis.legend(fontsize=8)
     fig.tight_layout()
     return _save(fig, plt, path)

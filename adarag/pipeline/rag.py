@@ -12,6 +12,8 @@ from functools import cached_property
 from typing import Any
 
 from adarag.augment import (
+    AgreementModel,
+    AgreementStop,
     AugmentationController,
     ConfidenceParams,
     LensConfidence,
@@ -410,11 +412,21 @@ class AdaRAG:
         return system_kv
 
     def _augmented(self) -> AugmentedPrefill:
+        augment = self.config.augment
+        agreement = self.profile.calibration.agreement
+        uncalibrated = agreement is None or agreement.threshold is None
+        if augment.enabled and augment.stop_rule == "agreement" and uncalibrated:
+            logger.warning(
+                "the agreement stop rule has no calibrated threshold for %s; answering from the "
+                "static top-k (run `adarag calibrate` to adapt the depth)",
+                self.profile.model,
+            )
+            augment = augment.model_copy(update={"enabled": False})
         return AugmentedPrefill(
             self.generator,
             self.cache,
             self.config.cache,
-            self.config.augment,
+            augment,
             self._controller(),
             self._engine_lock,
             self._ensure_system_kv,
@@ -433,9 +445,17 @@ class AdaRAG:
         threshold = calibration.threshold if augment.threshold is None else augment.threshold
         kl_weight = calibration.kl_weight if augment.kl_weight is None else augment.kl_weight
         params = ConfidenceParams(kl_weight, calibration.kl_scale, calibration.entropy_scale)
-        return AugmentationController(
-            LensConfidence(params, augment.estimator), ThresholdStop(threshold)
-        )
+        estimator = LensConfidence(params, augment.estimator)
+        if augment.stop_rule == "confidence":
+            return AugmentationController(
+                estimator, ThresholdStop(threshold, augment.min_chunks or 1)
+            )
+        fitted = calibration.agreement
+        if fitted is None or fitted.threshold is None:  # static top-k (see _augmented)
+            return AugmentationController(estimator, ThresholdStop(threshold))
+        agreement = AgreementModel.from_knots(fitted.feature, fitted.knots, fitted.probabilities)
+        rule = AgreementStop(fitted.threshold, augment.min_chunks or fitted.min_steps)
+        return AugmentationController(estimator, rule, agreement)
 
     def _decoder(self, params: GenerationParams) -> DecodeSteps:
         """Decodes a prepared answer with ``params``."""

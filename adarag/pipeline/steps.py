@@ -13,6 +13,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from adarag.augment import AugmentationController, LensSignals, ScoredStep, StepResult
 from adarag.augment.confidence import mean
@@ -100,8 +103,10 @@ class AugmentedPrefill:
         augment = self._augment_config.enabled
         taken: list[tuple[ScoredStep, _Step]] = []
         reason: StopReason | None = None
+        previous: tuple[int, ...] | None = None
         for step_chunks in range(1, num_chunks + 1) if augment else [num_chunks]:
-            step = self._run_step(layout.with_chunks(step_chunks), params)
+            step = self._run_step(layout.with_chunks(step_chunks), params, previous)
+            previous = step.result.answer_prefix
             scored = self._controller.score(step_chunks, step.result)
             taken.append((scored, step))
             reason = self._controller.should_stop(scored, num_chunks) if augment else "static"
@@ -111,7 +116,9 @@ class AugmentedPrefill:
         assert reason is not None, "the stop rule must stop at the last step"
         final = taken[-1][1]
         trace = QueryTrace(
-            steps=tuple(_step_trace(scored, step.tiers) for scored, step in taken),
+            steps=tuple(
+                _step_trace(scored, step.tiers, self._generator.tokenizer) for scored, step in taken
+            ),
             stop_reason=reason,
             ttft_s=time.perf_counter() - started,
             num_prompt_tokens=final.layout.num_tokens,
@@ -131,14 +138,16 @@ class AugmentedPrefill:
     ) -> list[tuple[StepTrace, str]]:
         """Every step of ``layout``'s chunks (no early stop), each with the answer it decodes."""
         results = []
+        previous: tuple[int, ...] | None = None
         for num_chunks in range(1, len(layout.chunk_ids) + 1):
-            step = self._run_step(layout.with_chunks(num_chunks), params)
+            step = self._run_step(layout.with_chunks(num_chunks), params, previous, always=True)
+            previous = step.result.answer_prefix
             scored = self._controller.score(num_chunks, step.result)
             with self._engine_lock:
                 tokens = self._generator.decode_tokens(step.layout, step.output, params)
                 answer = "".join(decode_text(tokens, self._generator.tokenizer, params)).strip()
                 self._keep(step)
-            results.append((_step_trace(scored, step.tiers), answer))
+            results.append((_step_trace(scored, step.tiers, self._generator.tokenizer), answer))
         return results
 
     def fused_prefill(
@@ -166,19 +175,42 @@ class AugmentedPrefill:
         self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
         return output, hits, time.perf_counter() - started
 
-    def _run_step(self, layout: PromptLayout, params: GenerationParams) -> _Step:
-        """One augmentation step: fused prefill of ``layout`` and its confidence signals."""
+    def _run_step(
+        self,
+        layout: PromptLayout,
+        params: GenerationParams,
+        previous: tuple[int, ...] | None,
+        always: bool = False,
+    ) -> _Step:
+        """One augmentation step: fused prefill of ``layout`` and its stop signals.
+
+        The first answer tokens are decoded (greedily) when the stop rule compares steps'
+        answers, or ``always``; ``previous`` is the prior step's.
+        """
         output, hits, prefill_s = self.fused_prefill(layout, params.max_new_tokens)
         lens_started = time.perf_counter()
         kl, entropy = self._generator.lens_signals(output, self._augment_config.num_lens_layers)
+        top2 = torch.softmax(output.logits.float().reshape(-1), dim=-1).topk(2).values
+        prefix = None
+        if always or self._controller.stop_rule.needs_answer_prefix:
+            prefix = self._answer_prefix(layout, output)
         result = StepResult(
             LensSignals(tuple(kl), entropy),
             output.num_processed_tokens,
             output.num_recomputed_tokens,
             prefill_s,
             time.perf_counter() - lens_started,
+            margin=float(top2[0] - top2[1]),
+            answer_prefix=prefix,
+            is_stable=None if prefix is None or previous is None else prefix == previous,
         )
         return _Step(layout, output, hits, result)
+
+    def _answer_prefix(self, layout: PromptLayout, output: PrefillOutput) -> tuple[int, ...]:
+        """The first ``stability_tokens`` greedy answer tokens (the prompt's KV is unchanged)."""
+        greedy = GenerationParams(max_new_tokens=self._augment_config.stability_tokens)
+        with self._engine_lock:
+            return tuple(self._generator.decode_tokens(layout, output, greedy))
 
     def write_back(self, layout: PromptLayout, output: PrefillOutput, hits: list[TierHit]) -> None:
         """Store every chunk of ``layout`` under its hard and soft keys (Algorithm 1, line 18)."""
@@ -190,8 +222,9 @@ class AugmentedPrefill:
         self.write_back(step.layout, step.output, step.hits)
 
 
-def _step_trace(step: ScoredStep, tiers: tuple[Tier, ...]) -> StepTrace:
+def _step_trace(step: ScoredStep, tiers: tuple[Tier, ...], tokenizer: Any) -> StepTrace:
     result = step.result
+    prefix = result.answer_prefix
     return StepTrace(
         num_chunks=step.num_chunks,
         confidence=step.confidence.value,
@@ -204,4 +237,8 @@ def _step_trace(step: ScoredStep, tiers: tuple[Tier, ...]) -> StepTrace:
         confidence_s=result.confidence_s + step.scoring_s,
         mean_kl=mean(result.signals.kl),
         entropy=result.signals.entropy,
+        margin=result.margin,
+        answer_prefix=None if prefix is None else tokenizer.decode(list(prefix)),
+        is_stable=result.is_stable,
+        probability=step.probability,
     )

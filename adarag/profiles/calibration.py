@@ -6,9 +6,10 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from adarag.augment.agreement import StepEvidence
 from adarag.augment.calibrate import QuestionRecord, StepRecord
-from adarag.augment.confidence import LensSignals
-from adarag.evaluation.metrics import best_f1, token_f1
+from adarag.augment.confidence import LensConfidence, LensSignals
+from adarag.evaluation.metrics import best_f1, exact_match, token_f1
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.stream import decode_text
 from adarag.schema import GenerationParams, StepTrace
@@ -33,6 +34,8 @@ class RecordedQuestion:
     step_answers: tuple[str, ...]
     reference_answer: str
     gold_f1: tuple[float, ...]
+    margins: tuple[float | None, ...] = ()
+    stable: tuple[bool, ...] = ()
 
 
 def record_questions(
@@ -80,4 +83,32 @@ def _record(
         tuple(answer for _, answer in steps),
         reference,
         tuple(best_f1(answer, gold) for _, answer in steps),
+        tuple(trace.margin for trace, _ in steps),
+        tuple(bool(trace.is_stable) for trace, _ in steps),
     )
+
+
+def agreement_evidence(
+    recorded: Sequence[RecordedQuestion], estimator: LensConfidence
+) -> list[list[StepEvidence]]:
+    """Each question's steps as agreement evidence: does the step answer as static top-k does?
+
+    The static top-k answer is the last step's (all k chunks, the same reuse).
+    """
+    questions = []
+    for item in recorded:
+        static = item.step_answers[-1]
+        questions.append(
+            [
+                StepEvidence(
+                    estimator(step.signals).value,
+                    margin,
+                    stable,
+                    bool(exact_match(answer, static)),
+                )
+                for step, answer, margin, stable in zip(
+                    item.record.steps, item.step_answers, item.margins, item.stable, strict=True
+                )
+            ]
+        )
+    return questions

@@ -30,6 +30,29 @@ class LayerBand:
 
 
 @dataclass(frozen=True)
+class AgreementCalibration:
+    """The agreement stop rule's constants (fitted by ``adarag calibrate``).
+
+    Attributes:
+        feature: The step score the map reads ("confidence", "margin" or "mean").
+        knots: Ascending scores of the isotonic map.
+        probabilities: P(the step's answer equals the static top-k answer) at the knots.
+        threshold: τ for ``risk``; None when no τ was safe enough (augmentation stays static).
+        risk: ε, the tolerated share of early stops that change the static top-k answer.
+        min_steps: The floor on chunks before a stop.
+        held_out_risk: The share measured on the held-out half of the calibration questions.
+    """
+
+    feature: str
+    knots: tuple[float, ...]
+    probabilities: tuple[float, ...]
+    threshold: float | None
+    risk: float
+    min_steps: int
+    held_out_risk: float | None = None
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Constants of the augmentation confidence (fitted by ``adarag calibrate``)."""
 
@@ -37,6 +60,7 @@ class Calibration:
     kl_weight: float = 0.5
     kl_scale: float = 1.0
     entropy_scale: float = 1.0
+    agreement: AgreementCalibration | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +96,13 @@ class ModelProfile:
             if data.pop("format", None) != FORMAT:
                 raise ValueError(f"format is not {FORMAT}")
             data["bands"] = tuple(LayerBand(**band) for band in data["bands"])
-            data["calibration"] = Calibration(**data.get("calibration") or {})
+            calibration = dict(data.get("calibration") or {})
+            if calibration.get("agreement") is not None:
+                agreement = dict(calibration["agreement"])
+                agreement["knots"] = tuple(agreement["knots"])
+                agreement["probabilities"] = tuple(agreement["probabilities"])
+                calibration["agreement"] = AgreementCalibration(**agreement)
+            data["calibration"] = Calibration(**calibration)
             for name in ("predecessor_share", "sink_share"):
                 data[name] = tuple(data.get(name, ()))
             data["chunk_attention"] = tuple(

@@ -10,6 +10,8 @@ from adarag import AdaRAG, Chunk, MemoryRetriever
 from adarag.config import AdaRagConfig
 from adarag.errors import ConfigError, InputError
 from adarag.pipeline.stream import NO_CONTEXT_ANSWER
+from adarag.profiles import generic_profile
+from adarag.profiles.model_profile import AgreementCalibration, Calibration
 from adarag.schema import GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION
 
@@ -118,3 +120,48 @@ def test_more_lens_layers_than_the_model_has_is_rejected(make_rag):
 def test_threshold_and_weight_outside_unit_interval_are_config_errors(field):
     with pytest.raises(ConfigError, match=field):
         AdaRagConfig.build(augment={field: 1.5})
+
+
+def test_the_agreement_rule_without_a_calibration_warns_and_answers_from_static_top_k(
+    make_rag, caplog
+):
+    rag = make_rag(augment={"stop_rule": "agreement"})
+    with caplog.at_level("WARNING"):
+        answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
+    assert "no calibrated threshold" in caplog.text
+    assert answer.trace.stop_reason == "static"
+    assert [s.num_chunks for s in answer.trace.steps] == [3]
+
+
+def _write_agreement_profile(rag: AdaRAG, threshold: float) -> None:
+    """A profile whose agreement model says 1.0 everywhere, stored where `calibrate` writes."""
+    agreement = AgreementCalibration("confidence", (0.0, 1.0), (1.0, 1.0), threshold, 0.05, 2)
+    profile = generic_profile(
+        rag.generator.checkpoint.name, rag.generator.fingerprint, rag.generator.spec.num_layers
+    ).with_calibration(Calibration(agreement=agreement))
+    directory = rag.config.home / "profiles"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{rag.generator.fingerprint}.json").write_text(profile.to_json())
+
+
+def test_the_agreement_rule_stops_at_the_first_stable_answer_past_the_floor(make_rag):
+    rag = make_rag(augment={"stop_rule": "agreement", "stability_tokens": 2})
+    _write_agreement_profile(rag, threshold=0.5)
+    answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
+    steps = answer.trace.steps
+    assert steps[0].is_stable is None and steps[0].answer_prefix is not None
+    assert all(s.probability == 1.0 and s.margin is not None for s in steps)
+    for before, step in zip(steps, steps[1:], strict=False):
+        assert step.is_stable == (step.answer_prefix == before.answer_prefix)
+    stable_at = [s.num_chunks for s in steps[1:] if s.is_stable]
+    if stable_at:
+        assert answer.trace.stop_reason == "confident" and len(steps) == stable_at[0]
+    else:
+        assert answer.trace.stop_reason == "exhausted" and len(steps) == 3
+
+
+def test_the_agreement_rule_keeps_its_floor(make_rag):
+    rag = make_rag(augment={"stop_rule": "agreement", "min_chunks": 3})
+    _write_agreement_profile(rag, threshold=0.5)
+    answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
+    assert len(answer.trace.steps) == 3  # even when the answers repeat earlier

@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 
 from adarag.augment import (
+    AgreementStop,
     AugmentationController,
+    Confidence,
     ConfidenceParams,
     LensConfidence,
     LensSignals,
+    ScoredStep,
     StepResult,
     ThresholdStop,
 )
@@ -30,7 +33,34 @@ from adarag.errors import ConfigError, InputError
 )
 def test_threshold_stop_rule(confidence, step, max_steps, min_steps, expected):
     rule = ThresholdStop(threshold=0.5, min_steps=min_steps)
-    assert rule.decide(confidence, step, max_steps) == expected
+    scored = ScoredStep(step, _result(step), Confidence(confidence, 0.0, 0.0), 0.0)
+    assert rule.decide(scored, max_steps) == expected
+
+
+@pytest.mark.parametrize(
+    ("step", "stable", "probability", "expected"),
+    [
+        (2, True, 0.9, "confident"),
+        (2, False, 0.99, None),  # a changed answer never stops
+        (2, True, 0.79, None),  # below τ
+        (1, None, 0.99, None),  # under the floor (and no previous answer)
+        (4, False, 0.1, "exhausted"),
+        (4, True, 0.9, "confident"),
+    ],
+)
+def test_agreement_stop_needs_a_stable_answer_and_a_likely_agreement(
+    step, stable, probability, expected
+):
+    rule = AgreementStop(threshold=0.8, min_steps=2)
+    result = StepResult(LensSignals((), 0.0), 10, 1, 0.1, 0.0, 0.5, (1, 2), stable)
+    scored = ScoredStep(step, result, Confidence(0.5, 0.0, 0.0), 0.0, probability)
+    assert rule.decide(scored, 4) == expected
+
+
+def test_agreement_stop_without_a_calibrated_probability_is_a_config_error():
+    scored = ScoredStep(2, _result(2), Confidence(0.5, 0.0, 0.0), 0.0, None)
+    with pytest.raises(ConfigError, match="adarag calibrate"):
+        AgreementStop(threshold=0.5).decide(scored, 4)
 
 
 class _FixedConfidence:
@@ -40,8 +70,6 @@ class _FixedConfidence:
         self.values = list(values)
 
     def __call__(self, signals):
-        from adarag.augment import Confidence
-
         return Confidence(self.values[int(signals.entropy)], 0.0, 0.0)
 
 

@@ -1,0 +1,51 @@
+"""`adarag calibrate` end to end on a tiny model: the profile it writes drives the stop rule."""
+
+from __future__ import annotations
+
+import json
+
+from adarag import AdaRAG
+from adarag.cli import main
+from adarag.config import AdaRagConfig
+from adarag.profiles import ModelProfile
+
+
+def test_calibrate_writes_an_agreement_calibration_the_pipeline_reads(tiny_checkpoints, tmp_path):
+    settings = {
+        "home": str(tmp_path / "home"),
+        "engine": {"model": str(tiny_checkpoints["llama"])},
+        "augment": {"num_lens_layers": 2, "stop_rule": "agreement"},
+    }
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(settings))
+    data = tmp_path / "dev.jsonl"
+    rows = [
+        {
+            "question": f"Where was person {i} born?",
+            "answers": [f"town {i}"],
+            "passages": [
+                {"title": f"P{i}-{j}", "text": f"Person {i} lived in town {j}."} for j in range(3)
+            ],
+        }
+        for i in range(6)
+    ]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    output = tmp_path / "profile.json"
+    argv = ["--config", str(config_path), "calibrate", "--data", str(data), "--chunks", "3"]
+    status = main([*argv, "--max-new-tokens", "4", "--risk", "0.2", "--output", str(output)])
+    assert status == 0
+    profile = ModelProfile.from_json(output.read_text(), str(output))
+    agreement = profile.calibration.agreement
+    assert agreement is not None and agreement.risk == 0.2 and agreement.min_steps == 2
+    assert list(agreement.probabilities) == sorted(agreement.probabilities)
+    assert output.with_name("profile.reliability.png").stat().st_size > 0
+    records = json.loads(output.with_name("profile.calibration-records.json").read_text())
+    assert all(len(r["margins"]) == len(r["stable"]) == len(r["step_answers"]) for r in records)
+    assert all(r["stable"][0] is False for r in records)  # no previous answer at step 1
+
+    # the pipeline reads what calibrate wrote (from the home, by fingerprint)
+    rag = AdaRAG(AdaRagConfig.build(**settings))
+    (rag.config.home / "profiles").mkdir(parents=True, exist_ok=True)
+    fingerprint_path = rag.config.home / "profiles" / f"{rag.generator.fingerprint}.json"
+    fingerprint_path.write_text(output.read_text())
+    assert rag.profile.calibration.agreement == agreement
