@@ -126,9 +126,10 @@ class RecomputeConfig(_Frozen):
     selection_policy: Literal[
         "cross_attention", "kv_deviation", "query_attention", "random", "oracle"
     ] = Field(
-        default="cross_attention",
-        description="'cross_attention': AdaCache's first-layer cross-chunk attention ratio; "
-        "'kv_deviation': CacheBlend's value deviation at the check layer; 'query_attention': "
+        default="kv_deviation",
+        description="'kv_deviation' (the default, chosen on the fidelity calibration split): "
+        "CacheBlend's value deviation at the check layer; 'cross_attention': AdaCache's "
+        "first-layer cross-chunk attention ratio; 'query_attention': "
         "the query suffix's attention over the cached KV (A3, ProphetKV); 'random' and 'oracle' "
         "(deviation from a full prefill, benchmarks only) are controls.",
     )
@@ -141,9 +142,10 @@ class RecomputeConfig(_Frozen):
         "None reads every layer.",
     )
     budget: Literal["per_chunk", "global"] = Field(
-        default="per_chunk",
+        default="global",
         description="'per_chunk': each cached chunk recomputes ceil(ratio x its tokens); "
-        "'global': the same total goes to the best-scored tokens of all chunks together.",
+        "'global' (the default, CacheBlend's choice and better on the calibration split): the "
+        "same total goes to the best-scored tokens of all chunks together.",
     )
     max_chunk_ratio: float | None = Field(
         default=None,

@@ -18,7 +18,13 @@ from adarag.evaluation import plots
 from adarag.evaluation.harness import BenchRunner, QueryRecord
 from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.policies import POLICIES
-from adarag.evaluation.report import PolicySummary, markdown_table, speedups, summarize
+from adarag.evaluation.report import (
+    PolicySummary,
+    by_question_type,
+    markdown_table,
+    speedups,
+    summarize,
+)
 from adarag.evaluation.workload import DATASETS, load_questions, query_stream
 from adarag.retrievers.knowledge_base import KnowledgeBase
 from adarag.schema import GenerationParams
@@ -83,7 +89,8 @@ def _run_dataset(
     records: list[QueryRecord] = []
     for name in args.policies:
         records += runner.run(POLICIES[name], questions, stream, args.top_k)
-    summaries = summarize(records)
+    twins = {p.name: p.static_twin for p in POLICIES.values() if p.static_twin}
+    summaries = summarize(records, twins)
     first = f" from #{args.offset}" if args.offset else ""
     title = f"{dataset}: {len(questions)} questions{first}, {len(stream)} queries, top-{args.top_k}"
     # Every point of the sweep answers each question once (cold caches), the main top-k too.
@@ -91,7 +98,7 @@ def _run_dataset(
     sweep: dict[int, list[PolicySummary]] = {}
     for k in top_ks if args.top_k_sweep else []:
         runs = [r for p in SWEEP_POLICIES for r in runner.run(POLICIES[p], questions, once, k)]
-        sweep[k] = summarize(runs)
+        sweep[k] = summarize(runs, twins)
     _write(args, dataset, title, records, summaries, sweep, measured_on)
 
 
@@ -113,6 +120,19 @@ def _write(
             "AdaCache mean-TTFT speed-up over: "
             + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in ratios.items())
         )
+    types = by_question_type(records, "adacache", "adacache-static")
+    if types:
+        lines += [
+            "",
+            "By question type (adacache vs adacache-static):",
+            "",
+            "| type | queries | using >= 2 chunks % | mean chunks | F1 | static F1 |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {t} | {n} | {two:.0f} | {c:.2f} | {f:.1f} | {sf:.1f} |"
+            for t, n, two, c, f, sf in types
+        ]
     (out / f"{dataset}.md").write_text("\n".join(lines) + "\n")
     payload = {
         "title": title,

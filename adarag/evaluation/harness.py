@@ -43,6 +43,7 @@ class QueryRecord:
     exact_match: float
     store_memory_bytes: int
     step_confidences: list[float] = field(default_factory=list)
+    qtype: str | None = None
 
 
 class BenchRunner:
@@ -123,6 +124,7 @@ class BenchRunner:
                     exact_match=best_exact_match(answer.text, question.answers),
                     store_memory_bytes=rag.cache_stats().store.memory_bytes,
                     step_confidences=[s.confidence or 0.0 for s in trace.steps],
+                    qtype=question.qtype,
                 )
             )
             logger.info(

@@ -7,7 +7,7 @@ Baselines follow the AdaCache paper's comparisons (section 4.1 and Figure 6):
 - ``promptcache``: independent chunk KV, no recomputation (PromptCache);
 - ``cacheblend``: independent chunk KV with a uniform 15% recomputation chosen by V deviation at
   the second layer (CacheBlend);
-- ``adacache-static``: AdaCache's tiers and first-layer cross-attention selection, static top-k;
+- ``adacache-static``: AdaCache's tiers with the default selection, static top-k;
 - ``adacache``: tiers and adaptive context augmentation;
 - ``prefix+aca`` and ``cacheblend+aca``: augmentation on top of the two baselines.
 """
@@ -25,6 +25,8 @@ class Policy:
     name: str
     description: str
     overrides: dict[str, Any]
+    static_twin: str | None = None
+    """For an augmenting policy, the policy that answers from the same top-k without stopping."""
 
     @property
     def uses_independent_tier(self) -> bool:
@@ -47,6 +49,7 @@ def _policy(
     independent_ratio: float | None = None,
     selection: str | None = None,
     augment: bool = False,
+    static_twin: str | None = None,
 ) -> Policy:
     """A policy's overrides; a ratio or selection left None keeps the configured default."""
     independent_tier: dict[str, Any] = {"enabled": independent}
@@ -59,7 +62,8 @@ def _policy(
     }
     if selection is not None:
         cache["recompute"] = {"selection_policy": selection}
-    return Policy(name, description, {"cache": cache, "augment": {"enabled": augment}})
+    overrides = {"cache": cache, "augment": {"enabled": augment}}
+    return Policy(name, description, overrides, static_twin)
 
 
 POLICIES: dict[str, Policy] = {
@@ -92,7 +96,6 @@ POLICIES: dict[str, Policy] = {
             hard=True,
             soft=True,
             independent=True,
-            selection="cross_attention",
         ),
         _policy(
             "adacache",
@@ -100,8 +103,8 @@ POLICIES: dict[str, Policy] = {
             hard=True,
             soft=True,
             independent=True,
-            selection="cross_attention",
             augment=True,
+            static_twin="adacache-static",
         ),
         _policy(
             "prefix+aca",
@@ -110,6 +113,7 @@ POLICIES: dict[str, Policy] = {
             soft=False,
             independent=False,
             augment=True,
+            static_twin="prefix",
         ),
         _policy(
             "cacheblend+aca",
@@ -120,6 +124,7 @@ POLICIES: dict[str, Policy] = {
             independent_ratio=0.15,
             selection="kv_deviation",
             augment=True,
+            static_twin="cacheblend",
         ),
     )
 }

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from adarag.evaluation.harness import QueryRecord
-from adarag.evaluation.metrics import token_f1
+from adarag.evaluation.metrics import exact_match, token_f1
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,26 @@ class PolicySummary:
     tier_hits: dict[str, int]
     peak_store_bytes: int
     confidence_share: float
+    static_agreement: float | None = None
+    stopped_wrong: float | None = None
 
 
-def summarize(records: Sequence[QueryRecord]) -> list[PolicySummary]:
-    """Per-policy summaries; agreement is token F1 with the ``full`` policy's answer."""
+def summarize(
+    records: Sequence[QueryRecord], static_twins: Mapping[str, str] | None = None
+) -> list[PolicySummary]:
+    """Per-policy summaries; agreement is token F1 with the ``full`` policy's answer.
+
+    With ``static_twins`` (augmenting policy -> the policy answering from the same top-k),
+    an augmenting policy also gets its exact agreement with its twin's answers and its
+    *stopped-wrong* rate: the share of its early stops (fewer chunks than top-k) whose answer
+    differs from the twin's.
+    """
     reference = {r.qid: r.answer for r in records if r.policy == "full"}
     summaries = []
     for policy in dict.fromkeys(r.policy for r in records):
         rows = [r for r in records if r.policy == policy]
+        twin = (static_twins or {}).get(policy)
+        static_agreement, stopped_wrong = _against_static(rows, records, twin)
         hits: Counter[str] = Counter()
         for row in rows:
             hits.update(row.tier_hits)
@@ -79,9 +91,50 @@ def summarize(records: Sequence[QueryRecord]) -> list[PolicySummary]:
                 peak_store_bytes=max(r.store_memory_bytes for r in rows),
                 confidence_share=sum(r.confidence_s for r in rows)
                 / max(sum(r.prefill_s for r in rows), 1e-9),
+                static_agreement=static_agreement,
+                stopped_wrong=stopped_wrong,
             )
         )
     return summaries
+
+
+def _against_static(
+    rows: Sequence[QueryRecord], records: Sequence[QueryRecord], twin: str | None
+) -> tuple[float | None, float | None]:
+    """(% exact agreement with the twin's answers, % of early stops that differ), or Nones."""
+    answers = {r.qid: r.answer for r in records if r.policy == twin}
+    paired = [r for r in rows if r.qid in answers]
+    if not paired:
+        return None, None
+    agree = [exact_match(r.answer, answers[r.qid]) for r in paired]
+    early = [a for r, a in zip(paired, agree, strict=True) if r.num_chunks_used < r.top_k]
+    wrong = 100 * (1 - statistics.fmean(early)) if early else None
+    return 100 * statistics.fmean(agree), wrong
+
+
+def by_question_type(
+    records: Sequence[QueryRecord], policy: str, static_twin: str
+) -> list[tuple[str, int, float, float, float, float]]:
+    """Per question type of ``policy``, against its static twin.
+
+    Rows: (type, queries, share using >= 2 chunks %, mean chunks, F1, the twin's F1).
+    """
+    rows = [r for r in records if r.policy == policy and r.qtype]
+    twin_f1 = {r.qid: r.f1 for r in records if r.policy == static_twin}
+    table = []
+    for qtype in sorted({r.qtype for r in rows if r.qtype}):
+        group = [r for r in rows if r.qtype == qtype]
+        table.append(
+            (
+                qtype,
+                len(group),
+                100 * statistics.fmean(float(r.num_chunks_used >= 2) for r in group),
+                statistics.fmean(r.num_chunks_used for r in group),
+                100 * statistics.fmean(r.f1 for r in group),
+                100 * statistics.fmean(twin_f1.get(r.qid, 0.0) for r in group),
+            )
+        )
+    return table
 
 
 def markdown_table(summaries: Sequence[PolicySummary]) -> str:
@@ -89,8 +142,8 @@ def markdown_table(summaries: Sequence[PolicySummary]) -> str:
     lines = [
         "| policy | TTFT mean (s) | p50 | p95 | cold mean | warm mean | F1 | EM | agreement F1 "
         "| recomputed | tokens processed | chunks used | tier hits (hard/soft/indep/miss) "
-        "| peak cache (MB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak cache (MB) | agrees with static top-k % | stopped wrong % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         hits = "/".join(str(s.tier_hits.get(t, 0)) for t in ("hard", "soft", "independent", "miss"))
@@ -101,9 +154,14 @@ def markdown_table(summaries: Sequence[PolicySummary]) -> str:
             f"| {s.policy} | {s.ttft.mean:.2f} | {s.ttft.p50:.2f} | {s.ttft.p95:.2f} | {cold} "
             f"| {warm} | {s.f1:.1f} | {s.exact_match:.1f} | {agreement} "
             f"| {s.recomputed_ratio:.1%} | {s.mean_processed_tokens:.0f} "
-            f"| {s.mean_chunks_used:.2f} | {hits} | {s.peak_store_bytes / 2**20:.0f} |"
+            f"| {s.mean_chunks_used:.2f} | {hits} | {s.peak_store_bytes / 2**20:.0f} "
+            f"| {_percent(s.static_agreement)} | {_percent(s.stopped_wrong)} |"
         )
     return "\n".join(lines)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def speedups(summaries: Sequence[PolicySummary], of: str = "adacache") -> dict[str, float]:

@@ -54,7 +54,7 @@ def test_with_config_pipeline_recomputes_with_its_own_selection_rule(tiny_checkp
     )
     rag.warm(list(CHUNKS))
     layout = rag.prompts.layout(QUESTION, CHUNKS)
-    other = rag.with_config(cache={"recompute": {"selection_policy": "kv_deviation"}})
+    other = rag.with_config(cache={"recompute": {"selection_policy": "cross_attention"}})
     assert other.generator is rag.generator
     base_output, base_hits, _ = rag._augmented().fused_prefill(layout, 0)
     other_output, other_hits, _ = other._augmented().fused_prefill(layout, 0)
@@ -119,9 +119,10 @@ def test_plan_budgets_and_tie_break_towards_earlier_positions():
     assert plan.candidates.tolist() == list(range(2, 10))
     assert plan.budgets == (0, 2, 1, 0)
     flat = torch.zeros(8)
-    assert plan.choose(flat, RecomputeConfig()).tolist() == [2, 3, 6]
+    per_chunk = RecomputeConfig(budget="per_chunk")
+    assert plan.choose(flat, per_chunk).tolist() == [2, 3, 6]
     scores = torch.tensor([0.1, 0.9, 0.2, 0.8, 5.0, 4.0, 0.0, 0.0])
-    assert plan.choose(scores, RecomputeConfig()).tolist() == [3, 5, 6]
+    assert plan.choose(scores, per_chunk).tolist() == [3, 5, 6]
     pooled = plan.choose(scores, RecomputeConfig(budget="global"))
     assert pooled.tolist() == [3, 6, 7]  # the best three of all candidates
     capped = plan.choose(scores, RecomputeConfig(budget="global", max_chunk_ratio=0.25))

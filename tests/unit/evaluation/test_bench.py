@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
+
 from adarag.cli import main
+from adarag.evaluation.harness import QueryRecord
+from adarag.evaluation.report import by_question_type, summarize
 from adarag.evaluation.workload import query_stream
 from tests.unit.engine.helpers import CHUNKS
 
@@ -98,3 +102,45 @@ def test_tiny_bench_run_writes_tables_json_and_plots(tiny_checkpoints, tmp_path)
         "hotpotqa_ttft_vs_topk.png",
     ):
         assert (out / name).stat().st_size > 0
+
+
+def _record(policy, qid, answer, chunks, qtype="comparison", f1=0.5):
+    return QueryRecord(
+        policy=policy,
+        qid=qid,
+        is_repeat=False,
+        top_k=4,
+        ttft_s=0.1,
+        num_prompt_tokens=100,
+        num_processed_tokens=50,
+        num_recomputed_tokens=10,
+        num_chunks_used=chunks,
+        stop_reason="confident" if chunks < 4 else "exhausted",
+        tier_hits={},
+        confidence_s=0.0,
+        prefill_s=0.1,
+        answer=answer,
+        f1=f1,
+        exact_match=0.0,
+        store_memory_bytes=0,
+        qtype=qtype,
+    )
+
+
+def test_stopped_wrong_counts_early_stops_whose_answer_differs_from_static_top_k():
+    records = [
+        _record("static", "a", "paris", 4),
+        _record("static", "b", "berlin", 4),
+        _record("static", "c", "rome", 4, qtype="bridge"),
+        _record("adaptive", "a", "Paris.", 1),  # early, same normalised answer
+        _record("adaptive", "b", "bonn", 2),  # early, different: stopped wrong
+        _record("adaptive", "c", "milan", 4, qtype="bridge", f1=0.0),  # not early
+    ]
+    summaries = {s.policy: s for s in summarize(records, {"adaptive": "static"})}
+    adaptive = summaries["adaptive"]
+    assert adaptive.static_agreement == pytest.approx(100 / 3)
+    assert adaptive.stopped_wrong == pytest.approx(50.0)
+    assert summaries["static"].stopped_wrong is None
+    types = {row[0]: row for row in by_question_type(records, "adaptive", "static")}
+    assert types["comparison"][1:4] == (2, 50.0, 1.5)
+    assert types["bridge"][2] == 100.0 and types["bridge"][4] == 0.0
