@@ -77,7 +77,8 @@ def main() -> None:
     out = args.output / model
     out.mkdir(parents=True, exist_ok=True)
     measured_on = machine()
-    sections = []
+    sections: dict[str, str] = {}
+    pooled: list[FidelityRow] = []
     for dataset in args.dataset:
         started = time.perf_counter()
         questions = load_questions(
@@ -89,25 +90,56 @@ def main() -> None:
             print(
                 f"{model} {dataset} {idx}/{len(questions)} ({time.perf_counter() - started:.0f} s)"
             )
-        summaries = summarize(rows)
-        title = (
-            f"{model}, {dataset}: {len(questions)} questions from #{args.offset}, "
-            f"{CHUNKS_PER_DATASET[dataset]} chunks, {args.max_new_tokens} new tokens (greedy)"
-        )
-        stem = f"{dataset}{args.tag}"
-        payload = {
-            "title": title,
-            "machine": measured_on,
-            "rules": {name: rule.model_dump() for name, rule in rules.items()},
-            "summaries": [asdict(s) for s in summaries],
-            "rows": [asdict(r) for r in rows],
-        }
-        (out / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n")
-        _plot(summaries, title, out / f"{stem}_agreement.png")
-        sections.append(_section(title, summaries, model))
-        print(sections[-1])
+            # written after every question, so a run stopped early keeps what it measured
+            title = (
+                f"{model}, {dataset}: {idx} questions from #{args.offset}, "
+                f"{CHUNKS_PER_DATASET[dataset]} chunks, {args.max_new_tokens} new tokens (greedy)"
+            )
+            sections[dataset] = _write_dataset(
+                out / f"{dataset}{args.tag}", title, rows, rules, measured_on, model
+            )
+            _write_report(args, model, measured_on, sections, pooled + rows)
+        pooled += rows
+        print(sections.get(dataset, ""))
+
+
+def _write_dataset(
+    stem: Path,
+    title: str,
+    rows: list[FidelityRow],
+    rules: dict[str, RecomputeConfig],
+    measured_on: dict[str, Any],
+    model: str,
+) -> str:
+    """The data set's JSON and plot; returns its markdown section."""
+    summaries = summarize(rows)
+    payload = {
+        "title": title,
+        "machine": measured_on,
+        "rules": {name: rule.model_dump() for name, rule in rules.items()},
+        "summaries": [asdict(s) for s in summaries],
+        "rows": [asdict(r) for r in rows],
+    }
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+    _plot(summaries, title, stem.with_name(stem.name + "_agreement.png"))
+    return _section(title, summaries, model)
+
+
+def _write_report(
+    args: argparse.Namespace,
+    model: str,
+    measured_on: dict[str, Any],
+    sections: dict[str, str],
+    pooled: list[FidelityRow],
+) -> None:
+    """``<model>.md``: the pooled table (with several data sets), then one per data set."""
+    parts = list(sections.values())
+    if len(sections) > 1:
+        count = len({(row.dataset, row.qid) for row in pooled})
+        title = f"{model}, {len(sections)} data sets pooled ({count} questions)"
+        parts.insert(0, _section(title, summarize(pooled), model))
     header = [f"# Fidelity: {model}", "", describe_machine(measured_on), ""]
-    (args.output / f"{model}{args.tag}.md").write_text("\n".join(header + sections) + "\n")
+    (args.output / f"{model}{args.tag}.md").write_text("\n".join(header + parts) + "\n")
 
 
 def _parse_rule(text: str) -> tuple[str, RecomputeConfig]:
