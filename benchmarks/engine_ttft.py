@@ -5,6 +5,11 @@ KV is precomputed (untimed, as the ingest path does); the system prefix KV is an
 variants of one question run back to back, interleaved, so machine noise hits them alike.
 
     python benchmarks/engine_ttft.py --questions 5
+    python benchmarks/engine_ttft.py --questions 2 --rules cross_attention:per_chunk \
+        kv_deviation:global --output engine_ttft_rules
+
+``--rules`` times the fused variants under each ``selection_policy:budget`` (default: the
+configured selection).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from common import load_jsonl, machine, summary, timed, write_results
 from transformers import AutoModelForCausalLM
 
 from adarag import AdaRAG
+from adarag.config import RecomputeConfig
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 
 RATIOS = (0.0, 0.05, 0.15, 0.3, 1.0)
@@ -29,14 +35,23 @@ def main() -> None:
     parser.add_argument("--passages", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per variant")
     parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--rules", nargs="+", default=[], help="selection_policy:budget ...")
+    parser.add_argument("--output", default="engine_ttft", help="results/<output>.{md,json}")
     args = parser.parse_args()
+    rules: dict[str, RecomputeConfig | None] = {"": None}
+    if args.rules:
+        rules = {}
+        for spec in args.rules:
+            policy, _, budget = spec.partition(":")
+            rules[f" {spec}"] = RecomputeConfig(selection_policy=policy, budget=budget or "global")
 
     rag = AdaRAG()
     generator = rag.generator
     hf_model = AutoModelForCausalLM.from_pretrained(generator.checkpoint.path, dtype=torch.float32)
     hf_model.eval()
     rows = load_jsonl("musique_dev.jsonl", args.data_dir, args.questions)
-    times: dict[str, list[float]] = {"hf": [], "full": [], **{f"fused@{r}": [] for r in RATIOS}}
+    fused_names = [f"fused@{r}{rule}" for r in RATIOS for rule in rules]
+    times: dict[str, list[float]] = {"hf": [], "full": [], **{name: [] for name in fused_names}}
     num_tokens = []
     for row in rows:
         passages = [p["text"] for p in row["passages"][: args.passages]]
@@ -50,9 +65,12 @@ def main() -> None:
         }
         for ratio in RATIOS:
             sources = reuse_sources(system_kv, chunk_kvs, ratio)
-            variants[f"fused@{ratio}"] = lambda layout=layout, sources=sources: generator.prefill(
-                layout, sources
-            ).logits.argmax()
+            for rule, selection in rules.items():
+                variants[f"fused@{ratio}{rule}"] = (
+                    lambda layout=layout, sources=sources, selection=selection: generator.prefill(
+                        layout, sources, selection=selection
+                    ).logits.argmax()
+                )
         with torch.inference_mode():
             variants["full"]()  # warm-up
             for _ in range(args.repeats):
@@ -65,7 +83,8 @@ def main() -> None:
     full_mean = stats["full"]["mean"]
     lines = [
         f"Engine TTFT, {len(rows)} musique questions x {args.passages} passages "
-        f"(mean {statistics.fmean(num_tokens):.0f} tokens), {args.repeats} interleaved runs each.",
+        f"(mean {statistics.fmean(num_tokens):.0f} tokens), {args.repeats} interleaved runs each"
+        f"; selection: {', '.join(args.rules) or 'the default'}.",
         f"Machine: {machine()['cpu']}, {machine()['cores']} cores, torch {torch.__version__}.",
         "",
         "| variant | mean TTFT (s) | p50 (s) | p95 (s) | speed-up vs our full prefill |",
@@ -79,7 +98,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     write_results(
-        "engine_ttft",
+        args.output,
         {"machine": machine(), "num_tokens": num_tokens, "times": times, "stats": stats},
         table,
     )
