@@ -240,6 +240,12 @@ class AugmentConfig(_Frozen):
     min_chunks: int | None = Field(
         default=None, ge=1, description="Floor on chunks before a stop; None: the profile's."
     )
+    score_gap: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="Never add chunks past the first drop of at least this much between "
+        "consecutive retrieval scores (Adaptive-k); None: off.",
+    )
 
 
 class RetrievalConfig(_Frozen):

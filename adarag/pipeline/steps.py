@@ -19,6 +19,7 @@ import torch
 
 from adarag.augment import AugmentationController, LensSignals, ScoredStep, StepResult
 from adarag.augment.confidence import mean
+from adarag.augment.prior import chunks_before_gap
 from adarag.cache.entry import ChunkKV
 from adarag.cache.tiers import TieredCache, TierHit
 from adarag.config import AugmentConfig, CacheConfig
@@ -101,6 +102,10 @@ class AugmentedPrefill:
         """
         num_chunks = len(chunks)
         augment = self._augment_config.enabled
+        score_gap = self._augment_config.score_gap
+        if augment and score_gap is not None:
+            floor = self._augment_config.min_chunks or 1
+            num_chunks = chunks_before_gap([c.score for c in chunks], score_gap, floor)
         taken: list[tuple[ScoredStep, _Step]] = []
         reason: StopReason | None = None
         previous: tuple[int, ...] | None = None

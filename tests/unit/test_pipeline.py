@@ -165,3 +165,14 @@ def test_the_agreement_rule_keeps_its_floor(make_rag):
     _write_agreement_profile(rag, threshold=0.5)
     answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
     assert len(answer.trace.steps) == 3  # even when the answers repeat earlier
+
+
+def test_a_retrieval_score_gap_caps_the_augmentation_depth(make_rag):
+    rag = make_rag(augment={"threshold": 1.0, "score_gap": 0.2})  # never confident
+    chunks = [
+        Chunk(text, score=score) for text, score in zip(CHUNKS, (0.9, 0.85, 0.3), strict=True)
+    ]
+    answer = rag.query(QUESTION, chunks=chunks, params=PARAMS)
+    assert [s.num_chunks for s in answer.trace.steps] == [1, 2]
+    assert answer.trace.stop_reason == "exhausted"
+    assert answer.chunks == tuple(chunks[:2])
