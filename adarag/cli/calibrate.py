@@ -12,6 +12,7 @@ from adarag.augment.calibrate import CalibrationFit, fit
 from adarag.augment.confidence import ConfidenceParams, LensConfidence
 from adarag.cli.options import add_model_arguments, build_config
 from adarag.data import demo_corpus, demo_questions
+from adarag.errors import InputError
 from adarag.evaluation.plots import plot_reliability, plot_tradeoff
 from adarag.pipeline import AdaRAG
 from adarag.profiles.calibration import (
@@ -140,6 +141,13 @@ def _questions(
     for path in files:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         for row in rows[offset : offset + count]:
+            missing = {"question", "answers", "passages"} - set(row)
+            if missing:
+                raise InputError(
+                    f"{path}: a row lacks {sorted(missing)}; calibration needs rows of "
+                    "{question, answers, passages} (musique_dev.jsonl and hotpotqa_dev.jsonl have "
+                    "them; 2wikimqa_dev.jsonl has no passages)"
+                )
             passages = [
                 Chunk(f"{p['title']}\n{p['text']}" if p.get("title") else p["text"])
                 for p in row["passages"]

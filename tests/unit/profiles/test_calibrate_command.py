@@ -49,3 +49,11 @@ def test_calibrate_writes_an_agreement_calibration_the_pipeline_reads(tiny_check
     fingerprint_path = rag.config.home / "profiles" / f"{rag.generator.fingerprint}.json"
     fingerprint_path.write_text(output.read_text())
     assert rag.profile.calibration.agreement == agreement
+
+
+def test_calibration_data_without_passages_is_a_clear_error(tmp_path, capsys):
+    data = tmp_path / "no-passages.jsonl"
+    data.write_text(json.dumps({"question": "q?", "answers": ["a"]}) + "\n")
+    status = main(["calibrate", "--data", str(data), "--model", str(tmp_path / "unused")])
+    assert status == 2
+    assert "lacks ['passages']" in capsys.readouterr().err
