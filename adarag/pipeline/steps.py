@@ -8,6 +8,7 @@ finds them in the hard tier.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -144,14 +145,25 @@ class AugmentedPrefill:
         """Every step of ``layout``'s chunks (no early stop), each with the answer it decodes."""
         results = []
         previous: tuple[int, ...] | None = None
+        num_prefix = self._augment_config.stability_tokens
         for num_chunks in range(1, len(layout.chunk_ids) + 1):
-            step = self._run_step(layout.with_chunks(num_chunks), params, previous, always=True)
-            previous = step.result.answer_prefix
-            scored = self._controller.score(num_chunks, step.result)
+            step = self._run_step(layout.with_chunks(num_chunks), params, previous)
             with self._engine_lock:
-                tokens = self._generator.decode_tokens(step.layout, step.output, params)
-                answer = "".join(decode_text(tokens, self._generator.tokenizer, params)).strip()
+                tokens = list(self._generator.decode_tokens(step.layout, step.output, params))
+                deltas = decode_text(iter(tokens), self._generator.tokenizer, params)
+                answer = "".join(deltas).strip()
                 self._keep(step)
+            # a greedy answer long enough already holds the prefix; else decode it on its own
+            greedy = params.temperature == 0.0 and params.max_new_tokens >= num_prefix
+            prefix = (
+                tuple(tokens[:num_prefix])
+                if greedy
+                else self._answer_prefix(step.layout, step.output)
+            )
+            stable = None if previous is None else prefix == previous
+            result = dataclasses.replace(step.result, answer_prefix=prefix, is_stable=stable)
+            previous = prefix
+            scored = self._controller.score(num_chunks, result)
             results.append((_step_trace(scored, step.tiers, self._generator.tokenizer), answer))
         return results
 
@@ -185,19 +197,18 @@ class AugmentedPrefill:
         layout: PromptLayout,
         params: GenerationParams,
         previous: tuple[int, ...] | None,
-        always: bool = False,
     ) -> _Step:
         """One augmentation step: fused prefill of ``layout`` and its stop signals.
 
         The first answer tokens are decoded (greedily) when the stop rule compares steps'
-        answers, or ``always``; ``previous`` is the prior step's.
+        answers; ``previous`` is the prior step's.
         """
         output, hits, prefill_s = self.fused_prefill(layout, params.max_new_tokens)
         lens_started = time.perf_counter()
         kl, entropy = self._generator.lens_signals(output, self._augment_config.num_lens_layers)
         top2 = torch.softmax(output.logits.float().reshape(-1), dim=-1).topk(2).values
         prefix = None
-        if always or self._controller.stop_rule.needs_answer_prefix:
+        if self._controller.stop_rule.needs_answer_prefix:
             prefix = self._answer_prefix(layout, output)
         result = StepResult(
             LensSignals(tuple(kl), entropy),
