@@ -229,10 +229,11 @@ class AugmentConfig(_Frozen):
         default="combined", description="Uncertainty estimator."
     )
     stop_rule: Literal["confidence", "agreement"] = Field(
-        default="confidence",
-        description="'confidence': stop when the lens confidence reaches τ; 'agreement': stop "
-        "when the first answer tokens repeat the previous step's and the calibrated probability "
-        "of the static top-k answer reaches the profile's τ (static top-k without one).",
+        default="agreement",
+        description="'agreement' (the default): stop when the calibrated probability of the "
+        "static top-k answer reaches the profile's τ at two consecutive steps whose first answer "
+        "tokens are equal (static top-k without a calibrated τ); 'confidence': stop when the "
+        "lens confidence alone reaches τ.",
     )
     stability_tokens: int = Field(
         default=4, ge=1, le=64, description="Answer tokens compared by the agreement rule."

@@ -136,12 +136,14 @@ class StepEvidence:
         margin: The first-token margin.
         is_stable: Whether the answer prefix equals the previous step's.
         agrees: Whether the step's answer equals the static top-k answer (the last step's).
+        token_share: Prompt tokens the step processed, as a share of the static top-k prompt's.
     """
 
     confidence: float
     margin: float | None
     is_stable: bool
     agrees: bool
+    token_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -151,12 +153,17 @@ class AgreementFit:
     Attributes:
         model: The isotonic map from the feature to P(agreement).
         threshold: The smallest τ whose early stops differ from static top-k at most ε of the
-            time on the fitting half; None when no τ is that safe (stay static).
+            time on the fitting half; None when no τ is that safe, or when at that τ the
+            held-out half would process more than ``max_token_share`` of static top-k's prompt
+            tokens (every step re-runs the question and the lens, so a rule that rarely stops
+            is slower than static top-k): stay static.
         risk: ε.
         min_steps: The floor the stop rule used.
         fit_risk: Share of early stops that disagree on the fitting half at τ.
         held_out_risk: The same on the held-out half (None without early stops there).
         held_out_early_share: Share of held-out questions that stop before the last chunk.
+        token_share: Prompt tokens the held-out half processes under the rule at the safe τ,
+            as a share of static top-k's (None without a safe τ).
     """
 
     model: AgreementModel
@@ -166,6 +173,7 @@ class AgreementFit:
     fit_risk: float
     held_out_risk: float | None
     held_out_early_share: float
+    token_share: float | None = None
 
 
 def fit_agreement(
@@ -173,16 +181,20 @@ def fit_agreement(
     risk: float = 0.05,
     min_steps: int = 2,
     feature: Feature = "confidence",
+    max_token_share: float = 0.8,
 ) -> AgreementFit:
     """Fit P(agreement) on the even questions, choose τ for ``risk`` there, check on the odd.
 
     Raises:
-        ConfigError: Fewer than two questions, or ``risk`` outside [0, 1).
+        ConfigError: Fewer than two questions, ``risk`` outside [0, 1) or ``max_token_share``
+            outside (0, 1].
     """
     if len(questions) < 2:
         raise ConfigError(f"agreement calibration needs at least 2 questions, got {len(questions)}")
     if not 0.0 <= risk < 1.0:
         raise ConfigError(f"risk (ε) must be in [0, 1), got {risk}")
+    if not 0.0 < max_token_share <= 1.0:
+        raise ConfigError(f"max_token_share must be in (0, 1], got {max_token_share}")
     fitting, held_out = list(questions[::2]), list(questions[1::2])
     steps = [step for question in fitting for step in question]
     model = AgreementModel(
@@ -198,21 +210,36 @@ def fit_agreement(
         if early_risk is not None and early_risk <= risk:
             threshold, fit_risk = candidate, early_risk
             break
-    held_risk, held_share = (
-        _early_stop_risk(held_out, model, threshold, min_steps)
-        if threshold is not None
-        else (None, 0.0)
-    )
-    return AgreementFit(model, threshold, risk, min_steps, fit_risk, held_risk, held_share)
+    if threshold is None:
+        return AgreementFit(model, None, risk, min_steps, fit_risk, None, 0.0)
+    held_risk, held_share = _early_stop_risk(held_out, model, threshold, min_steps)
+    token_share = sum(
+        sum(
+            s.token_share for s in question[: first_stop(question, model, threshold, min_steps) + 1]
+        )
+        for question in held_out
+    ) / len(held_out)
+    kept = threshold if token_share <= max_token_share else None
+    return AgreementFit(model, kept, risk, min_steps, fit_risk, held_risk, held_share, token_share)
 
 
 def first_stop(
     question: Sequence[StepEvidence], model: AgreementModel, threshold: float, min_steps: int
 ) -> int:
-    """The 0-based step :class:`~adarag.augment.policies.AgreementStop` stops at."""
+    """The 0-based step :class:`~adarag.augment.policies.AgreementStop` stops at.
+
+    As in serving, a step's answer counts as stable only when the step before it was confident
+    too (answers are decoded only at confident steps).
+    """
+    confident = [model(step.confidence, step.margin) >= threshold for step in question]
     for index, step in enumerate(question):
-        probability = model(step.confidence, step.margin)
-        if index + 1 >= min_steps and step.is_stable and probability >= threshold:
+        if (
+            index + 1 >= min_steps
+            and index > 0
+            and confident[index - 1]
+            and confident[index]
+            and step.is_stable
+        ):
             return index
     return len(question) - 1
 

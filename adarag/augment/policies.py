@@ -13,9 +13,8 @@ from adarag.schema import StopReason
 class StopRule(Protocol):
     """Decides after each step whether to decode now."""
 
-    @property
-    def needs_answer_prefix(self) -> bool:
-        """Whether the caller must decode the first answer tokens of every step."""
+    def wants_answer_prefix(self, step: ScoredStep) -> bool:
+        """Whether the caller should decode ``step``'s first answer tokens before :meth:`decide`."""
         ...
 
     def decide(self, step: ScoredStep, max_steps: int) -> StopReason | None:
@@ -41,10 +40,13 @@ class ThresholdStop:
 
     threshold: float
     min_steps: int = 1
-    needs_answer_prefix: bool = False
 
     def __post_init__(self) -> None:
         _check_floor(self.threshold, self.min_steps)
+
+    def wants_answer_prefix(self, step: ScoredStep) -> bool:
+        """Never: the confidence alone decides."""
+        return False
 
     def decide(self, step: ScoredStep, max_steps: int) -> StopReason | None:
         """See the class docstring."""
@@ -57,10 +59,11 @@ class ThresholdStop:
 class AgreementStop:
     """Stop when two signals agree: the answer is stable and its agreement is likely.
 
-    A step stops when at least ``min_steps`` chunks are in the prompt, its first answer tokens
-    equal the previous step's (TASR's answer stability), and its calibrated probability of giving
-    the static top-k answer reaches τ (chosen for a risk ε by calibration); else after the last
-    chunk.
+    A step stops when at least ``min_steps`` chunks are in the prompt, its calibrated probability
+    of giving the static top-k answer reaches τ (chosen for a risk ε by calibration), and its
+    first answer tokens equal the previous step's (TASR's answer stability); else after the last
+    chunk. Answer tokens are decoded only at steps whose probability reaches τ, so a stop needs two
+    consecutive confident steps with the same answer, and unconfident steps decode nothing.
 
     Args:
         threshold: τ on the calibrated probability, in [0, 1].
@@ -69,10 +72,17 @@ class AgreementStop:
 
     threshold: float
     min_steps: int = 2
-    needs_answer_prefix: bool = True
 
     def __post_init__(self) -> None:
         _check_floor(self.threshold, self.min_steps)
+
+    def wants_answer_prefix(self, step: ScoredStep) -> bool:
+        """At confident steps from one before the floor (whose answer the floor step compares)."""
+        return (
+            step.probability is not None
+            and step.num_chunks >= self.min_steps - 1
+            and step.probability >= self.threshold
+        )
 
     def decide(self, step: ScoredStep, max_steps: int) -> StopReason | None:
         """See the class docstring."""

@@ -144,7 +144,8 @@ def _write(
     }
     (out / f"{dataset}.json").write_text(json.dumps(payload, indent=1) + "\n")
     plots.ttft_vs_quality(summaries, title, out / f"{dataset}_ttft_vs_f1.png")
-    plots.depth_histogram(records, args.top_k, title, out / f"{dataset}_depths.png")
+    augmenting = [name for name in args.policies if POLICIES[name].augments]
+    plots.depth_histogram(records, augmenting, args.top_k, title, out / f"{dataset}_depths.png")
     if len(sweep) > 1:
         sweep_title = f"{dataset}: TTFT vs top-k, each question once (cold caches)"
         plots.ttft_vs_top_k(sweep, sweep_title, out / f"{dataset}_ttft_vs_topk.png")

@@ -18,6 +18,7 @@ from adarag.pipeline import AdaRAG
 from adarag.profiles.calibration import (
     ValidationQuestion,
     agreement_evidence,
+    load_records,
     record_questions,
 )
 from adarag.profiles.model_profile import AgreementCalibration, Calibration
@@ -53,6 +54,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--min-chunks", type=int, default=2, help="floor of the agreement stop rule"
     )
+    parser.add_argument(
+        "--max-token-share",
+        type=float,
+        default=0.8,
+        help="keep τ only if the held-out questions process at most this share of static top-k's "
+        "prompt tokens under it (else the rule's steps cost more than they save: stay static)",
+    )
+    parser.add_argument(
+        "--records",
+        type=Path,
+        help="refit from the *.calibration-records.json of an earlier run instead of running the "
+        "model over --data",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--output", type=Path, help="profile JSON to write (default: the home)")
     parser.add_argument("--plot", type=Path, help="trade-off curve PNG (default: beside it)")
@@ -63,14 +77,19 @@ def run(args: argparse.Namespace) -> int:
     """Record every step of each question, fit, save into the model profile, plot."""
     config = build_config(args)
     rag = AdaRAG(config)
-    questions = _questions(args.data, args.offset, args.questions, args.chunks)
-    params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    recorded = record_questions(rag, questions, params)
+    if args.records is not None:
+        recorded = load_records(args.records)
+    else:
+        questions = _questions(args.data, args.offset, args.questions, args.chunks)
+        params = GenerationParams(max_new_tokens=args.max_new_tokens)
+        recorded = record_questions(rag, questions, params)
     result = fit([item.record for item in recorded], args.cost_weight)
     chosen = result.chosen
     params_fit = ConfidenceParams(chosen.kl_weight, result.kl_scale, result.entropy_scale)
     evidence = agreement_evidence(recorded, LensConfidence(params_fit))
-    agreement = fit_agreement(evidence, args.risk, args.min_chunks)
+    agreement = fit_agreement(
+        evidence, args.risk, args.min_chunks, max_token_share=args.max_token_share
+    )
     probability = agreement.model.probability
     calibration = Calibration(
         threshold=round(chosen.threshold, 4),
@@ -85,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             agreement.risk,
             agreement.min_steps,
             agreement.held_out_risk,
+            None if agreement.token_share is None else round(agreement.token_share, 4),
         ),
     )
     profile = rag.profile.with_calibration(calibration)
@@ -102,9 +122,14 @@ def run(args: argparse.Namespace) -> int:
         f"agreement rule (ε={agreement.risk:.2f}, min {agreement.min_steps} chunks): "
         f"τ={agreement.threshold}, risk on the fitting half {agreement.fit_risk:.3f}, held out "
         f"{agreement.held_out_risk} with {100 * agreement.held_out_early_share:.0f}% stopping "
-        f"early; reliability plot: {reliability}"
+        f"early, processing {_share(agreement.token_share)} of static top-k's prompt tokens "
+        f"(kept when <= {args.max_token_share}); reliability plot: {reliability}"
     )
     return 0
+
+
+def _share(share: float | None) -> str:
+    return "-" if share is None else f"{share:.2f}"
 
 
 def _report(

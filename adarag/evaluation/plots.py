@@ -154,12 +154,15 @@ def ttft_vs_quality(summaries: Sequence[PolicySummary], title: str, path: Path) 
     return _save(fig, plt, path)
 
 
-def depth_histogram(records: Sequence[QueryRecord], top_k: int, title: str, path: Path) -> Path:
+def depth_histogram(
+    records: Sequence[QueryRecord],
+    policies: Sequence[str],
+    top_k: int,
+    title: str,
+    path: Path,
+) -> Path:
     """AdaCache Figure 7: how many chunks adaptive augmentation used, per augmenting policy."""
     plt = pyplot()
-    policies = [
-        p for p in dict.fromkeys(r.policy for r in records) if "aca" in p or p == "adacache"
-    ]
     fig, axis = plt.subplots(figsize=(6.5, 4))
     width = 0.8 / max(len(policies), 1)
     for idx, policy in enumerate(policies):

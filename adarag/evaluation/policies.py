@@ -8,7 +8,8 @@ Baselines follow the AdaCache paper's comparisons (section 4.1 and Figure 6):
 - ``cacheblend``: independent chunk KV with a uniform 15% recomputation chosen by V deviation at
   the second layer (CacheBlend);
 - ``adacache-static``: AdaCache's tiers with the default selection, static top-k;
-- ``adacache``: tiers and adaptive context augmentation;
+- ``adacache``: tiers and adaptive context augmentation (the agreement stop rule, the default);
+- ``adacache-confidence``: the same with the lens-confidence stop rule;
 - ``prefix+aca`` and ``cacheblend+aca``: augmentation on top of the two baselines.
 """
 
@@ -49,6 +50,7 @@ def _policy(
     independent_ratio: float | None = None,
     selection: str | None = None,
     augment: bool = False,
+    stop_rule: str | None = None,
     static_twin: str | None = None,
 ) -> Policy:
     """A policy's overrides; a ratio or selection left None keeps the configured default."""
@@ -62,7 +64,10 @@ def _policy(
     }
     if selection is not None:
         cache["recompute"] = {"selection_policy": selection}
-    overrides = {"cache": cache, "augment": {"enabled": augment}}
+    augmentation: dict[str, Any] = {"enabled": augment}
+    if stop_rule is not None:
+        augmentation["stop_rule"] = stop_rule
+    overrides = {"cache": cache, "augment": augmentation}
     return Policy(name, description, overrides, static_twin)
 
 
@@ -104,6 +109,16 @@ POLICIES: dict[str, Policy] = {
             soft=True,
             independent=True,
             augment=True,
+            static_twin="adacache-static",
+        ),
+        _policy(
+            "adacache-confidence",
+            "AdaCache tiers + augmentation stopped by the lens confidence alone",
+            hard=True,
+            soft=True,
+            independent=True,
+            augment=True,
+            stop_rule="confidence",
             static_twin="adacache-static",
         ),
         _policy(

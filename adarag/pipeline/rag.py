@@ -36,6 +36,7 @@ from adarag.pipeline.stream import (
     no_context,
 )
 from adarag.profiles import ModelProfile, find_profile, generic_profile
+from adarag.profiles.model_profile import AgreementCalibration
 from adarag.retrievers.base import Retriever
 from adarag.schema import (
     Answer,
@@ -108,6 +109,7 @@ class AdaRAG:
         self.retriever = retriever
         self._generator = generator
         self._engine_lock = engine_lock or threading.RLock()
+        self._warned_static = False
         self._store: TieredKVStore | None = None
         self._cache: TieredCache | None = None
         self._profile: ModelProfile | None = None
@@ -416,11 +418,9 @@ class AdaRAG:
         agreement = self.profile.calibration.agreement
         uncalibrated = agreement is None or agreement.threshold is None
         if augment.enabled and augment.stop_rule == "agreement" and uncalibrated:
-            logger.warning(
-                "the agreement stop rule has no calibrated threshold for %s; answering from the "
-                "static top-k (run `adarag calibrate` to adapt the depth)",
-                self.profile.model,
-            )
+            if not self._warned_static:
+                self._warned_static = True
+                logger.warning(_static_fallback_message(self.profile.model, agreement))
             augment = augment.model_copy(update={"enabled": False})
         return AugmentedPrefill(
             self.generator,
@@ -493,3 +493,24 @@ def _locked_steps(
             return
         counter[0] += 1
         yield token
+
+
+def _static_fallback_message(model: str, agreement: AgreementCalibration | None) -> str:
+    """Why the agreement stop rule answers from the static top-k for ``model``."""
+    if agreement is None:
+        return (
+            f"the agreement stop rule has no calibrated threshold for {model}; answering from the "
+            "static top-k (run `adarag calibrate` to adapt the depth)"
+        )
+    if agreement.token_share is not None:
+        return (
+            f"the agreement stop rule has no calibrated threshold for {model}: at the τ safe for "
+            f"ε={agreement.risk} its calibration questions would process "
+            f"{agreement.token_share:.0%} of the static top-k's prompt tokens, too few saved to "
+            "pay for the steps; answering from the static top-k"
+        )
+    return (
+        f"the agreement stop rule has no calibrated threshold for {model}: its calibration found "
+        f"no τ whose early stops kept the static top-k answer within ε={agreement.risk}; "
+        "answering from the static top-k (a larger --risk may find one)"
+    )

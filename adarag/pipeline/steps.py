@@ -47,6 +47,18 @@ class _Step:
     hits: list[TierHit]
     result: StepResult
 
+    def with_prefix(
+        self, prefix: tuple[int, ...], is_stable: bool | None, decode_s: float
+    ) -> _Step:
+        """The step with its first answer tokens decoded (their cost counted with the lens')."""
+        result = dataclasses.replace(
+            self.result,
+            answer_prefix=prefix,
+            is_stable=is_stable,
+            confidence_s=self.result.confidence_s + decode_s,
+        )
+        return dataclasses.replace(self, result=result)
+
     @property
     def tiers(self) -> tuple[Tier, ...]:
         """Where each chunk's KV came from."""
@@ -111,9 +123,12 @@ class AugmentedPrefill:
         reason: StopReason | None = None
         previous: tuple[int, ...] | None = None
         for step_chunks in range(1, num_chunks + 1) if augment else [num_chunks]:
-            step = self._run_step(layout.with_chunks(step_chunks), params, previous)
-            previous = step.result.answer_prefix
+            step = self._run_step(layout.with_chunks(step_chunks), params.max_new_tokens)
             scored = self._controller.score(step_chunks, step.result)
+            if augment and self._controller.stop_rule.wants_answer_prefix(scored):
+                step = self._decode_prefix(step, previous)
+                scored = dataclasses.replace(scored, result=step.result)
+            previous = step.result.answer_prefix
             taken.append((scored, step))
             reason = self._controller.should_stop(scored, num_chunks) if augment else "static"
             if reason is not None:
@@ -147,7 +162,7 @@ class AugmentedPrefill:
         previous: tuple[int, ...] | None = None
         num_prefix = self._augment_config.stability_tokens
         for num_chunks in range(1, len(layout.chunk_ids) + 1):
-            step = self._run_step(layout.with_chunks(num_chunks), params, previous)
+            step = self._run_step(layout.with_chunks(num_chunks), params.max_new_tokens)
             with self._engine_lock:
                 tokens = list(self._generator.decode_tokens(step.layout, step.output, params))
                 deltas = decode_text(iter(tokens), self._generator.tokenizer, params)
@@ -192,24 +207,12 @@ class AugmentedPrefill:
         self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
         return output, hits, time.perf_counter() - started
 
-    def _run_step(
-        self,
-        layout: PromptLayout,
-        params: GenerationParams,
-        previous: tuple[int, ...] | None,
-    ) -> _Step:
-        """One augmentation step: fused prefill of ``layout`` and its stop signals.
-
-        The first answer tokens are decoded (greedily) when the stop rule compares steps'
-        answers; ``previous`` is the prior step's.
-        """
-        output, hits, prefill_s = self.fused_prefill(layout, params.max_new_tokens)
+    def _run_step(self, layout: PromptLayout, max_new_tokens: int) -> _Step:
+        """One augmentation step: fused prefill of ``layout``, its lens signals and margin."""
+        output, hits, prefill_s = self.fused_prefill(layout, max_new_tokens)
         lens_started = time.perf_counter()
         kl, entropy = self._generator.lens_signals(output, self._augment_config.num_lens_layers)
         top2 = torch.softmax(output.logits.float().reshape(-1), dim=-1).topk(2).values
-        prefix = None
-        if self._controller.stop_rule.needs_answer_prefix:
-            prefix = self._answer_prefix(layout, output)
         result = StepResult(
             LensSignals(tuple(kl), entropy),
             output.num_processed_tokens,
@@ -217,10 +220,15 @@ class AugmentedPrefill:
             prefill_s,
             time.perf_counter() - lens_started,
             margin=float(top2[0] - top2[1]),
-            answer_prefix=prefix,
-            is_stable=None if prefix is None or previous is None else prefix == previous,
         )
         return _Step(layout, output, hits, result)
+
+    def _decode_prefix(self, step: _Step, previous: tuple[int, ...] | None) -> _Step:
+        """``step`` with its first answer tokens and whether they repeat ``previous``."""
+        started = time.perf_counter()
+        prefix = self._answer_prefix(step.layout, step.output)
+        stable = None if previous is None else prefix == previous
+        return step.with_prefix(prefix, stable, time.perf_counter() - started)
 
     def _answer_prefix(self, layout: PromptLayout, output: PrefillOutput) -> tuple[int, ...]:
         """The first ``stability_tokens`` greedy answer tokens (the prompt's KV is unchanged)."""

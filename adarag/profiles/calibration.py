@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from adarag.augment.agreement import StepEvidence
 from adarag.augment.calibrate import QuestionRecord, StepRecord
 from adarag.augment.confidence import LensConfidence, LensSignals
+from adarag.errors import InputError
 from adarag.evaluation.metrics import best_f1, exact_match, token_f1
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.stream import decode_text
@@ -36,6 +39,42 @@ class RecordedQuestion:
     gold_f1: tuple[float, ...]
     margins: tuple[float | None, ...] = ()
     stable: tuple[bool, ...] = ()
+
+
+def load_records(path: Path) -> list[RecordedQuestion]:
+    """The recorded questions ``adarag calibrate`` saved (``*.calibration-records.json``).
+
+    Raises:
+        InputError: The file is missing or is not such a record list.
+    """
+    try:
+        rows = json.loads(path.read_text())
+        return [
+            RecordedQuestion(
+                QuestionRecord(
+                    tuple(
+                        StepRecord(
+                            LensSignals(tuple(step["signals"]["kl"]), step["signals"]["entropy"]),
+                            step["num_processed_tokens"],
+                            step["quality"],
+                        )
+                        for step in row["record"]["steps"]
+                    ),
+                    row["record"]["num_static_tokens"],
+                ),
+                tuple(row["step_answers"]),
+                row["reference_answer"],
+                tuple(row["gold_f1"]),
+                tuple(row["margins"]),
+                tuple(row["stable"]),
+            )
+            for row in rows
+        ]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise InputError(
+            f"{path}: not calibration records ({type(err).__name__}: {err}); pass the "
+            "*.calibration-records.json file an earlier `adarag calibrate` wrote"
+        ) from err
 
 
 def record_questions(
@@ -105,6 +144,7 @@ def agreement_evidence(
                     margin,
                     stable,
                     bool(exact_match(answer, static)),
+                    step.num_processed_tokens / item.record.num_static_tokens,
                 )
                 for step, answer, margin, stable in zip(
                     item.record.steps, item.step_answers, item.margins, item.stable, strict=True

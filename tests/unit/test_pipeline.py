@@ -30,7 +30,7 @@ def make_rag(tiny_checkpoints, tiny_config):
 
 
 def test_each_step_reuses_the_previous_steps_chunks_from_the_hard_tier(make_rag):
-    rag = make_rag(augment={"threshold": 1.0})  # never confident: every chunk is added
+    rag = make_rag(augment={"stop_rule": "confidence", "threshold": 1.0})  # every chunk is added
     answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
     layout = rag.prompts.layout(QUESTION, CHUNKS)
     steps = answer.trace.steps
@@ -46,7 +46,7 @@ def test_each_step_reuses_the_previous_steps_chunks_from_the_hard_tier(make_rag)
 
 
 def test_a_confident_first_step_stops_with_one_chunk(make_rag):
-    rag = make_rag(augment={"threshold": 0.0})
+    rag = make_rag(augment={"stop_rule": "confidence", "threshold": 0.0})
     answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
     assert answer.trace.stop_reason == "confident"
     assert len(answer.trace.steps) == 1
@@ -133,9 +133,11 @@ def test_the_agreement_rule_without_a_calibration_warns_and_answers_from_static_
     assert [s.num_chunks for s in answer.trace.steps] == [3]
 
 
-def _write_agreement_profile(rag: AdaRAG, threshold: float) -> None:
-    """A profile whose agreement model says 1.0 everywhere, stored where `calibrate` writes."""
-    agreement = AgreementCalibration("confidence", (0.0, 1.0), (1.0, 1.0), threshold, 0.05, 2)
+def _write_agreement_profile(rag: AdaRAG, threshold: float, probability: float = 1.0) -> None:
+    """A profile whose agreement model says ``probability`` everywhere, where `calibrate` writes."""
+    agreement = AgreementCalibration(
+        "confidence", (0.0, 1.0), (probability, probability), threshold, 0.05, 2
+    )
     profile = generic_profile(
         rag.generator.checkpoint.name, rag.generator.fingerprint, rag.generator.spec.num_layers
     ).with_calibration(Calibration(agreement=agreement))
@@ -160,6 +162,30 @@ def test_the_agreement_rule_stops_at_the_first_stable_answer_past_the_floor(make
         assert answer.trace.stop_reason == "exhausted" and len(steps) == 3
 
 
+def test_a_calibration_that_saves_too_few_tokens_warns_once_and_answers_static(make_rag, caplog):
+    rag = make_rag(augment={"stop_rule": "agreement"})
+    agreement = AgreementCalibration("confidence", (0.0,), (1.0,), None, 0.05, 2, 0.0, 0.93)
+    profile = generic_profile(
+        rag.generator.checkpoint.name, rag.generator.fingerprint, rag.generator.spec.num_layers
+    ).with_calibration(Calibration(agreement=agreement))
+    (rag.config.home / "profiles").mkdir(parents=True, exist_ok=True)
+    (rag.config.home / "profiles" / f"{rag.generator.fingerprint}.json").write_text(
+        profile.to_json()
+    )
+    with caplog.at_level("WARNING"):
+        answers = [rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS) for _ in range(2)]
+    assert caplog.text.count("93% of the static top-k's prompt tokens") == 1
+    assert all(a.trace.stop_reason == "static" for a in answers)
+
+
+def test_the_agreement_rule_decodes_no_answer_tokens_at_unconfident_steps(make_rag):
+    rag = make_rag(augment={"stop_rule": "agreement"})
+    _write_agreement_profile(rag, threshold=0.5, probability=0.2)
+    answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
+    assert answer.trace.stop_reason == "exhausted" and len(answer.trace.steps) == 3
+    assert all(s.answer_prefix is None and s.probability == 0.2 for s in answer.trace.steps)
+
+
 def test_the_agreement_rule_keeps_its_floor(make_rag):
     rag = make_rag(augment={"stop_rule": "agreement", "min_chunks": 3})
     _write_agreement_profile(rag, threshold=0.5)
@@ -168,7 +194,7 @@ def test_the_agreement_rule_keeps_its_floor(make_rag):
 
 
 def test_a_retrieval_score_gap_caps_the_augmentation_depth(make_rag):
-    rag = make_rag(augment={"threshold": 1.0, "score_gap": 0.2})  # never confident
+    rag = make_rag(augment={"stop_rule": "confidence", "threshold": 1.0, "score_gap": 0.2})
     chunks = [
         Chunk(text, score=score) for text, score in zip(CHUNKS, (0.9, 0.85, 0.3), strict=True)
     ]

@@ -43,15 +43,29 @@ def test_a_decreasing_map_is_rejected():
         IsotonicMap((0.0, 1.0), (0.9, 0.1))
 
 
-def _question(confidences, stable, agrees):
+def _question(confidences, stable, agrees, token_share=0.0):
     return [
-        StepEvidence(c, None, s, a) for c, s, a in zip(confidences, stable, agrees, strict=True)
+        StepEvidence(c, None, s, a, token_share)
+        for c, s, a in zip(confidences, stable, agrees, strict=True)
     ]
+
+
+def test_a_safe_threshold_that_saves_too_few_tokens_stays_static():
+    def questions(share):
+        good = _question([0.8, 0.9, 0.9], [False, True, True], [True, True, True], share)
+        bad = _question([0.2, 0.6, 0.9], [False, True, True], [False, False, True], share)
+        return [good, good, bad, bad] * 5
+
+    cheap = fit_agreement(questions(0.2), risk=0.05, max_token_share=0.8)
+    # held out: half stop at step 2 (0.4 of static's tokens), half run all 3 steps (0.6)
+    assert cheap.threshold is not None and cheap.token_share == pytest.approx(0.5)
+    dear = fit_agreement(questions(0.5), risk=0.05, max_token_share=0.8)
+    assert dear.threshold is None and dear.token_share == pytest.approx(1.25)
 
 
 def test_risk_picks_the_smallest_safe_threshold_and_reports_the_held_out_half():
     # confident and stable steps agree; middling ones do not: only a high τ is safe
-    good = _question([0.2, 0.9, 0.9], [False, True, True], [False, True, True])
+    good = _question([0.8, 0.9, 0.9], [False, True, True], [True, True, True])
     bad = _question([0.2, 0.6, 0.9], [False, True, True], [False, False, True])
     fit = fit_agreement([good, good, bad, bad] * 5, risk=0.05, min_steps=2)
     assert fit.threshold is not None and fit.fit_risk <= 0.05
@@ -61,6 +75,16 @@ def test_risk_picks_the_smallest_safe_threshold_and_reports_the_held_out_half():
     assert fit.held_out_risk == 0.0 and fit.held_out_early_share == pytest.approx(0.5)
     loose = fit_agreement([good, good, bad, bad] * 5, risk=0.6, min_steps=2)
     assert loose.threshold is not None and loose.threshold < fit.threshold
+
+
+def test_a_stop_needs_two_consecutive_confident_steps_with_the_same_answer():
+    model = AgreementModel("confidence", IsotonicMap((0.0, 1.0), (0.0, 1.0)))
+    late = _question([0.2, 0.9, 0.9, 0.9], [False, True, True, True], [False] * 4)
+    # step 2 is stable and confident, but step 1 was not confident: its answer was never decoded
+    assert first_stop(late, model, 0.8, 2) == 2
+    unstable = _question([0.9, 0.9, 0.9, 0.9], [False, False, True, True], [False] * 4)
+    assert first_stop(unstable, model, 0.8, 2) == 2
+    assert first_stop(unstable, model, 0.8, 4) == 3  # the floor
 
 
 def test_no_safe_threshold_means_stay_static():

@@ -76,7 +76,7 @@ def test_tiny_bench_run_writes_tables_json_and_plots(tiny_checkpoints, tmp_path)
             "full",
             "prefix",
             "cacheblend",
-            "adacache",
+            "adacache-confidence",
             "--max-new-tokens",
             "2",
             "--output",
@@ -86,7 +86,7 @@ def test_tiny_bench_run_writes_tables_json_and_plots(tiny_checkpoints, tmp_path)
     assert status == 0
     payload = json.loads((out / "hotpotqa.json").read_text())
     names = [s["policy"] for s in payload["summaries"]]
-    assert names == ["full", "prefix", "cacheblend", "adacache"]
+    assert names == ["full", "prefix", "cacheblend", "adacache-confidence"]
     for summary in payload["summaries"]:
         assert summary["num_queries"] == 3
         assert summary["ttft"]["mean"] > 0

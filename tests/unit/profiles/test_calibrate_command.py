@@ -50,6 +50,25 @@ def test_calibrate_writes_an_agreement_calibration_the_pipeline_reads(tiny_check
     fingerprint_path.write_text(output.read_text())
     assert rag.profile.calibration.agreement == agreement
 
+    # refitting from the saved records reproduces the calibration without running the model
+    refit = tmp_path / "refit.json"
+    records_path = output.with_name("profile.calibration-records.json")
+    argv_refit = ["--config", str(config_path), "calibrate", "--records", str(records_path)]
+    assert main([*argv_refit, "--risk", "0.2", "--output", str(refit)]) == 0
+    assert ModelProfile.from_json(refit.read_text(), str(refit)).calibration == profile.calibration
+
+
+def test_a_file_that_is_not_calibration_records_is_a_clear_error(
+    tiny_checkpoints, tmp_path, capsys
+):
+    bogus = tmp_path / "records.json"
+    bogus.write_text(json.dumps([{"question": "q?"}]))
+    config_path = tmp_path / "config.json"
+    settings = {"home": str(tmp_path / "home"), "engine": {"model": str(tiny_checkpoints["llama"])}}
+    config_path.write_text(json.dumps(settings))
+    assert main(["--config", str(config_path), "calibrate", "--records", str(bogus)]) == 2
+    assert "not calibration records" in capsys.readouterr().err
+
 
 def test_calibration_data_without_passages_is_a_clear_error(tmp_path, capsys):
     data = tmp_path / "no-passages.jsonl"
