@@ -77,7 +77,8 @@ def test_query_returns_answer_used_sources_trace_and_usage(engine, kb_rag):
     assert_used_prefix_of_retrieved(titles, retrieved_titles(kb_rag, LOTHAIR_QUESTION, 3))
     assert all(0 < node.score <= 1 for node in response.source_nodes)
     trace = response.metadata["adarag"]
-    assert trace["stop_reason"] in ("confident", "exhausted") and trace["steps"][-1]["tiers"]
+    assert trace["stop_reason"] in ("confident", "exhausted", "static")
+    assert trace["steps"][-1]["tiers"]
     assert trace["num_chunks_used"] == len(response.source_nodes)
     usage = trace["usage"]
     assert usage["prompt_tokens"] > 0 and 0 < usage["completion_tokens"] <= MAX_NEW_TOKENS
