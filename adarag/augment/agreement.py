@@ -136,14 +136,14 @@ class StepEvidence:
         margin: The first-token margin.
         is_stable: Whether the answer prefix equals the previous step's.
         agrees: Whether the step's answer equals the static top-k answer (the last step's).
-        token_share: Prompt tokens the step processed, as a share of the static top-k prompt's.
+        cost_share: The step's predicted time as a share of the static top-k prefill's.
     """
 
     confidence: float
     margin: float | None
     is_stable: bool
     agrees: bool
-    token_share: float = 0.0
+    cost_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -154,16 +154,16 @@ class AgreementFit:
         model: The isotonic map from the feature to P(agreement).
         threshold: The smallest τ whose early stops differ from static top-k at most ε of the
             time on the fitting half; None when no τ is that safe, or when at that τ the
-            held-out half would process more than ``max_token_share`` of static top-k's prompt
-            tokens (every step re-runs the question and the lens, so a rule that rarely stops
+            held-out half's steps would take more than ``max_cost_share`` of static top-k's
+            prefill time (every step pays a prefill's fixed cost, so a rule that rarely stops
             is slower than static top-k): stay static.
         risk: ε.
         min_steps: The floor the stop rule used.
         fit_risk: Share of early stops that disagree on the fitting half at τ.
         held_out_risk: The same on the held-out half (None without early stops there).
         held_out_early_share: Share of held-out questions that stop before the last chunk.
-        token_share: Prompt tokens the held-out half processes under the rule at the safe τ,
-            as a share of static top-k's (None without a safe τ).
+        cost_share: Predicted time of the held-out half's steps under the rule at the safe τ,
+            as a share of static top-k's prefill time (None without a safe τ).
     """
 
     model: AgreementModel
@@ -173,7 +173,7 @@ class AgreementFit:
     fit_risk: float
     held_out_risk: float | None
     held_out_early_share: float
-    token_share: float | None = None
+    cost_share: float | None = None
 
 
 def fit_agreement(
@@ -181,20 +181,20 @@ def fit_agreement(
     risk: float = 0.05,
     min_steps: int = 2,
     feature: Feature = "confidence",
-    max_token_share: float = 0.8,
+    max_cost_share: float = 0.9,
 ) -> AgreementFit:
     """Fit P(agreement) on the even questions, choose τ for ``risk`` there, check on the odd.
 
     Raises:
-        ConfigError: Fewer than two questions, ``risk`` outside [0, 1) or ``max_token_share``
+        ConfigError: Fewer than two questions, ``risk`` outside [0, 1) or ``max_cost_share``
             outside (0, 1].
     """
     if len(questions) < 2:
         raise ConfigError(f"agreement calibration needs at least 2 questions, got {len(questions)}")
     if not 0.0 <= risk < 1.0:
         raise ConfigError(f"risk (ε) must be in [0, 1), got {risk}")
-    if not 0.0 < max_token_share <= 1.0:
-        raise ConfigError(f"max_token_share must be in (0, 1], got {max_token_share}")
+    if not 0.0 < max_cost_share <= 1.0:
+        raise ConfigError(f"max_cost_share must be in (0, 1], got {max_cost_share}")
     fitting, held_out = list(questions[::2]), list(questions[1::2])
     steps = [step for question in fitting for step in question]
     model = AgreementModel(
@@ -213,14 +213,12 @@ def fit_agreement(
     if threshold is None:
         return AgreementFit(model, None, risk, min_steps, fit_risk, None, 0.0)
     held_risk, held_share = _early_stop_risk(held_out, model, threshold, min_steps)
-    token_share = sum(
-        sum(
-            s.token_share for s in question[: first_stop(question, model, threshold, min_steps) + 1]
-        )
+    cost_share = sum(
+        sum(s.cost_share for s in question[: first_stop(question, model, threshold, min_steps) + 1])
         for question in held_out
     ) / len(held_out)
-    kept = threshold if token_share <= max_token_share else None
-    return AgreementFit(model, kept, risk, min_steps, fit_risk, held_risk, held_share, token_share)
+    kept = threshold if cost_share <= max_cost_share else None
+    return AgreementFit(model, kept, risk, min_steps, fit_risk, held_risk, held_share, cost_share)
 
 
 def first_stop(

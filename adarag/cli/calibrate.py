@@ -20,6 +20,7 @@ from adarag.profiles.calibration import (
     agreement_evidence,
     load_records,
     record_questions,
+    step_cost_model,
 )
 from adarag.profiles.model_profile import AgreementCalibration, Calibration
 from adarag.retrievers import MemoryRetriever
@@ -55,11 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--min-chunks", type=int, default=2, help="floor of the agreement stop rule"
     )
     parser.add_argument(
-        "--max-token-share",
+        "--max-cost-share",
         type=float,
-        default=0.8,
-        help="keep τ only if the held-out questions process at most this share of static top-k's "
-        "prompt tokens under it (else the rule's steps cost more than they save: stay static)",
+        default=0.9,
+        help="keep τ only if, under it, the held-out questions' steps are predicted to take at "
+        "most this share of static top-k's prefill time (a fitted fixed + per-token cost per "
+        "step); else the rule costs more than it saves and augmentation stays static",
     )
     parser.add_argument(
         "--records",
@@ -86,9 +88,10 @@ def run(args: argparse.Namespace) -> int:
     result = fit([item.record for item in recorded], args.cost_weight)
     chosen = result.chosen
     params_fit = ConfidenceParams(chosen.kl_weight, result.kl_scale, result.entropy_scale)
-    evidence = agreement_evidence(recorded, LensConfidence(params_fit))
+    costs = step_cost_model(recorded)
+    evidence = agreement_evidence(recorded, LensConfidence(params_fit), costs)
     agreement = fit_agreement(
-        evidence, args.risk, args.min_chunks, max_token_share=args.max_token_share
+        evidence, args.risk, args.min_chunks, max_cost_share=args.max_cost_share
     )
     probability = agreement.model.probability
     calibration = Calibration(
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             agreement.risk,
             agreement.min_steps,
             agreement.held_out_risk,
-            None if agreement.token_share is None else round(agreement.token_share, 4),
+            None if agreement.cost_share is None else round(agreement.cost_share, 4),
         ),
     )
     profile = rag.profile.with_calibration(calibration)
@@ -119,11 +122,14 @@ def run(args: argparse.Namespace) -> int:
     )
     _report(result, recorded, calibration, output, plot)
     print(
+        f"step cost: {costs.fixed_s:.3f} s per prefill + {1e3 * costs.per_token_s:.3f} ms per token"
+    )
+    print(
         f"agreement rule (ε={agreement.risk:.2f}, min {agreement.min_steps} chunks): "
         f"τ={agreement.threshold}, risk on the fitting half {agreement.fit_risk:.3f}, held out "
         f"{agreement.held_out_risk} with {100 * agreement.held_out_early_share:.0f}% stopping "
-        f"early, processing {_share(agreement.token_share)} of static top-k's prompt tokens "
-        f"(kept when <= {args.max_token_share}); reliability plot: {reliability}"
+        f"early, taking {_share(agreement.cost_share)} of static top-k's prefill time "
+        f"(kept when <= {args.max_cost_share}); reliability plot: {reliability}"
     )
     return 0
 

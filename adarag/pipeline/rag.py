@@ -502,11 +502,11 @@ def _static_fallback_message(model: str, agreement: AgreementCalibration | None)
             f"the agreement stop rule has no calibrated threshold for {model}; answering from the "
             "static top-k (run `adarag calibrate` to adapt the depth)"
         )
-    if agreement.token_share is not None:
+    if agreement.cost_share is not None:
         return (
             f"the agreement stop rule has no calibrated threshold for {model}: at the τ safe for "
-            f"ε={agreement.risk} its calibration questions would process "
-            f"{agreement.token_share:.0%} of the static top-k's prompt tokens, too few saved to "
+            f"ε={agreement.risk} its calibration questions' steps would take "
+            f"{agreement.cost_share:.0%} of the static top-k's prefill time, too little saved to "
             "pay for the steps; answering from the static top-k"
         )
     return (

@@ -11,6 +11,7 @@ from pathlib import Path
 from adarag.augment.agreement import StepEvidence
 from adarag.augment.calibrate import QuestionRecord, StepRecord
 from adarag.augment.confidence import LensConfidence, LensSignals
+from adarag.augment.step_cost import StepCostModel
 from adarag.errors import InputError
 from adarag.evaluation.metrics import best_f1, exact_match, token_f1
 from adarag.pipeline import AdaRAG
@@ -39,6 +40,8 @@ class RecordedQuestion:
     gold_f1: tuple[float, ...]
     margins: tuple[float | None, ...] = ()
     stable: tuple[bool, ...] = ()
+    step_seconds: tuple[float, ...] = ()
+    """Wall time of each step's prefill and lens check (for the cost model)."""
 
 
 def load_records(path: Path) -> list[RecordedQuestion]:
@@ -67,6 +70,7 @@ def load_records(path: Path) -> list[RecordedQuestion]:
                 tuple(row["gold_f1"]),
                 tuple(row["margins"]),
                 tuple(row["stable"]),
+                tuple(row.get("step_seconds", ())),
             )
             for row in rows
         ]
@@ -124,15 +128,30 @@ def _record(
         tuple(best_f1(answer, gold) for _, answer in steps),
         tuple(trace.margin for trace, _ in steps),
         tuple(bool(trace.is_stable) for trace, _ in steps),
+        tuple(trace.prefill_s + trace.confidence_s for trace, _ in steps),
     )
 
 
+def step_cost_model(recorded: Sequence[RecordedQuestion]) -> StepCostModel:
+    """Fixed and per-token seconds of a step, fitted on the timed steps (tokens only without)."""
+    timed = [
+        (step.num_processed_tokens, seconds)
+        for item in recorded
+        for step, seconds in zip(item.record.steps, item.step_seconds, strict=False)
+    ]
+    if len(timed) < 2:
+        return StepCostModel.tokens_only()
+    tokens, seconds = zip(*timed, strict=True)
+    return StepCostModel.fit(tokens, seconds)
+
+
 def agreement_evidence(
-    recorded: Sequence[RecordedQuestion], estimator: LensConfidence
+    recorded: Sequence[RecordedQuestion], estimator: LensConfidence, costs: StepCostModel
 ) -> list[list[StepEvidence]]:
     """Each question's steps as agreement evidence: does the step answer as static top-k does?
 
-    The static top-k answer is the last step's (all k chunks, the same reuse).
+    The static top-k answer is the last step's (all k chunks, the same reuse); a step's cost is
+    its predicted time over that of one prefill of the whole static prompt.
     """
     questions = []
     for item in recorded:
@@ -144,7 +163,7 @@ def agreement_evidence(
                     margin,
                     stable,
                     bool(exact_match(answer, static)),
-                    step.num_processed_tokens / item.record.num_static_tokens,
+                    costs.share(step.num_processed_tokens, item.record.num_static_tokens),
                 )
                 for step, answer, margin, stable in zip(
                     item.record.steps, item.step_answers, item.margins, item.stable, strict=True

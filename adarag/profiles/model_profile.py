@@ -41,8 +41,8 @@ class AgreementCalibration:
         risk: ε, the tolerated share of early stops that change the static top-k answer.
         min_steps: The floor on chunks before a stop.
         held_out_risk: The share measured on the held-out half of the calibration questions.
-        token_share: Prompt tokens the held-out half processed at τ, as a share of static
-            top-k's (a τ is kept only when this is small enough to pay for the steps).
+        cost_share: Predicted time of the held-out half's steps at τ, as a share of static
+            top-k's prefill time (a τ is kept only when this is small enough).
     """
 
     feature: str
@@ -52,7 +52,7 @@ class AgreementCalibration:
     risk: float
     min_steps: int
     held_out_risk: float | None = None
-    token_share: float | None = None
+    cost_share: float | None = None
 
 
 @dataclass(frozen=True)

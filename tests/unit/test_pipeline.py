@@ -174,7 +174,7 @@ def test_a_calibration_that_saves_too_few_tokens_warns_once_and_answers_static(m
     )
     with caplog.at_level("WARNING"):
         answers = [rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS) for _ in range(2)]
-    assert caplog.text.count("93% of the static top-k's prompt tokens") == 1
+    assert caplog.text.count("93% of the static top-k's prefill time") == 1
     assert all(a.trace.stop_reason == "static" for a in answers)
 
 

@@ -43,9 +43,9 @@ def test_a_decreasing_map_is_rejected():
         IsotonicMap((0.0, 1.0), (0.9, 0.1))
 
 
-def _question(confidences, stable, agrees, token_share=0.0):
+def _question(confidences, stable, agrees, cost_share=0.0):
     return [
-        StepEvidence(c, None, s, a, token_share)
+        StepEvidence(c, None, s, a, cost_share)
         for c, s, a in zip(confidences, stable, agrees, strict=True)
     ]
 
@@ -56,11 +56,11 @@ def test_a_safe_threshold_that_saves_too_few_tokens_stays_static():
         bad = _question([0.2, 0.6, 0.9], [False, True, True], [False, False, True], share)
         return [good, good, bad, bad] * 5
 
-    cheap = fit_agreement(questions(0.2), risk=0.05, max_token_share=0.8)
+    cheap = fit_agreement(questions(0.2), risk=0.05, max_cost_share=0.8)
     # held out: half stop at step 2 (0.4 of static's tokens), half run all 3 steps (0.6)
-    assert cheap.threshold is not None and cheap.token_share == pytest.approx(0.5)
-    dear = fit_agreement(questions(0.5), risk=0.05, max_token_share=0.8)
-    assert dear.threshold is None and dear.token_share == pytest.approx(1.25)
+    assert cheap.threshold is not None and cheap.cost_share == pytest.approx(0.5)
+    dear = fit_agreement(questions(0.5), risk=0.05, max_cost_share=0.8)
+    assert dear.threshold is None and dear.cost_share == pytest.approx(1.25)
 
 
 def test_risk_picks_the_smallest_safe_threshold_and_reports_the_held_out_half():

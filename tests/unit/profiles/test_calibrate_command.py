@@ -40,7 +40,12 @@ def test_calibrate_writes_an_agreement_calibration_the_pipeline_reads(tiny_check
     assert list(agreement.probabilities) == sorted(agreement.probabilities)
     assert output.with_name("profile.reliability.png").stat().st_size > 0
     records = json.loads(output.with_name("profile.calibration-records.json").read_text())
-    assert all(len(r["margins"]) == len(r["stable"]) == len(r["step_answers"]) for r in records)
+    assert all(
+        len(r["margins"]) == len(r["stable"]) == len(r["step_answers"]) == len(r["step_seconds"])
+        for r in records
+    )
+    assert all(seconds > 0 for r in records for seconds in r["step_seconds"])
+    assert agreement.cost_share is None or agreement.cost_share > 0
     assert all(r["stable"][0] is False for r in records)  # no previous answer at step 1
 
     # the pipeline reads what calibrate wrote (from the home, by fingerprint)
