@@ -133,6 +133,8 @@ class QueryTrace:
         ttft_s: Seconds from the request to the first token (retrieval included).
         num_prompt_tokens: Tokens of the prompt the answer was decoded from.
         retrieval_s: Seconds spent retrieving.
+        num_dropped_chunks: Retrieved chunks left out, lowest-ranked first, because the prompt
+            would not fit the model's context with them.
     """
 
     steps: tuple[StepTrace, ...]
@@ -140,6 +142,7 @@ class QueryTrace:
     ttft_s: float
     num_prompt_tokens: int
     retrieval_s: float = 0.0
+    num_dropped_chunks: int = 0
 
     @property
     def num_chunks_used(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -280,11 +281,51 @@ class AdaRAG:
         else:
             found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
         retrieval_s = time.perf_counter() - started
-        if not found:
-            return AnswerStream(no_context(retrieval_s), self._decoder(params))
-        layout = self.layout(question, found, params)
-        prepared = self._augmented().run(layout, found, params, started, retrieval_s)
+        layout, fitting = self._fit_context(question, found, params) if found else (None, [])
+        dropped = len(found) - len(fitting)
+        if layout is None:
+            prepared = no_context(retrieval_s)
+        else:
+            prepared = self._augmented().run(layout, fitting, params, started, retrieval_s)
+        if dropped:
+            prepared.trace = dataclasses.replace(prepared.trace, num_dropped_chunks=dropped)
         return AnswerStream(prepared, self._decoder(params))
+
+    def _fit_context(
+        self, question: str, chunks: Sequence[Chunk], params: GenerationParams
+    ) -> tuple[PromptLayout | None, list[Chunk]]:
+        """The prompt with as many of ``chunks`` (best first) as fit the model's context.
+
+        Lower-ranked chunks that do not fit are left out with a warning; without any chunk the
+        layout is None.
+
+        Raises:
+            InputError: The question alone (with the system prompt and the answer's tokens)
+                does not fit.
+        """
+        layout = self.prompts.layout(question, [c.text for c in chunks])
+        room = self.generator.max_context_tokens - params.max_new_tokens
+        keep = len(chunks)
+        while keep and layout.with_chunks(keep).num_tokens > room:
+            keep -= 1
+        if keep < len(chunks):
+            alone = layout.with_chunks(0).num_tokens
+            if alone > room:
+                raise InputError(
+                    f"the question alone makes a {alone}-token prompt, and with "
+                    f"{params.max_new_tokens} new tokens it exceeds the model's context of "
+                    f"{self.generator.max_context_tokens} tokens; shorten the question or ask "
+                    "for fewer new tokens"
+                )
+            logger.warning(
+                "left out %d of %d retrieved chunks (lowest-ranked first): with them the prompt "
+                "and %d new tokens exceed the model's context of %d tokens",
+                len(chunks) - keep,
+                len(chunks),
+                params.max_new_tokens,
+                self.generator.max_context_tokens,
+            )
+        return (layout.with_chunks(keep) if keep else None), list(chunks[:keep])
 
     def answer_each_step(
         self,

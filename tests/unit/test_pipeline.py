@@ -202,3 +202,24 @@ def test_a_retrieval_score_gap_caps_the_augmentation_depth(make_rag):
     assert [s.num_chunks for s in answer.trace.steps] == [1, 2]
     assert answer.trace.stop_reason == "exhausted"
     assert answer.chunks == tuple(chunks[:2])
+
+
+def test_chunks_that_do_not_fit_the_context_are_left_out_lowest_ranked_first(make_rag, caplog):
+    rag = make_rag()
+    long = "the quick brown fox jumps " * 50
+    chunks = [CHUNKS[0], long + "one", long + "two", long + "three"]
+    with caplog.at_level("WARNING"):
+        answer = rag.query(QUESTION, chunks=chunks, params=PARAMS)
+    trace = answer.trace
+    assert trace.num_dropped_chunks > 0 and "retrieved chunks (lowest-ranked first)" in caplog.text
+    kept = len(chunks) - trace.num_dropped_chunks
+    assert [c.text for c in answer.chunks] == chunks[:kept]
+    assert trace.num_prompt_tokens + PARAMS.max_new_tokens <= rag.generator.max_context_tokens
+    with_one_more = rag.prompts.layout(QUESTION, chunks[: kept + 1])
+    assert with_one_more.num_tokens + PARAMS.max_new_tokens > rag.generator.max_context_tokens
+
+
+def test_a_question_that_alone_exceeds_the_context_is_a_clear_error(make_rag):
+    rag = make_rag()
+    with pytest.raises(InputError, match="the question alone"):
+        rag.query("why " * 600, chunks=list(CHUNKS), params=PARAMS)

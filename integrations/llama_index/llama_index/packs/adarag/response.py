@@ -96,6 +96,7 @@ def _trace_metadata(trace: QueryTrace, unused_ids: list[str]) -> dict[str, Any]:
         "stop_reason": trace.stop_reason,
         "confidence": steps[-1]["confidence"] if steps else None,
         "num_chunks_used": trace.num_chunks_used,
+        "num_dropped_chunks": trace.num_dropped_chunks,
         "unused_node_ids": unused_ids,
         "steps": steps,
         "ttft_s": trace.ttft_s,
