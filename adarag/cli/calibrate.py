@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -69,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="refit from the *.calibration-records.json of an earlier run instead of running the "
         "model over --data",
     )
+    parser.add_argument(
+        "--agreement-only",
+        action="store_true",
+        help="keep the profile's confidence constants (λ, τ, normalisers) and fit only the "
+        "agreement rule over them",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--output", type=Path, help="profile JSON to write (default: the home)")
     parser.add_argument("--plot", type=Path, help="trade-off curve PNG (default: beside it)")
@@ -86,19 +93,27 @@ def run(args: argparse.Namespace) -> int:
         params = GenerationParams(max_new_tokens=args.max_new_tokens)
         recorded = record_questions(rag, questions, params)
     result = fit([item.record for item in recorded], args.cost_weight)
-    chosen = result.chosen
-    params_fit = ConfidenceParams(chosen.kl_weight, result.kl_scale, result.entropy_scale)
+    confidence = (
+        dataclasses.replace(rag.profile.calibration, agreement=None)
+        if args.agreement_only
+        else Calibration(
+            threshold=round(result.chosen.threshold, 4),
+            kl_weight=round(result.chosen.kl_weight, 4),
+            kl_scale=round(result.kl_scale, 6),
+            entropy_scale=round(result.entropy_scale, 6),
+        )
+    )
+    params_fit = ConfidenceParams(
+        confidence.kl_weight, confidence.kl_scale, confidence.entropy_scale
+    )
     costs = step_cost_model(recorded)
     evidence = agreement_evidence(recorded, LensConfidence(params_fit), costs)
     agreement = fit_agreement(
         evidence, args.risk, args.min_chunks, max_cost_share=args.max_cost_share
     )
     probability = agreement.model.probability
-    calibration = Calibration(
-        threshold=round(chosen.threshold, 4),
-        kl_weight=round(chosen.kl_weight, 4),
-        kl_scale=round(result.kl_scale, 6),
-        entropy_scale=round(result.entropy_scale, 6),
+    calibration = dataclasses.replace(
+        confidence,
         agreement=AgreementCalibration(
             agreement.model.feature,
             probability.x,
@@ -121,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
         evidence, agreement.model, output.with_name(output.stem + ".reliability.png")
     )
     _report(result, recorded, calibration, output, plot)
+    if args.agreement_only:
+        print(
+            f"--agreement-only: kept the profile's λ={confidence.kl_weight} "
+            f"τ={confidence.threshold}"
+        )
     print(
         f"step cost: {costs.fixed_s:.3f} s per prefill + {1e3 * costs.per_token_s:.3f} ms per token"
     )

@@ -339,7 +339,8 @@ class AdaRAG:
         if it stopped there (same tiers, same reuse of steps ``1..i-1``).
         """
         params = params or GenerationParams()
-        return self._augmented().each_step(self.layout(question, chunks, params), params)
+        augmented = self._augmented(static_fallback=False)
+        return augmented.each_step(self.layout(question, chunks, params), params)
 
     def layout(
         self,
@@ -454,11 +455,13 @@ class AdaRAG:
             cache.put_system(system_kv)
         return system_kv
 
-    def _augmented(self) -> AugmentedPrefill:
+    def _augmented(self, *, static_fallback: bool = True) -> AugmentedPrefill:
+        """The augmentation loop; an uncalibrated agreement rule falls back to static top-k."""
         augment = self.config.augment
         agreement = self.profile.calibration.agreement
         uncalibrated = agreement is None or agreement.threshold is None
-        if augment.enabled and augment.stop_rule == "agreement" and uncalibrated:
+        rule = augment.stop_rule
+        if static_fallback and augment.enabled and rule == "agreement" and uncalibrated:
             if not self._warned_static:
                 self._warned_static = True
                 logger.warning(_static_fallback_message(self.profile.model, agreement))

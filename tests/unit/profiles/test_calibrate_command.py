@@ -8,6 +8,7 @@ from adarag import AdaRAG
 from adarag.cli import main
 from adarag.config import AdaRagConfig
 from adarag.profiles import ModelProfile
+from adarag.profiles.model_profile import Calibration
 
 
 def test_calibrate_writes_an_agreement_calibration_the_pipeline_reads(tiny_checkpoints, tmp_path):
@@ -61,6 +62,15 @@ def test_calibrate_writes_an_agreement_calibration_the_pipeline_reads(tiny_check
     argv_refit = ["--config", str(config_path), "calibrate", "--records", str(records_path)]
     assert main([*argv_refit, "--risk", "0.2", "--output", str(refit)]) == 0
     assert ModelProfile.from_json(refit.read_text(), str(refit)).calibration == profile.calibration
+
+    # --agreement-only keeps the confidence constants the model's profile already has
+    own = Calibration(threshold=0.77, kl_weight=0.33, kl_scale=2.0, entropy_scale=3.0)
+    fingerprint_path.write_text(profile.with_calibration(own).to_json())
+    only = tmp_path / "agreement-only.json"
+    assert main([*argv_refit, "--agreement-only", "--output", str(only)]) == 0
+    kept = ModelProfile.from_json(only.read_text(), str(only)).calibration
+    assert kept.agreement is not None
+    assert kept == Calibration(0.77, 0.33, 2.0, 3.0, kept.agreement)
 
 
 def test_a_file_that_is_not_calibration_records_is_a_clear_error(
