@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     """Read messages until EOF or 'exit'; answer each from the knowledge base."""
     config = build_config(args)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    with KnowledgeBase.from_config(config) as kb:
+    with KnowledgeBase.from_config(config, create=False) as kb:
         if kb.count() == 0:
             raise KnowledgeBaseError(
                 f"the knowledge base (collection {config.retrieval.collection!r}) is empty; "

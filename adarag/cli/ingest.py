@@ -21,6 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
     parser.add_argument("paths", nargs="+", help="text/markdown files, JSONL passages, or folders")
     parser.add_argument("--no-warm", action="store_true", help="skip precomputing chunk KV")
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="also remove the chunks of previously ingested files that no longer exist",
+    )
     add_knowledge_base_arguments(parser)
     add_model_arguments(parser)
 
@@ -31,6 +36,14 @@ def run(args: argparse.Namespace) -> int:
     rag = AdaRAG(config)
     with KnowledgeBase.from_config(config) as kb:
         ingest_and_warm(rag, kb, args.paths, warm=not args.no_warm)
+        if args.prune:
+            pruned = kb.prune_missing_sources()
+            print(
+                f"pruned {sum(pruned.values())} chunk(s) of {len(pruned)} missing file(s); "
+                f"collection {kb.config.collection!r} holds {kb.count()} chunks"
+            )
+            for source in sorted(pruned):
+                print(f"  {source}: {pruned[source]} chunk(s)")
     return 0
 
 

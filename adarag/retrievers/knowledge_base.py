@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from adarag.config import AdaRagConfig, RetrievalConfig
-from adarag.errors import ConfigError
+from adarag.errors import ConfigError, KnowledgeBaseError
 from adarag.retrievers.chroma import (
     EMBEDDING_DIMENSION_KEY,
     EMBEDDING_MODEL_KEY,
@@ -88,11 +88,13 @@ class KnowledgeBase:
         client: A chromadb client to use instead of opening the directory (then no lock is
             taken: the client's owner is responsible for sharing it).
         embedder: The embedding model; ``config.embedding_model`` when None.
+        create: Create the collection when it does not exist (ingestion); False for a reader,
+            which then gets a clear error instead of a new empty collection.
 
     Raises:
         ConfigError: Neither ``home``, ``config.chroma_directory`` nor ``client`` is given.
-        KnowledgeBaseError: Another process holds the directory, or the collection was built
-            with another embedding model.
+        KnowledgeBaseError: Another process holds the directory, the collection was built with
+            another embedding model, or (``create=False``) it does not exist.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class KnowledgeBase:
         *,
         client: Any = None,
         embedder: Embedder | None = None,
+        create: bool = True,
     ) -> None:
         self.config = config
         self.embedder: Embedder = embedder or SentenceEmbedder(
@@ -120,6 +123,8 @@ class KnowledgeBase:
             self._lock.acquire()
             client = open_client(self.directory)
         try:
+            if not create:
+                self._check_exists(client)
             self.collection = client.get_or_create_collection(
                 config.collection,
                 embedding_function=None,
@@ -137,9 +142,20 @@ class KnowledgeBase:
             raise
 
     @classmethod
-    def from_config(cls, config: AdaRagConfig) -> KnowledgeBase:
+    def from_config(cls, config: AdaRagConfig, *, create: bool = True) -> KnowledgeBase:
         """The knowledge base of ``config.retrieval`` under ``config.home``."""
-        return cls(config.retrieval, config.home)
+        return cls(config.retrieval, config.home, create=create)
+
+    def _check_exists(self, client: Any) -> None:
+        """Raise :class:`KnowledgeBaseError` naming the collections there are, if ours is not."""
+        names = sorted(getattr(c, "name", c) for c in client.list_collections())
+        if self.config.collection not in names:
+            where = f" in {self.directory}" if self.directory else ""
+            held = ", ".join(repr(name) for name in names) or "none"
+            raise KnowledgeBaseError(
+                f"there is no collection {self.config.collection!r}{where} (collections: {held}); "
+                "check --collection, or add documents first with `adarag ingest PATH...`"
+            )
 
     def __enter__(self) -> KnowledgeBase:
         return self
@@ -233,6 +249,26 @@ class KnowledgeBase:
             report.num_chunks_removed,
         )
         return report
+
+    def prune_missing_sources(self) -> dict[str, int]:
+        """Remove the chunks of ingested files that no longer exist; returns chunks per file.
+
+        Only chunks that came from files (``ingest``) are considered; chunks added as text
+        (``add_chunks``) are kept. Their KV stays in the KV store until evicted; it is never
+        retrieved again.
+        """
+        stored = self.collection.get(include=["metadatas"])
+        gone: dict[str, list[str]] = {}
+        for chunk_id, metadata in zip(stored["ids"], stored["metadatas"], strict=True):
+            if not metadata or "file_sha256" not in metadata:
+                continue  # added as text, not from a file
+            source = str(metadata.get("source", ""))
+            if source and not Path(source).exists():
+                gone.setdefault(source, []).append(chunk_id)
+        for source, ids in gone.items():
+            self.collection.delete(ids=ids)
+            logger.info("pruned %d chunks of %s (the file no longer exists)", len(ids), source)
+        return {source: len(ids) for source, ids in gone.items()}
 
     def add_chunks(self, chunks: Sequence[Chunk], source: str = "memory") -> list[Chunk]:
         """Store chunks given as text (ids from their content); returns the ones not yet stored."""

@@ -163,3 +163,31 @@ def test_cli_ingest_then_chat_shows_sources_ttft_and_tiers(
     assert tiers is not None, out
     assert "miss" in tiers[1]  # not warmed (--no-warm): the last chunk added is computed in full
     assert tiers[4] in ("confident", "exhausted", "static")  # static: no calibrated agreement τ
+
+
+def test_cli_prune_forgets_deleted_files_and_chat_refuses_a_mistyped_collection(
+    kb_config, corpus_path, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("ADARAG_HOME", str(tmp_path / "home"))
+    lines = corpus_path.read_text().splitlines()
+    kept, deleted = tmp_path / "kept.jsonl", tmp_path / "deleted.jsonl"
+    kept.write_text(lines[0] + "\n")
+    deleted.write_text(lines[1] + "\n")
+    chroma = tmp_path / "cli-chroma"
+    common = ["--model", str(kb_config.engine.model), "--chroma-dir", str(chroma)]
+    common += ["--collection", "notes"]
+    assert main(["ingest", str(kept), str(deleted), "--no-warm", *common]) == 0
+    capsys.readouterr()
+    deleted.unlink()
+    assert main(["ingest", str(kept), "--no-warm", "--prune", *common]) == 0
+    out = capsys.readouterr().out
+    assert "of 1 missing file(s)" in out and str(deleted) in out
+    with KnowledgeBase(RetrievalConfig(chroma_directory=chroma, collection="notes")) as kb:
+        assert {c.metadata["source"] for c in kb.chunks()} == {str(kept)}
+
+    typo = [arg if arg != "notes" else "ntoes" for arg in common]
+    assert main(["chat", *typo]) == 2
+    assert "no collection 'ntoes'" in capsys.readouterr().err
+    with KnowledgeBase(RetrievalConfig(chroma_directory=chroma, collection="notes")) as kb:
+        names = [c.name for c in kb.collection._client.list_collections()]
+    assert names == ["notes"]  # the typo created nothing

@@ -13,6 +13,7 @@ chromadb = pytest.importorskip("chromadb")
 from adarag.config import RetrievalConfig  # noqa: E402
 from adarag.errors import KnowledgeBaseError  # noqa: E402
 from adarag.retrievers import KnowledgeBase  # noqa: E402
+from adarag.schema import Chunk  # noqa: E402
 
 
 class WordEmbedder:
@@ -108,3 +109,31 @@ def test_collection_of_another_dimension_is_refused_untouched():
         KnowledgeBase(RetrievalConfig(collection=name), client=client, embedder=WordEmbedder())
     assert client.get_collection(name).count() == 1
     client.delete_collection(name)
+
+
+def test_a_reader_never_creates_a_collection_and_names_the_ones_there_are(tmp_path):
+    client = chromadb.PersistentClient(path=str(tmp_path / "chroma"))
+    held = RetrievalConfig(collection="notes")
+    KnowledgeBase(held, client=client, embedder=WordEmbedder())
+    typo = RetrievalConfig(collection="ntoes")
+    with pytest.raises(KnowledgeBaseError, match=r"no collection 'ntoes' \(collections: 'notes'\)"):
+        KnowledgeBase(typo, client=client, embedder=WordEmbedder(), create=False)
+    assert [c.name for c in client.list_collections()] == ["notes"]
+    reader = KnowledgeBase(held, client=client, embedder=WordEmbedder(), create=False)
+    assert reader.count() == 0
+
+
+def test_prune_removes_the_chunks_of_deleted_files_only(kb, tmp_path):
+    kept = _write(tmp_path / "kept.md", [f"k{i}" for i in range(40)])
+    deleted = _write(tmp_path / "deleted.md", [f"d{i}" for i in range(40)])
+    kb.ingest([kept, deleted], tokenizer=WordTokenizer())
+    kb.add_chunks([Chunk("a passage added as text, not from a file")])
+    before = kb.count()
+    num_deleted = len(kb.collection.get(where={"source": str(deleted)}, include=[])["ids"])
+    assert num_deleted > 0
+    deleted.unlink()
+    assert kb.prune_missing_sources() == {str(deleted): num_deleted}
+    assert kb.count() == before - num_deleted
+    assert all(c.metadata.get("source") != str(deleted) for c in kb.retrieve("d0 d1 d2 d3", 3))
+    assert any(c.metadata.get("source") == "memory" for c in kb.chunks())
+    assert kb.prune_missing_sources() == {}  # nothing more to prune
