@@ -129,6 +129,31 @@ def check_embedding_model(collection: Any, embedder: QueryEmbedder) -> None:
             f"{stored_model}, not {embedder.name}; use the same model "
             "(retrieval.embedding_model) or another collection; nothing was changed"
         )
+    if stored_model is None:
+        _check_chroma_embedding_function(collection, embedder)
+
+
+def _check_chroma_embedding_function(collection: Any, embedder: QueryEmbedder) -> None:
+    """Refuse a collection whose persisted Chroma embedding function is another model.
+
+    Collections made by plain chromadb, LlamaIndex or LangChain record the embedding function
+    they were made with; vectors of another model of the same dimension would retrieve junk
+    without any error.
+    """
+    function = (getattr(collection, "configuration_json", None) or {}).get("embedding_function")
+    if not function or function.get("type") != "known" or function.get("name") == "default":
+        # none recorded (made by adarag, or vectors given directly), not knowable, or Chroma's
+        # default, which frameworks that embed on their own leave in place: no evidence
+        return
+    name = str(function.get("name"))
+    model = (function.get("config") or {}).get("model_name", name)
+    if str(model).rsplit("/", 1)[-1] != embedder.name:
+        raise KnowledgeBaseError(
+            f"Chroma collection {collection.name!r} was embedded by Chroma's {name!r} embedding "
+            f"function (model {model!r}), not by {embedder.name}; its vectors cannot be "
+            "compared with this model's. Pass the same model (retrieval.embedding_model, or "
+            "embedder=...), or use another collection; nothing was changed"
+        )
 
 
 class ChromaRetriever:

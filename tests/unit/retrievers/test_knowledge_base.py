@@ -137,3 +137,48 @@ def test_prune_removes_the_chunks_of_deleted_files_only(kb, tmp_path):
     assert all(c.metadata.get("source") != str(deleted) for c in kb.retrieve("d0 d1 d2 d3", 3))
     assert any(c.metadata.get("source") == "memory" for c in kb.chunks())
     assert kb.prune_missing_sources() == {}  # nothing more to prune
+
+
+def _chroma_function(function_name, dimension):
+    """A Chroma embedding function that records ``function_name`` in the collection config."""
+    from chromadb.utils.embedding_functions import register_embedding_function
+
+    class Recorded(chromadb.EmbeddingFunction):
+        def __init__(self, dim=dimension):
+            self.dim = dim
+
+        def __call__(self, input):
+            return [WordEmbedder().embed_query(text)[: self.dim] for text in input]
+
+        @staticmethod
+        def name():
+            return function_name
+
+        def get_config(self):
+            return {"dim": self.dim}
+
+        @staticmethod
+        def build_from_config(config):
+            return Recorded(config["dim"])
+
+    register_embedding_function(Recorded)
+    return Recorded()
+
+
+def test_a_same_dimension_collection_of_another_chroma_embedding_function_is_refused(tmp_path):
+    client = chromadb.PersistentClient(path=str(tmp_path / "chroma"))
+    foreign = client.create_collection("foreign", embedding_function=_chroma_function("other", 16))
+    foreign.add(ids=["a"], documents=["text embedded by another model"])
+    config = RetrievalConfig(collection="foreign")
+    with pytest.raises(KnowledgeBaseError, match=r"Chroma's 'other' embedding function"):
+        KnowledgeBase(config, client=client, embedder=WordEmbedder())
+    assert foreign.count() == 1  # nothing was changed
+    # the same model under its own name is accepted
+    own = client.create_collection(
+        "own", embedding_function=_chroma_function(WordEmbedder.name, 16)
+    )
+    own.add(ids=["a"], documents=["text embedded by the same model"])
+    reader = KnowledgeBase(
+        RetrievalConfig(collection="own"), client=client, embedder=WordEmbedder()
+    )
+    assert reader.count() == 1
