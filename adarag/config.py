@@ -268,6 +268,11 @@ class RetrievalConfig(_Frozen):
     embedding_batch_size: int = Field(
         default=32, ge=1, le=4096, description="Texts embedded per batch at ingest."
     )
+    where: dict[str, str | int | float | bool] | None = Field(
+        default=None,
+        description="Metadata every retrieved chunk must have, e.g. {'source': '/docs/a.md'} "
+        "(several keys: all of them); None: no filter.",
+    )
     min_top_score: float | None = Field(
         default=0.3,
         ge=-1.0,

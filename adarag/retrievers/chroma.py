@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -101,6 +102,15 @@ class DirectoryLock:
         if self._file is not None:
             self._file.close()  # closing the descriptor releases the flock
             self._file = None
+
+
+def chroma_where(fields: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Chroma's filter for chunks whose metadata has every ``key: value`` of ``fields``."""
+    if not fields:
+        return None
+    if len(fields) == 1:
+        return dict(fields)
+    return {"$and": [{key: value} for key, value in fields.items()]}
 
 
 def check_embedding_model(collection: Any, embedder: QueryEmbedder) -> None:

@@ -24,6 +24,7 @@ from adarag.retrievers.chroma import (
     EMBEDDING_MODEL_KEY,
     ChromaRetriever,
     DirectoryLock,
+    chroma_where,
     open_client,
 )
 from adarag.retrievers.chunking import (
@@ -135,7 +136,10 @@ class KnowledgeBase:
                 },
             )
             self.retriever = ChromaRetriever(
-                self.collection, self.embedder, min_top_score=config.min_top_score
+                self.collection,
+                self.embedder,
+                min_top_score=config.min_top_score,
+                where=chroma_where(config.where),
             )
         except BaseException:
             self.close()

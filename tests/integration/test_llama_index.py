@@ -23,6 +23,7 @@ from llama_index.core.callbacks import CallbackManager, TokenCountingHandler  # 
 from llama_index.core.chat_engine import CondenseQuestionChatEngine  # noqa: E402
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler  # noqa: E402
 from llama_index.core.prompts import PromptTemplate  # noqa: E402
+from llama_index.core.schema import QueryBundle  # noqa: E402
 from llama_index.packs.adarag import (  # noqa: E402
     AdaptiveCachedQueryEngine,
     AdaRagEmbedding,
@@ -175,6 +176,16 @@ def test_from_chroma_collection_written_by_llama_index(kb_rag):
     assert len(response.source_nodes) == 1
     assert "Zorblat" in response.source_nodes[0].node.get_content()
     assert "_node_content" not in response.source_nodes[0].node.metadata
+    # a metadata filter keeps retrieval to the matching document, however similar the other
+    bells_only = AdaptiveCachedQueryEngine.from_chroma_collection(
+        collection,
+        kb_rag,
+        similarity_top_k=1,
+        max_new_tokens=MAX_NEW_TOKENS,
+        where={"document_id": "bells"},
+    )
+    nodes = bells_only.retrieve(QueryBundle("Which river flows through Quenby?"))
+    assert [n.node.get_content() for n in nodes] == ["Quenby is famous for its glass bells."]
     client.delete_collection(collection.name)
 
 

@@ -182,3 +182,22 @@ def test_a_same_dimension_collection_of_another_chroma_embedding_function_is_ref
         RetrievalConfig(collection="own"), client=client, embedder=WordEmbedder()
     )
     assert reader.count() == 1
+
+
+def test_a_metadata_filter_restricts_retrieval_to_matching_chunks(tmp_path):
+    client = chromadb.EphemeralClient()
+    config = RetrievalConfig(
+        collection=f"kb-{uuid.uuid4().hex[:8]}", chunk_tokens=16, chunk_overlap_tokens=4
+    )
+    a = _write(tmp_path / "a.md", [f"shared{i}" for i in range(16)])
+    b = _write(tmp_path / "b.md", [f"shared{i}" for i in range(16)] + ["extra"])
+    KnowledgeBase(config, client=client, embedder=WordEmbedder()).ingest(
+        [a, b], tokenizer=WordTokenizer()
+    )
+    only_b = config.model_copy(update={"where": {"source": str(b)}})
+    kb = KnowledgeBase(only_b, client=client, embedder=WordEmbedder())
+    found = kb.retrieve("shared0 shared1", 4)
+    assert found and {c.metadata["source"] for c in found} == {str(b)}
+    both = config.model_copy(update={"where": {"source": str(a), "chunk_idx": 0}})
+    found = KnowledgeBase(both, client=client, embedder=WordEmbedder()).retrieve("shared0", 4)
+    assert [(c.metadata["source"], c.metadata["chunk_idx"]) for c in found] == [(str(a), 0)]

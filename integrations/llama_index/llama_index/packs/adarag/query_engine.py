@@ -36,6 +36,7 @@ from llama_index.packs.adarag.retriever import AdaRagRetriever
 
 from adarag import AdaRAG, Answer, AnswerStream, AsyncAnswerStream, GenerationParams
 from adarag.retrievers import ChromaRetriever, KnowledgeBase, SentenceEmbedder
+from adarag.retrievers.chroma import chroma_where
 
 dispatcher = instrument.get_dispatcher(__name__)
 
@@ -143,6 +144,7 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         similarity_top_k: int = 4,
         embedding_model: str = "default",
         min_top_score: float | None = None,
+        where: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> AdaptiveCachedQueryEngine:
         """The engine over a chromadb collection (written by adarag, LlamaIndex or others).
@@ -153,13 +155,17 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
             similarity_top_k: Candidate chunks per question.
             embedding_model: The model that embedded the collection (``"default"``: MiniLM).
             min_top_score: Best similarity below which a question gets the no-context answer.
+            where: Metadata every retrieved chunk must have (several keys: all of them).
             **kwargs: Constructor options.
 
         Raises:
             KnowledgeBaseError: The collection holds vectors of another dimension.
         """
         chroma = ChromaRetriever(
-            collection, SentenceEmbedder(embedding_model), min_top_score=min_top_score
+            collection,
+            SentenceEmbedder(embedding_model),
+            min_top_score=min_top_score,
+            where=chroma_where(where),
         )
         return cls(AdaRagRetriever(chroma, similarity_top_k), rag, **kwargs)
 

@@ -1,0 +1,28 @@
+"""Command-line options that build the configuration."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from adarag.cli.options import add_knowledge_base_arguments, build_config
+from adarag.errors import InputError
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    add_knowledge_base_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_where_options_become_the_retrieval_filter_with_json_values():
+    args = _parse(["--where", "title=Lothair", "--where", "chunk_idx=0", "--where", "x=true"])
+    assert build_config(args).retrieval.where == {"title": "Lothair", "chunk_idx": 0, "x": True}
+    assert build_config(_parse([])).retrieval.where is None
+
+
+@pytest.mark.parametrize("item", ["title", "=value"])
+def test_a_where_option_without_key_and_value_is_a_clear_error(item):
+    with pytest.raises(InputError, match="--where takes KEY=VALUE"):
+        build_config(_parse(["--where", item]))
