@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from adarag.errors import InputError, KnowledgeBaseError, MissingDependencyError
+from adarag.retrievers.embedding import as_embedder
 from adarag.schema import Chunk
 
 logger = logging.getLogger(__name__)
@@ -176,7 +177,8 @@ class ChromaRetriever:
 
     Args:
         collection: A chromadb collection.
-        embedder: The model that embedded the collection's documents.
+        embedder: The model that embedded the collection's documents (an adarag embedder or a
+            chromadb ``EmbeddingFunction``).
         min_top_score: When the best chunk scores below it, no chunk is returned (the question
             has no retrievable context). None returns the top-k whatever their scores.
         where: A Chroma metadata filter applied to every query.
@@ -193,6 +195,7 @@ class ChromaRetriever:
         min_top_score: float | None = None,
         where: dict[str, Any] | None = None,
     ) -> None:
+        embedder = as_embedder(embedder)
         check_embedding_model(collection, embedder)
         self.collection = collection
         self.embedder = embedder

@@ -106,3 +106,64 @@ class SentenceEmbedder:
     def embed_query(self, text: str) -> list[float]:
         """The normalised embedding of a query."""
         return self.embed_documents([text])[0]
+
+
+class ChromaFunctionEmbedder:
+    """A chromadb ``EmbeddingFunction`` (or any callable texts -> vectors) as an :class:`Embedder`.
+
+    Its name is the function's model (``get_config()["model_name"]``) when it states one, else
+    the function's ``name()``, so a collection that recorded the same function is accepted.
+    Vectors are L2-normalised.
+    """
+
+    def __init__(self, function: Any) -> None:
+        self.function = function
+        config = _call_or(function, "get_config", {}) or {}
+        self.name: str = str(
+            config.get("model_name") or _call_or(function, "name", type(function).__name__)
+        )
+
+    @cached_property
+    def dimension(self) -> int:
+        """Length of every embedding (measured once on a probe text)."""
+        return len(self.embed_query("dimension probe"))
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        """One normalised embedding per text."""
+        return [_normalised(vector) for vector in self.function(list(texts))]
+
+    def embed_query(self, text: str) -> list[float]:
+        """The normalised embedding of a query (the function's ``embed_query`` when it has one)."""
+        embed_query = getattr(self.function, "embed_query", None)
+        vectors = embed_query(input=[text]) if callable(embed_query) else self.function([text])
+        return _normalised(vectors[0])
+
+
+def as_embedder(model: Any) -> Embedder:
+    """``model`` as an :class:`Embedder` (a chromadb embedding function is wrapped).
+
+    Raises:
+        ConfigError: ``model`` is neither.
+    """
+    if hasattr(model, "embed_query") and hasattr(model, "dimension"):
+        return model  # type: ignore[no-any-return]
+    if callable(model):
+        return ChromaFunctionEmbedder(model)
+    raise ConfigError(
+        f"an embedder must have name, dimension, embed_documents and embed_query, or be a "
+        f"chromadb EmbeddingFunction; got {type(model).__name__}"
+    )
+
+
+def _call_or(target: Any, method: str, default: Any) -> Any:
+    function = getattr(target, method, None)
+    try:
+        return function() if callable(function) else default
+    except Exception:  # a function's optional metadata must never break embedding
+        return default
+
+
+def _normalised(vector: Any) -> list[float]:
+    values = [float(x) for x in vector]
+    norm = sum(x * x for x in values) ** 0.5 or 1.0
+    return [x / norm for x in values]

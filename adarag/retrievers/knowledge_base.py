@@ -35,7 +35,7 @@ from adarag.retrievers.chunking import (
     split_by_tokens,
     tokenizer_spans,
 )
-from adarag.retrievers.embedding import Embedder, SentenceEmbedder
+from adarag.retrievers.embedding import Embedder, SentenceEmbedder, as_embedder
 from adarag.schema import Chunk
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,8 @@ class KnowledgeBase:
         home: adarag's home; the default directory is ``<home>/chroma``.
         client: A chromadb client to use instead of opening the directory (then no lock is
             taken: the client's owner is responsible for sharing it).
-        embedder: The embedding model; ``config.embedding_model`` when None.
+        embedder: The embedding model (an adarag embedder or a chromadb
+            ``EmbeddingFunction``); ``config.embedding_model`` when None.
         create: Create the collection when it does not exist (ingestion); False for a reader,
             which then gets a clear error instead of a new empty collection.
 
@@ -104,12 +105,14 @@ class KnowledgeBase:
         home: Path | None = None,
         *,
         client: Any = None,
-        embedder: Embedder | None = None,
+        embedder: Embedder | Callable[..., Any] | None = None,
         create: bool = True,
     ) -> None:
         self.config = config
-        self.embedder: Embedder = embedder or SentenceEmbedder(
-            config.embedding_model, config.embedding_batch_size
+        self.embedder: Embedder = (
+            as_embedder(embedder)
+            if embedder is not None
+            else SentenceEmbedder(config.embedding_model, config.embedding_batch_size)
         )
         self.directory: Path | None = None
         self._lock: DirectoryLock | None = None

@@ -11,7 +11,7 @@ import pytest
 chromadb = pytest.importorskip("chromadb")
 
 from adarag.config import RetrievalConfig  # noqa: E402
-from adarag.errors import KnowledgeBaseError  # noqa: E402
+from adarag.errors import ConfigError, KnowledgeBaseError  # noqa: E402
 from adarag.retrievers import KnowledgeBase  # noqa: E402
 from adarag.schema import Chunk  # noqa: E402
 
@@ -201,3 +201,15 @@ def test_a_metadata_filter_restricts_retrieval_to_matching_chunks(tmp_path):
     both = config.model_copy(update={"where": {"source": str(a), "chunk_idx": 0}})
     found = KnowledgeBase(both, client=client, embedder=WordEmbedder()).retrieve("shared0", 4)
     assert [(c.metadata["source"], c.metadata["chunk_idx"]) for c in found] == [(str(a), 0)]
+
+
+def test_a_chromadb_embedding_function_can_be_the_embedder(tmp_path):
+    client = chromadb.PersistentClient(path=str(tmp_path / "chroma"))
+    function = _chroma_function("word-hash-fn", 16)
+    theirs = client.create_collection("theirs", embedding_function=function)
+    theirs.add(ids=["r", "b"], documents=["the river flows", "glass bells ring"])
+    kb = KnowledgeBase(RetrievalConfig(collection="theirs"), client=client, embedder=function)
+    assert kb.embedder.name == "word-hash-fn" and kb.embedder.dimension == 16
+    assert [c.chunk_id for c in kb.retrieve("river flows", 1)] == ["r"]
+    with pytest.raises(ConfigError, match="chromadb EmbeddingFunction"):
+        KnowledgeBase(RetrievalConfig(collection="theirs"), client=client, embedder=42)
