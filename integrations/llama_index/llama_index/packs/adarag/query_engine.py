@@ -36,7 +36,6 @@ from llama_index.packs.adarag.retriever import AdaRagRetriever
 
 from adarag import AdaRAG, Answer, AnswerStream, AsyncAnswerStream, GenerationParams
 from adarag.retrievers import ChromaRetriever, KnowledgeBase, SentenceEmbedder
-from adarag.retrievers.chroma import chroma_where
 
 dispatcher = instrument.get_dispatcher(__name__)
 
@@ -155,7 +154,7 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
             similarity_top_k: Candidate chunks per question.
             embedding_model: The model that embedded the collection (``"default"``: MiniLM).
             min_top_score: Best similarity below which a question gets the no-context answer.
-            where: Metadata every retrieved chunk must have (several keys: all of them).
+            where: A Chroma metadata filter for every query, e.g. ``{"document_id": "d1"}``.
             **kwargs: Constructor options.
 
         Raises:
@@ -165,7 +164,7 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
             collection,
             SentenceEmbedder(embedding_model),
             min_top_score=min_top_score,
-            where=chroma_where(where),
+            where=where,
         )
         return cls(AdaRagRetriever(chroma, similarity_top_k), rag, **kwargs)
 
