@@ -75,7 +75,7 @@ class BenchRunner:
         config = AdaRagConfig.build(self.base_config, home=home)
         rag = AdaRAG(config, generator=self.generator)
         count = rag.warm(distinct_chunks(questions))
-        self._ingest_dir = home / "kv" / self.generator.fingerprint
+        self._ingest_dir = home / "kv" / rag.kv_namespace
         return count
 
     def run(
@@ -88,13 +88,13 @@ class BenchRunner:
         """Answer the stream under ``policy``; its cache starts from the ingest (if it uses it)."""
         home = self.work_dir / policy.name
         shutil.rmtree(home, ignore_errors=True)
-        kv_dir = home / "kv" / self.generator.fingerprint
+        config = AdaRagConfig.build(self.base_config, home=home, **policy.overrides)
+        rag = AdaRAG(config, generator=self.generator)
+        kv_dir = home / "kv" / rag.kv_namespace
         kv_dir.mkdir(parents=True)
         if policy.uses_independent_tier and self._ingest_dir is not None:
             for path in self._ingest_dir.iterdir():
                 os.link(path, kv_dir / path.name)  # shared read-only files, no copy
-        config = AdaRagConfig.build(self.base_config, home=home, **policy.overrides)
-        rag = AdaRAG(config, generator=self.generator)
         rag.warm([])  # the system prefix, outside the timed queries
         records = []
         for position, item in enumerate(stream):

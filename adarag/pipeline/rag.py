@@ -141,14 +141,26 @@ class AdaRAG:
         return self._profile
 
     @property
+    def kv_namespace(self) -> str:
+        """What stored chunk KV is bound to besides its token ids.
+
+        The checkpoint, the dtype KV is computed in and the dtype it is stored in: the disk
+        tier's directory name, and part of every cache key. The system prompt, template and
+        separator are bound through the token ids of the system prefix and of each chunk.
+        """
+        engine_dtype = self.config.engine.dtype
+        return (
+            f"{self.generator.fingerprint}-{engine_dtype}-{self.config.cache.store.storage_dtype}"
+        )
+
+    @property
     def cache(self) -> TieredCache:
         """The three-tier chunk-KV cache of this model (opened on first use)."""
         if self._cache is None:
-            generator = self.generator
             self._cache = TieredCache(
                 self.config.cache,
                 self._open_store(),
-                generator.fingerprint,
+                self.kv_namespace,
                 self.prompts.system_ids,
                 self.profile.sink_chunk_idx,
             )
@@ -156,11 +168,10 @@ class AdaRAG:
 
     def _open_store(self) -> TieredKVStore:
         if self._store is None:
-            generator = self.generator
             store_config = self.config.cache.store
             root = store_config.directory or self.config.home / "kv"
-            directory = root / generator.fingerprint
-            self._store = TieredKVStore(store_config, directory, generator.fingerprint)
+            namespace = self.kv_namespace
+            self._store = TieredKVStore(store_config, root / namespace, namespace)
         return self._store
 
     def cache_stats(self) -> CacheReport:
