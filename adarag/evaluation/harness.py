@@ -75,7 +75,7 @@ class BenchRunner:
         config = AdaRagConfig.build(self.base_config, home=home)
         rag = AdaRAG(config, generator=self.generator)
         count = rag.warm(distinct_chunks(questions))
-        self._ingest_dir = home / "kv" / rag.kv_namespace
+        self._ingest_dir = rag.kv_directory
         return count
 
     def run(
@@ -90,7 +90,7 @@ class BenchRunner:
         shutil.rmtree(home, ignore_errors=True)
         config = AdaRagConfig.build(self.base_config, home=home, **policy.overrides)
         rag = AdaRAG(config, generator=self.generator)
-        kv_dir = home / "kv" / rag.kv_namespace
+        kv_dir = rag.kv_directory
         kv_dir.mkdir(parents=True)
         if policy.uses_independent_tier and self._ingest_dir is not None:
             for path in self._ingest_dir.iterdir():

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from adarag.augment import (
@@ -166,12 +167,16 @@ class AdaRAG:
             )
         return self._cache
 
+    @property
+    def kv_directory(self) -> Path:
+        """The disk tier's directory: ``<cache.store.directory or home/kv>/<kv_namespace>``."""
+        root = self.config.cache.store.directory or self.config.home / "kv"
+        return root / self.kv_namespace
+
     def _open_store(self) -> TieredKVStore:
         if self._store is None:
             store_config = self.config.cache.store
-            root = store_config.directory or self.config.home / "kv"
-            namespace = self.kv_namespace
-            self._store = TieredKVStore(store_config, root / namespace, namespace)
+            self._store = TieredKVStore(store_config, self.kv_directory, self.kv_namespace)
         return self._store
 
     def cache_stats(self) -> CacheReport:
