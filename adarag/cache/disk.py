@@ -1,9 +1,17 @@
-"""On-disk chunk-KV entries: one safetensors file each, with a checksummed header.
+"""On-disk chunk-KV entries: one safetensors file each, verified before it is served.
 
-A file holds tensors ``k`` and ``v`` and string metadata: the format tag, the model fingerprint,
-the keys the entry answers to, its start position and a BLAKE2b checksum of the tensor bytes.
-Files are written to a temporary name and renamed into place, so a crash never leaves a
-half-written entry visible. Nothing is pickled.
+A file holds tensors ``k`` and ``v`` and string metadata: the format tag, the model namespace,
+the keys the entry answers to, its start position and a BLAKE2b checksum over all of that and
+the tensor bytes, shapes and dtypes. The file name is the digest of the entry's keys, so a file
+renamed, swapped or edited is detected. Reading checks, before an entry is served: the header
+parses, the format and namespace are this store's, the keys hash to the file name, the tensors
+have the store's dtype and the model's layer/head layout, and the checksum matches. A damaged
+file is deleted; a file of another model or format is moved to ``quarantine/`` (never re-read).
+
+Files are written under a staging name that carries the writer's pid, synced and renamed into
+place, so a crash (even ``kill -9``) never leaves a partial entry visible; staging files of
+processes that are no longer running are removed when a store opens the directory. Nothing is
+pickled.
 """
 
 from __future__ import annotations
@@ -19,15 +27,27 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from adarag.cache.entry import ChunkKV
+from adarag.cache.keys import digest
 from adarag.errors import CacheError
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "adarag-kv-1"
+FORMAT = "adarag-kv-2"
 SUFFIX = ".kv.safetensors"
+STAGING_PREFIX = ".tmp-"
+QUARANTINE = "quarantine"
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """What every token of an entry holds: ``[num_layers, *, num_kv_heads, head_dim]``."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
 
 
 @dataclass(frozen=True)
@@ -40,20 +60,38 @@ class DiskHeader:
     written_ns: int
 
 
+class _Rejected(Exception):
+    """A file that must not be served; ``foreign`` files are quarantined, others deleted."""
+
+    def __init__(self, reason: str, *, foreign: bool = False) -> None:
+        super().__init__(reason)
+        self.foreign = foreign
+
+
 class DiskTier:
-    """A directory of KV entry files for one model fingerprint.
+    """A directory of verified KV entry files for one model namespace.
 
     Args:
-        directory: The model's namespace directory (created if missing).
-        model_fingerprint: Entries from another model are ignored (a clean miss).
+        directory: The namespace's directory (created if missing).
+        model_fingerprint: The namespace; files of another are quarantined, never served.
+        dtype: The storage dtype every entry must have.
+        layout: The model's per-token layout every entry must have (unchecked when None).
 
     Raises:
         CacheError: The directory cannot be created or written.
     """
 
-    def __init__(self, directory: Path, model_fingerprint: str) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        model_fingerprint: str,
+        dtype: torch.dtype = torch.float32,
+        layout: TokenLayout | None = None,
+    ) -> None:
         self.directory = directory
         self.model_fingerprint = model_fingerprint
+        self.dtype = dtype
+        self.layout = layout
         try:
             directory.mkdir(parents=True, exist_ok=True)
             probe = directory / f".write-probe-{uuid.uuid4().hex}"
@@ -65,15 +103,14 @@ class DiskTier:
                 "cache.store.directory to a writable path, or cache.store.disk_capacity_bytes=0 "
                 "to keep the cache in memory only"
             ) from err
-        for stale in directory.glob(".tmp-*"):  # left by a crash mid-write; never visible
-            stale.unlink(missing_ok=True)
+        _remove_orphaned_staging(directory)
 
     def path(self, entry_id: str) -> Path:
         """File of an entry."""
         return self.directory / f"{entry_id}{SUFFIX}"
 
     def scan(self) -> list[DiskHeader]:
-        """Headers of every readable entry of this model, oldest first (others are skipped)."""
+        """Headers of every valid-looking entry, oldest first (bad files are set aside)."""
         headers = []
         for path in self.directory.glob(f"*{SUFFIX}"):
             header = self._read_header(path)
@@ -81,44 +118,60 @@ class DiskTier:
                 headers.append(header)
         return sorted(headers, key=lambda header: header.written_ns)
 
-    def write(self, entry_id: str, keys: tuple[str, ...], kv: ChunkKV) -> int:
-        """Write an entry atomically; returns its size in bytes."""
+    def encode(self, entry_id: str, keys: tuple[str, ...], kv: ChunkKV) -> bytes:
+        """The file bytes of an entry (to size it before it is written)."""
         k, v = kv.k.contiguous(), kv.v.contiguous()
         metadata = {
             "format": FORMAT,
             "model": self.model_fingerprint,
             "keys": json.dumps(list(keys)),
             "start_position": str(kv.start_position),
-            "checksum": _checksum(k, v),
             "written_ns": str(time.time_ns()),
         }
+        metadata["checksum"] = _checksum(metadata, k, v)
+        assert entry_id == digest(*sorted(keys)), "an entry's id is the digest of its keys"
+        return save({"k": k, "v": v}, metadata=metadata)
+
+    def write(self, entry_id: str, data: bytes) -> int:
+        """Write encoded entry bytes atomically (staged, synced, renamed); returns the size."""
         final = self.path(entry_id)
-        staging = self.directory / f".tmp-{entry_id}-{uuid.uuid4().hex}"
+        staging = self.directory / f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
         try:
-            save_file({"k": k, "v": v}, str(staging), metadata=metadata)
+            with staging.open("wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
             os.replace(staging, final)
         finally:
             staging.unlink(missing_ok=True)
-        return final.stat().st_size
+        return len(data)
 
     def read(self, entry_id: str) -> ChunkKV | None:
-        """Load and verify an entry; a corrupted or foreign file is dropped with a warning."""
+        """Load and verify an entry; None when it is missing or fails a check (set aside)."""
         path = self.path(entry_id)
         try:
             with safe_open(str(path), framework="pt") as handle:
                 metadata = handle.metadata() or {}
+                names = set(handle.keys())
+                if names != {"k", "v"}:
+                    raise _Rejected(f"tensors {sorted(names)} instead of k and v")
                 k, v = handle.get_tensor("k"), handle.get_tensor("v")
+            self._check_metadata(path, metadata)
+            self._check_tensors(k, v)
+            if metadata.get("checksum") != _checksum(metadata, k, v):
+                raise _Rejected("checksum mismatch")
+            start_position = int(metadata["start_position"])
+            if start_position < 0:
+                raise _Rejected(f"negative start position {start_position}")
         except FileNotFoundError:
             return None
-        except (SafetensorError, OSError, ValueError) as err:
-            self._drop(path, f"unreadable ({err})")
+        except (SafetensorError, OSError, ValueError, KeyError) as err:
+            self._set_aside(path, _Rejected(f"unreadable ({err})"))
             return None
-        if metadata.get("model") != self.model_fingerprint or metadata.get("format") != FORMAT:
+        except _Rejected as rejected:
+            self._set_aside(path, rejected)
             return None
-        if metadata.get("checksum") != _checksum(k, v):
-            self._drop(path, "checksum mismatch")
-            return None
-        return ChunkKV(k, v, int(metadata["start_position"]))
+        return ChunkKV(k, v, start_position)
 
     def remove(self, entry_id: str) -> None:
         """Delete an entry's file."""
@@ -128,25 +181,92 @@ class DiskTier:
         try:
             with safe_open(str(path), framework="pt") as handle:
                 metadata = handle.metadata() or {}
+            keys = self._check_metadata(path, metadata)
+            written_ns = int(metadata.get("written_ns", "0"))
+            return DiskHeader(path.name.removesuffix(SUFFIX), keys, path.stat().st_size, written_ns)
+        except FileNotFoundError:
+            return None
         except (SafetensorError, OSError, ValueError) as err:
-            self._drop(path, f"unreadable header ({err})")
-            return None
-        if metadata.get("model") != self.model_fingerprint or metadata.get("format") != FORMAT:
-            return None
-        entry_id = path.name.removesuffix(SUFFIX)
-        keys = tuple(json.loads(metadata["keys"]))
-        written_ns = int(metadata.get("written_ns", "0"))
-        return DiskHeader(entry_id, keys, path.stat().st_size, written_ns)
+            self._set_aside(path, _Rejected(f"unreadable header ({err})"))
+        except _Rejected as rejected:
+            self._set_aside(path, rejected)
+        return None
 
-    def _drop(self, path: Path, reason: str) -> None:
-        logger.warning(
-            "dropping corrupted KV cache file %s: %s; it will be recomputed", path, reason
-        )
-        path.unlink(missing_ok=True)
+    def _check_metadata(self, path: Path, metadata: dict[str, str]) -> tuple[str, ...]:
+        """The entry's keys, once format, namespace and file name are checked."""
+        if metadata.get("format") != FORMAT:
+            raise _Rejected(f"format {metadata.get('format')!r}, not {FORMAT}", foreign=True)
+        if metadata.get("model") != self.model_fingerprint:
+            raise _Rejected(f"written for model {metadata.get('model')!r}", foreign=True)
+        try:
+            keys = json.loads(metadata["keys"])
+        except (KeyError, json.JSONDecodeError) as err:
+            raise _Rejected(f"unreadable key list ({err})") from err
+        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+            raise _Rejected("the key list is not a list of strings")
+        if path.name.removesuffix(SUFFIX) != digest(*sorted(keys)):
+            raise _Rejected("its keys do not match its file name (renamed, swapped or edited)")
+        return tuple(keys)
+
+    def _check_tensors(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        if k.dtype != self.dtype or v.dtype != self.dtype:
+            raise _Rejected(f"dtype {k.dtype}/{v.dtype}, not the storage dtype {self.dtype}")
+        if k.shape != v.shape or k.dim() != 4:
+            raise _Rejected(f"shapes {tuple(k.shape)} and {tuple(v.shape)} are not one KV shape")
+        layout = self.layout
+        if layout is not None:
+            expected = (layout.num_layers, layout.num_kv_heads, layout.head_dim)
+            if (k.shape[0], k.shape[2], k.shape[3]) != expected:
+                raise _Rejected(f"shape {tuple(k.shape)} does not fit the model's {layout}")
+
+    def _set_aside(self, path: Path, rejected: _Rejected) -> None:
+        """Quarantine a foreign file (or anything but a regular file); delete a damaged one."""
+        if rejected.foreign or (path.is_dir() and not path.is_symlink()):
+            target = self.directory / QUARANTINE / path.name
+            logger.warning("moving KV cache file %s to %s: %s", path, target.parent, rejected)
+            try:
+                target.parent.mkdir(exist_ok=True)
+                os.replace(path, target)
+                return
+            except OSError as err:
+                logger.warning("cannot quarantine %s (%s); deleting it", path, err)
+        else:
+            logger.warning(
+                "dropping corrupted KV cache file %s: %s; it will be recomputed", path, rejected
+            )
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as err:  # e.g. a directory that could not be moved either
+            logger.warning("cannot delete %s (%s); it is skipped", path, err)
 
 
-def _checksum(k: torch.Tensor, v: torch.Tensor) -> str:
+def _checksum(metadata: dict[str, str], k: torch.Tensor, v: torch.Tensor) -> str:
+    """BLAKE2b of the metadata (but the checksum), the tensors' dtypes, shapes and bytes."""
     hasher = hashlib.blake2b(digest_size=16)
+    signed = {name: value for name, value in metadata.items() if name != "checksum"}
+    hasher.update(json.dumps(signed, sort_keys=True).encode())
     for tensor in (k, v):
+        hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
         hasher.update(tensor.contiguous().view(torch.uint8).numpy().data)
     return hasher.hexdigest()
+
+
+def _remove_orphaned_staging(directory: Path) -> None:
+    """Delete staging files whose writer is no longer running (a crash mid-write)."""
+    for staging in directory.glob(f"{STAGING_PREFIX}*"):
+        pid = staging.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and _running(int(pid)):
+            continue  # another live process is writing it
+        staging.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True

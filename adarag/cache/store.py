@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from adarag.cache.disk import DiskTier
+from adarag.cache.disk import DiskTier, TokenLayout
 from adarag.cache.entry import ChunkKV
 from adarag.cache.eviction import EntryUsage, make_policy
 from adarag.cache.keys import digest
@@ -41,6 +41,10 @@ class KVStore(Protocol):
 
     def put(self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False) -> None:
         """Store ``kv`` under every key in ``keys`` (replacing what they pointed at)."""
+        ...
+
+    def discard(self, key: str) -> None:
+        """Forget ``key`` (and delete its entry once no key points at it)."""
         ...
 
 
@@ -80,12 +84,23 @@ class TieredKVStore:
         config: Capacities, storage dtype, eviction policy.
         directory: The disk tier's directory for this model, or None for memory only.
         model_fingerprint: Tells this model's disk entries from any other's.
+        layout: The model's per-token KV layout; disk entries of another shape are never
+            served (unchecked when None).
+
+    Both tiers stay within their byte caps at every moment: room is made before an entry is
+    written, and an entry larger than a tier's cap is not kept in that tier.
 
     Raises:
         CacheError: The disk directory is not writable.
     """
 
-    def __init__(self, config: StoreConfig, directory: Path | None, model_fingerprint: str) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        directory: Path | None,
+        model_fingerprint: str,
+        layout: TokenLayout | None = None,
+    ) -> None:
         self.config = config
         self.storage_dtype = getattr(torch, config.storage_dtype)
         self.policy = make_policy(config.eviction_policy)
@@ -94,7 +109,7 @@ class TieredKVStore:
         self._index = _Index()
         self.disk: DiskTier | None = None
         if directory is not None and config.disk_capacity_bytes > 0:
-            self.disk = DiskTier(directory, model_fingerprint)
+            self.disk = DiskTier(directory, model_fingerprint, self.storage_dtype, layout)
         if self.disk is not None:
             for header in self.disk.scan():  # oldest first: a newer file's keys win
                 for key in header.keys:
@@ -161,6 +176,11 @@ class TieredKVStore:
                 self._write_disk(entry_id, entry)
             self._evict_memory(keep=entry_id)
 
+    def discard(self, key: str) -> None:
+        """Forget ``key``; its entry (and file) is deleted once no key points at it."""
+        with self._lock:
+            self._unlink_key(key)
+
     def flush(self) -> None:
         """Write every memory-only entry to disk (call before the process exits)."""
         with self._lock:
@@ -207,23 +227,28 @@ class TieredKVStore:
         kv = entry.kv
         if self.disk is None or kv is None:
             return
-        self.stats.disk_bytes -= entry.disk_bytes
-        entry.disk_bytes = self.disk.write(entry_id, tuple(sorted(entry.keys)), kv)
+        data = self.disk.encode(entry_id, tuple(sorted(entry.keys)), kv)
+        if entry.disk_bytes:  # replaced below (or dropped when it no longer fits)
+            self.stats.disk_bytes -= entry.disk_bytes
+            entry.disk_bytes = 0
+            self.disk.remove(entry_id)
+        self._evict_disk(keep=entry_id, room=len(data))
+        if self.stats.disk_bytes + len(data) > self.config.disk_capacity_bytes:
+            return  # larger than the whole tier: memory only
+        entry.disk_bytes = self.disk.write(entry_id, data)
         self.stats.disk_bytes += entry.disk_bytes
         self.stats.disk_writes += 1
-        self._evict_disk(keep=entry_id)
 
     def _priority(self, item: tuple[str, _Entry]) -> tuple[float, ...]:
         return self.policy.priority(item[1].usage)
 
     def _evict_memory(self, keep: str) -> None:
+        """Evict until the tier fits its cap; ``keep`` goes last (only if it alone is too big)."""
         capacity = self.config.memory_capacity_bytes
         while self.stats.memory_bytes > capacity:
             resident = [(i, e) for i, e in self._index.entries.items() if e.kv is not None]
             candidates = [(i, e) for i, e in resident if i != keep] or resident
-            victim_id, victim = min(
-                candidates, key=lambda item: self.policy.priority(item[1].usage)
-            )
+            victim_id, victim = min(candidates, key=self._priority)
             if self.disk is not None and not victim.disk_bytes:
                 self._write_disk(victim_id, victim)
             self.stats.memory_bytes -= victim.memory_bytes
@@ -232,11 +257,12 @@ class TieredKVStore:
             if not victim.disk_bytes:  # no disk tier (or it refused the entry): gone
                 self._forget(victim_id)
 
-    def _evict_disk(self, keep: str | None = None) -> None:
+    def _evict_disk(self, keep: str | None = None, room: int = 0) -> None:
+        """Evict until the tier's files and ``room`` more bytes fit its cap."""
         if self.disk is None:
             return
         capacity = self.config.disk_capacity_bytes
-        while self.stats.disk_bytes > capacity:
+        while self.stats.disk_bytes + room > capacity:
             on_disk = [(i, e) for i, e in self._index.entries.items() if e.disk_bytes and i != keep]
             if not on_disk:
                 return

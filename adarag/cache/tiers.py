@@ -14,6 +14,7 @@ After a prefill every chunk's fused KV is stored under its hard and soft keys (A
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from adarag.cache.keys import PromptKeys, prompt_keys, system_key
 from adarag.cache.store import KVStore
 from adarag.config import CacheConfig
 from adarag.schema import Tier
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class TieredCache:
         self.config = config
         self.store = store
         self.root = system_key(model_fingerprint, system_ids)
+        self.num_system_tokens = len(system_ids)
         self.sink_chunk_idx = sink_chunk_idx
         self.stats = TierStats()
 
@@ -85,7 +89,7 @@ class TieredCache:
 
     def system_kv(self) -> ChunkKV | None:
         """The system prefix's KV (an exact hit once computed)."""
-        return self.store.get(self.root)
+        return self._get(self.root, self.num_system_tokens)
 
     def put_system(self, kv: ChunkKV) -> None:
         """Store the system prefix's KV."""
@@ -96,7 +100,7 @@ class TieredCache:
         keys = self.keys(chunk_ids)
         hits = []
         for idx in range(len(chunk_ids)):
-            hits.append(self._lookup_one(keys, idx))
+            hits.append(self._lookup_one(keys, idx, len(chunk_ids[idx])))
             self.stats.hits[hits[-1].tier] += 1
         return hits
 
@@ -142,12 +146,26 @@ class TieredCache:
         self.stats.num_prompt_tokens += num_prompt_tokens
         self.stats.num_recomputed_tokens += num_recomputed_tokens
 
-    def _lookup_one(self, keys: PromptKeys, idx: int) -> TierHit:
+    def _lookup_one(self, keys: PromptKeys, idx: int, num_tokens: int) -> TierHit:
         config = self.config
-        if config.hard.enabled and (kv := self.store.get(keys.hard[idx])) is not None:
+        if config.hard.enabled and (kv := self._get(keys.hard[idx], num_tokens)) is not None:
             return TierHit("hard", kv, 0.0)
-        if config.soft.enabled and (kv := self.store.get(keys.soft[idx])) is not None:
+        if config.soft.enabled and (kv := self._get(keys.soft[idx], num_tokens)) is not None:
             return TierHit("soft", kv, config.soft.recompute_ratio)
-        if config.independent.enabled and (kv := self.store.get(keys.independent[idx])) is not None:
+        independent = keys.independent[idx]
+        if config.independent.enabled and (kv := self._get(independent, num_tokens)) is not None:
             return TierHit("independent", kv, config.independent.recompute_ratio)
         return TierHit("miss", None, 1.0)
+
+    def _get(self, key: str, num_tokens: int) -> ChunkKV | None:
+        """The entry under ``key`` if it holds ``num_tokens`` tokens (anything else is a miss)."""
+        kv = self.store.get(key)
+        if kv is not None and kv.num_tokens != num_tokens:
+            logger.warning(
+                "dropping cached KV of %d tokens stored for a %d-token segment; recomputing it",
+                kv.num_tokens,
+                num_tokens,
+            )
+            self.store.discard(key)
+            return None
+        return kv

@@ -21,6 +21,7 @@ from adarag.augment import (
     LensConfidence,
     ThresholdStop,
 )
+from adarag.cache.disk import TokenLayout
 from adarag.cache.entry import ChunkKV
 from adarag.cache.store import StoreStats, TieredKVStore
 from adarag.cache.tiers import TieredCache, TierStats
@@ -176,7 +177,9 @@ class AdaRAG:
     def _open_store(self) -> TieredKVStore:
         if self._store is None:
             store_config = self.config.cache.store
-            self._store = TieredKVStore(store_config, self.kv_directory, self.kv_namespace)
+            spec = self.generator.spec
+            layout = TokenLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim)
+            self._store = TieredKVStore(store_config, self.kv_directory, self.kv_namespace, layout)
         return self._store
 
     def cache_stats(self) -> CacheReport:

@@ -137,12 +137,14 @@ def test_half_written_file_is_never_visible(tmp_path):
     assert not list((tmp_path / "kv").glob(".tmp-*"))
 
 
-def test_entries_of_another_model_are_a_clean_miss(tmp_path):
+def test_entries_of_another_model_are_a_clean_miss_and_quarantined(tmp_path):
     store = _store(tmp_path)
     store.put(["key"], _kv(1.0), persist=True)
+    (path,) = (tmp_path / "kv").glob(f"*{SUFFIX}")
     other = TieredKVStore(StoreConfig(), tmp_path / "kv", "model-b")
     assert other.get("key") is None
-    assert store.get("key") is not None
+    assert not path.exists() and (tmp_path / "kv" / "quarantine" / path.name).is_file()
+    assert store.get("key") is not None  # still in the first store's memory
 
 
 def test_unwritable_directory_is_a_clear_error(tmp_path):
