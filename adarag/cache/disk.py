@@ -163,9 +163,9 @@ class DiskTier:
             start_position = int(metadata["start_position"])
             if start_position < 0:
                 raise _Rejected(f"negative start position {start_position}")
-        except FileNotFoundError:
-            return None
-        except (SafetensorError, OSError, ValueError, KeyError) as err:
+        except (SafetensorError, OSError, RuntimeError, ValueError, KeyError) as err:
+            if not _exists(path):  # evicted meanwhile (by another process sharing the directory)
+                return None
             self._set_aside(path, _Rejected(f"unreadable ({err})"))
             return None
         except _Rejected as rejected:
@@ -184,9 +184,9 @@ class DiskTier:
             keys = self._check_metadata(path, metadata)
             written_ns = int(metadata.get("written_ns", "0"))
             return DiskHeader(path.name.removesuffix(SUFFIX), keys, path.stat().st_size, written_ns)
-        except FileNotFoundError:
-            return None
-        except (SafetensorError, OSError, ValueError) as err:
+        except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+            if not _exists(path):
+                return None
             self._set_aside(path, _Rejected(f"unreadable header ({err})"))
         except _Rejected as rejected:
             self._set_aside(path, rejected)
@@ -249,6 +249,11 @@ def _checksum(metadata: dict[str, str], k: torch.Tensor, v: torch.Tensor) -> str
         hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
         hasher.update(tensor.contiguous().view(torch.uint8).numpy().data)
     return hasher.hexdigest()
+
+
+def _exists(path: Path) -> bool:
+    """Whether anything (a file, a directory, a dangling link) is at ``path``."""
+    return path.is_symlink() or path.exists()
 
 
 def _remove_orphaned_staging(directory: Path) -> None:
