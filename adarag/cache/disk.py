@@ -32,6 +32,7 @@ from safetensors.torch import save
 from adarag.cache.entry import ChunkKV
 from adarag.cache.keys import digest
 from adarag.errors import CacheError
+from adarag.files import process_running
 
 logger = logging.getLogger(__name__)
 
@@ -260,18 +261,6 @@ def _remove_orphaned_staging(directory: Path) -> None:
     """Delete staging files whose writer is no longer running (a crash mid-write)."""
     for staging in directory.glob(f"{STAGING_PREFIX}*"):
         pid = staging.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and _running(int(pid)):
+        if pid.isdigit() and process_running(int(pid)):
             continue  # another live process is writing it
         staging.unlink(missing_ok=True)
-
-
-def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True

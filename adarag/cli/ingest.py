@@ -66,8 +66,10 @@ def ingest_and_warm(
         f"collection {kb.config.collection!r} holds {kb.count()} chunks"
         + (f" ({kb.directory})" if kb.directory else "")
     )
-    if warm and report.added:
-        warm_chunks(rag, report.added)
+    if warm and report.sources:
+        # every chunk of these files, not only the added ones: a run stopped after the chunks
+        # were stored but before their KV was (a crash, ^C) is completed here
+        warm_chunks(rag, kb.chunks(sources=report.sources))
     return report
 
 

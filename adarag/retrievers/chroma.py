@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from adarag.errors import InputError, KnowledgeBaseError, MissingDependencyError
+from adarag.files import process_running
 from adarag.retrievers.embedding import as_embedder
 from adarag.schema import Chunk
 
@@ -93,6 +94,15 @@ class DirectoryLock:
                 "that process, or point retrieval.chroma_directory elsewhere"
             ) from err
         handle.seek(0)
+        previous = handle.read().strip()
+        if previous.isdigit() and not process_running(int(previous)):
+            logger.warning(
+                "recovered the lock of %s left by pid %s, which is no longer running (it "
+                "stopped without closing; a re-run of its ingest completes what it left)",
+                self.path.parent,
+                previous,
+            )
+        handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))
         handle.flush()
@@ -101,6 +111,8 @@ class DirectoryLock:
     def release(self) -> None:
         """Give the lock back (no-op when this object does not hold it)."""
         if self._file is not None:
+            self._file.seek(0)
+            self._file.truncate()  # a clean release leaves no pid behind
             self._file.close()  # closing the descriptor releases the flock
             self._file = None
 

@@ -54,6 +54,7 @@ class IngestReport:
         num_chunks_kept: Chunks of changed files that were already stored.
         num_chunks_removed: Stale chunks of changed files that were removed.
         added: Chunks added (embedded and stored); their KV is what needs warming.
+        sources: The files read, as the knowledge base names them (``source`` metadata).
     """
 
     num_files: int
@@ -61,6 +62,7 @@ class IngestReport:
     num_chunks_kept: int
     num_chunks_removed: int
     added: tuple[Chunk, ...]
+    sources: tuple[str, ...] = ()
 
 
 class KnowledgeBase:
@@ -186,9 +188,12 @@ class KnowledgeBase:
         """Chunks stored."""
         return int(self.collection.count())
 
-    def chunks(self) -> list[Chunk]:
-        """Every stored chunk, in Chroma's order."""
-        stored = self.collection.get(include=["documents", "metadatas"])
+    def chunks(self, sources: Sequence[str] | None = None) -> list[Chunk]:
+        """Every stored chunk (of ``sources`` only, when given), in Chroma's order."""
+        if sources is not None and not sources:
+            return []
+        where = None if sources is None else {"source": {"$in": list(sources)}}
+        stored = self.collection.get(where=where, include=["documents", "metadatas"])
         return [
             Chunk(text, chunk_id=chunk_id, metadata=dict(metadata or {}))
             for chunk_id, text, metadata in zip(
@@ -246,6 +251,7 @@ class KnowledgeBase:
             num_chunks_kept=sum(len(ids) for ids in kept.values()),
             num_chunks_removed=len(stale),
             added=tuple(new_chunks),
+            sources=tuple(str(source.path) for source in sources),
         )
         logger.info(
             "ingested %d files (%d unchanged): %d chunks added, %d kept, %d removed",
@@ -297,16 +303,18 @@ class KnowledgeBase:
     # --- internals
 
     def _holds(self, source: SourceFile) -> bool:
-        """The collection holds every chunk of this exact file version."""
-        found = self.collection.get(
-            where={"$and": [{"source": str(source.path)}, {"file_sha256": source.sha256}]},
-            include=["metadatas"],
-        )
-        if not found["ids"]:
-            held = self.collection.get(where={"source": str(source.path)}, limit=1, include=[])
-            return not source.documents and not held["ids"]
-        expected = found["metadatas"][0].get("file_num_chunks")
-        return expected == len(found["ids"])
+        """The collection holds every chunk of this exact file version and nothing else of it.
+
+        A run stopped midway (adds done, stale chunks not yet removed, or only some batches
+        added) fails this check, so the next run finishes the job.
+        """
+        found = self.collection.get(where={"source": str(source.path)}, include=["metadatas"])
+        metadatas = found["metadatas"] or []
+        if not metadatas:
+            return not source.documents
+        expected = metadatas[0].get("file_num_chunks")
+        same_version = all(m.get("file_sha256") == source.sha256 for m in metadatas)
+        return same_version and expected == len(metadatas)
 
     def _chunk_file(self, source: SourceFile, spans: Any) -> list[Chunk]:
         config = self.config

@@ -75,6 +75,27 @@ def test_changed_file_keeps_unchanged_chunks_and_drops_stale_ones(kb, tmp_path):
     assert kb.ingest([doc], tokenizer=WordTokenizer()).num_files_unchanged == 1
 
 
+def test_an_ingest_stopped_before_removing_stale_chunks_is_completed_by_the_next(
+    kb, tmp_path, monkeypatch
+):
+    doc = _write(tmp_path / "doc.md", [f"w{i}" for i in range(40)])
+    kb.ingest([doc], tokenizer=WordTokenizer())
+    _write(doc, [f"w{i}" for i in range(24)] + ["changed"] * 16)
+
+    def crash(**_: object) -> None:
+        raise KeyboardInterrupt  # stopped after the new chunks were added
+
+    with monkeypatch.context() as patch:
+        patch.setattr(kb.collection, "delete", crash)
+        with pytest.raises(KeyboardInterrupt):
+            kb.ingest([doc], tokenizer=WordTokenizer())
+    assert kb.count() == 5  # new chunks added, stale ones still there
+    report = kb.ingest([doc], tokenizer=WordTokenizer())
+    assert report.num_files_unchanged == 0 and report.num_chunks_removed == 2
+    assert kb.count() == 3
+    assert {c.metadata["file_num_chunks"] for c in kb.chunks()} == {3}
+
+
 def test_failed_ingest_loses_nothing(kb, tmp_path):
     doc = _write(tmp_path / "doc.md", ["alpha"] * 10)
     kb.ingest([doc], tokenizer=WordTokenizer())
