@@ -6,6 +6,9 @@ one setting: the chunk must miss (computed afresh), while an identical pipeline 
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 from adarag import AdaRAG
@@ -58,3 +61,18 @@ def test_the_namespace_names_model_and_both_dtypes(warmed):
     rag = warmed(cache={"store": {"storage_dtype": "bfloat16"}})
     assert rag.kv_namespace == f"{rag.generator.fingerprint}-float32-bfloat16"
     assert (rag.config.home / "kv" / warmed().kv_namespace).is_dir()
+
+
+def test_kv_under_another_tokenizer_is_never_served(
+    warmed, tiny_checkpoints, tiny_config, tmp_path
+):
+    """Same weights and config, a tokenizer without merges: other token ids, other keys."""
+    checkpoint = tmp_path / "retokenized"
+    shutil.copytree(tiny_checkpoints["llama"], checkpoint)
+    tokenizer_file = checkpoint / "tokenizer.json"
+    tokenizer = json.loads(tokenizer_file.read_text())
+    tokenizer["model"]["merges"] = []
+    tokenizer_file.write_text(json.dumps(tokenizer))
+    other = AdaRAG(tiny_config(checkpoint, augment=STATIC))
+    assert other.kv_namespace == warmed().kv_namespace  # the fingerprint cannot tell them apart
+    assert _first_tier(other) == "miss"
