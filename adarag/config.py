@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from adarag.errors import ConfigError
 
@@ -27,8 +37,68 @@ def default_home() -> Path:
     return Path(xdg_cache).expanduser() / "adarag"
 
 
+MAX_CONFIG_FILE_BYTES = 1 << 20
+"""A configuration file larger than this is refused (it is never a configuration)."""
+
+_DEVICE = re.compile(r"^(cpu|cuda|mps|xpu|hpu|npu|meta)(:[0-9]+)?$")
+_RESERVED_PROMPT_CHARACTERS = ("\x00", "\x01")  # the prompt builder's own markers
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_raw_values(cls, data: Any) -> Any:
+        """Refuse what lax validation would let through.
+
+        That is ``true``/``false`` where a number is expected (a mistake, not 1 or 0), and text
+        with lone surrogates (not valid Unicode; each section checks its own fields).
+        """
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name)
+                if field is not None and isinstance(value, bool) and not _admits_bool(field):
+                    raise ValueError(f"{name} must be a number, got {str(value).lower()}")
+                if field is not None and _is_section(field):
+                    continue
+                for text in _strings(value):
+                    found = _LONE_SURROGATE.search(text)
+                    if found is not None:
+                        raise ValueError(
+                            f"{name} holds a lone surrogate U+{ord(found.group()):04X}, which is "
+                            "not valid Unicode; remove it"
+                        )
+        return data
+
+
+def _strings(value: Any) -> list[str]:
+    """The strings of a raw value: itself, or the keys and items of a dict or list (one level)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [item for pair in value.items() for item in pair if isinstance(item, str)]
+    if isinstance(value, list | tuple):
+        return [item for item in value if isinstance(item, str)]
+    return []
+
+
+def _is_section(field: Any) -> bool:
+    annotation = field.annotation
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _admits_bool(field: Any) -> bool:
+    annotation = field.annotation
+    return annotation is bool or bool in typing.get_args(annotation)
+
+
+def _check_path(value: Any, name: str) -> Any:
+    """Refuse an empty path or one holding a NUL character (before it becomes a Path)."""
+    if isinstance(value, str | Path) and (not str(value).strip() or "\x00" in str(value)):
+        raise ValueError(f"{name} must be a directory path, got {str(value)!r}")
+    return value
 
 
 class EngineConfig(_Frozen):
@@ -47,16 +117,20 @@ class EngineConfig(_Frozen):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32", description="Dtype of weights and activations."
     )
-    device: str = Field(default="cpu", description="Torch device of the engine.")
+    device: str = Field(
+        default="cpu", description="Torch device of the engine: 'cpu', 'cuda', 'cuda:1', ..."
+    )
     num_threads: int | None = Field(
         default=None,
         ge=1,
+        le=4096,
         description="CPU threads for torch (with the vLLM backend also vLLM's in-process CPU "
         "forward); None keeps torch's default.",
     )
     max_context_tokens: int | None = Field(
         default=None,
         ge=16,
+        le=1 << 24,
         description="Longest prompt plus answer; None uses the model's max_position_embeddings.",
     )
     attention_query_block: int = Field(
@@ -81,6 +155,22 @@ class EngineConfig(_Frozen):
         description="vLLM's automatic prefix caching. Requests fed by adarag's connector carry "
         "their own cache salt, so their fused KV is never reused for another prompt.",
     )
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, value: str) -> str:
+        if "\x00" in value or not value.strip():
+            raise ValueError(f"model must be a model name or a directory path, got {value!r}")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError(
+                f"device must be a torch device such as 'cpu', 'cuda' or 'cuda:1', got {value!r}"
+            )
+        return value
 
 
 class KernelConfig(_Frozen):
@@ -117,6 +207,19 @@ class PromptConfig(_Frozen):
             raise ValueError(
                 f"question_template must contain '{{question}}', got {self.question_template!r}"
             )
+        try:
+            self.question_template.format(question="")
+        except (KeyError, IndexError, ValueError, AttributeError) as err:
+            raise ValueError(
+                f"question_template may hold no placeholder but '{{question}}' (write '{{{{' and "
+                f"'}}}}' for literal braces), got {self.question_template!r}"
+            ) from err
+        for name in ("system_prompt", "context_intro", "chunk_separator", "question_template"):
+            if any(char in getattr(self, name) for char in _RESERVED_PROMPT_CHARACTERS):
+                raise ValueError(
+                    f"{name} must not contain the characters \\x00 or \\x01 (reserved for the "
+                    "prompt layout); remove them"
+                )
         return self
 
 
@@ -187,9 +290,12 @@ class StoreConfig(_Frozen):
     disk_capacity_bytes: int = Field(
         default=16 * 1024**3, ge=0, description="Byte cap of the disk tier; 0 disables it."
     )
-    storage_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+    storage_dtype: Literal["float32", "float16", "bfloat16", "int8"] = Field(
         default="float32",
-        description="Dtype chunk KV is stored in (float32 keeps hard hits exact).",
+        description=(
+            "Format chunk KV is stored in: a float dtype (float32 keeps hard hits exact), or "
+            "'int8' (KIVI-style: keys per channel, values per token, ~3.9x smaller than float32)."
+        ),
     )
     eviction_policy: Literal["lru", "lfu"] = Field(
         default="lru", description="'lru' or frequency-aware 'lfu' (with recency tie-break)."
@@ -253,9 +359,22 @@ class RetrievalConfig(_Frozen):
     """Retrieval and ingestion."""
 
     top_k: int = Field(default=6, ge=1, le=64, description="Chunks retrieved per question.")
+    max_top_k: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="Largest top_k a call may ask for; a larger one is refused with an input "
+        "error before the retriever is asked (a prompt holds only what fits the model's context).",
+    )
     chunk_tokens: int = Field(default=256, ge=16, description="Tokens per ingested chunk.")
     chunk_overlap_tokens: int = Field(default=32, ge=0, description="Overlap of adjacent chunks.")
-    collection: str = Field(default="adarag", min_length=3, description="Chroma collection name.")
+    collection: str = Field(
+        default="adarag",
+        min_length=3,
+        max_length=63,
+        description="Chroma collection name: 3-63 letters, digits, '.', '_' or '-', starting and "
+        "ending with a letter or digit.",
+    )
     chroma_directory: Path | None = Field(
         default=None, description="Chroma's on-disk path; None uses <home>/chroma."
     )
@@ -281,6 +400,41 @@ class RetrievalConfig(_Frozen):
         "retrievable context and gets the no-context answer. None disables the check.",
     )
 
+    @field_validator("collection")
+    @classmethod
+    def _check_collection(cls, value: str) -> str:
+        if (
+            not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9._-]*[a-zA-Z0-9]", value)
+            or ".." in value
+            or re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,3}){3}", value)
+        ):
+            raise ValueError(
+                f"collection must be 3-63 letters, digits, '.', '_' or '-', start and end with a "
+                f"letter or digit, hold no '..' and not be an IPv4 address (Chroma's rule), got "
+                f"{value!r}"
+            )
+        return value
+
+    @field_validator("embedding_model")
+    @classmethod
+    def _check_embedding_model(cls, value: str) -> str:
+        if "\x00" in value or not value.strip():
+            raise ValueError(
+                f"embedding_model must be 'default' or a directory path, got {value!r}"
+            )
+        return value
+
+    @field_validator("chroma_directory", mode="before")
+    @classmethod
+    def _check_chroma_directory(cls, value: Any) -> Any:
+        return _check_path(value, "chroma_directory")
+
+    @model_validator(mode="after")
+    def _check_top_k(self) -> RetrievalConfig:
+        if self.top_k > self.max_top_k:
+            raise ValueError(f"top_k ({self.top_k}) must not exceed max_top_k ({self.max_top_k})")
+        return self
+
     @model_validator(mode="after")
     def _check_overlap(self) -> RetrievalConfig:
         if self.chunk_overlap_tokens >= self.chunk_tokens:
@@ -305,6 +459,11 @@ class AdaRagConfig(_Frozen):
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
 
+    @field_validator("home", mode="before")
+    @classmethod
+    def _check_home(cls, value: Any) -> Any:
+        return _check_path(value, "home")
+
     @classmethod
     def build(cls, base: AdaRagConfig | None = None, **overrides: Any) -> AdaRagConfig:
         """Return ``base`` (or defaults) with nested overrides applied and validated.
@@ -322,7 +481,14 @@ class AdaRagConfig(_Frozen):
         try:
             return cls.model_validate(data)
         except ValidationError as err:
-            raise ConfigError(f"invalid adarag configuration:\n{err}") from err
+            raise ConfigError(
+                f"invalid adarag configuration: {_describe(err)}; fix the value in the "
+                "configuration file or the override"
+            ) from err
+        except RecursionError:
+            raise ConfigError(
+                "invalid adarag configuration: a value nests too deeply; fix the configuration"
+            ) from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> AdaRagConfig:
@@ -333,10 +499,107 @@ class AdaRagConfig(_Frozen):
         """
         file_path = Path(path)
         try:
-            data = json.loads(file_path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise ConfigError(f"cannot read configuration file {file_path}: {err}") from err
+            text = _read_config_file(file_path)
+            data = json.loads(text)
+        except RecursionError:
+            raise ConfigError(
+                f"cannot read configuration file {file_path}: its JSON nests too deeply; write "
+                "a JSON object of AdaRagConfig fields"
+            ) from None
+        except json.JSONDecodeError as err:
+            raise ConfigError(
+                f"cannot read configuration file {file_path}: invalid JSON ({err.msg} at line "
+                f"{err.lineno}, column {err.colno}); write a JSON object of AdaRagConfig fields"
+            ) from err
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"cannot read configuration file {file_path}: it is not UTF-8 text (bad byte at "
+                f"offset {err.start}); write a JSON object of AdaRagConfig fields"
+            ) from err
+        except (OSError, ValueError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise ConfigError(
+                f"cannot read configuration file {file_path}: {reason}; pass a JSON file of "
+                "AdaRagConfig fields"
+            ) from err
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"configuration file {file_path} holds a JSON {type(data).__name__}, not an "
+                'object; write a JSON object of AdaRagConfig fields, e.g. {"retrieval": '
+                '{"top_k": 4}}'
+            )
         return cls.build(**data)
+
+
+def _read_config_file(path: Path) -> str:
+    """The text of a regular file of at most :data:`MAX_CONFIG_FILE_BYTES`, read without blocking.
+
+    Raises:
+        OSError: The file cannot be opened or read.
+        ValueError: It is not a regular file (a FIFO or a device is never read) or is too large.
+        UnicodeDecodeError: It is not UTF-8.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("it is not a regular file")
+        data = handle.read(MAX_CONFIG_FILE_BYTES + 1)
+    if len(data) > MAX_CONFIG_FILE_BYTES:
+        raise ValueError(f"it is larger than {MAX_CONFIG_FILE_BYTES >> 20} MiB")
+    return data.decode("utf-8")
+
+
+def _describe(err: ValidationError) -> str:
+    """A pydantic validation error on one line: ``where: what (got value)`` per problem.
+
+    The members of a union that all rejected one value make one problem, their reasons joined.
+    """
+    problems: dict[tuple[Any, ...], tuple[list[str], Any, str]] = {}
+    for error in err.errors():
+        loc = tuple(error["loc"])
+        if loc and isinstance(loc[-1], str) and _is_union_member(loc[-1]):
+            loc = loc[:-1]
+        value = error.get("input")
+        message = str(error["msg"]).removeprefix("Value error, ").replace("\n", " ")
+        if error["type"] == "extra_forbidden":
+            known = _known_fields(loc[:-1])
+            message = "unknown setting (check its spelling" + (
+                f"; known here: {', '.join(known)})" if known else ")"
+            )
+        messages, _, kind = problems.setdefault(loc, ([], value, error["type"]))
+        if message not in messages:
+            messages.append(message)
+    parts: list[str] = []
+    for loc, (messages, value, kind) in problems.items():
+        where = ".".join(str(part) for part in loc) or "configuration"
+        text = f"{where}: {', or '.join(messages)}"
+        if kind not in ("value_error", "assertion_error", "extra_forbidden") and not isinstance(
+            value, dict | list
+        ):
+            shown = repr(value)
+            text += f" (got {shown[:60] + '...' if len(shown) > 60 else shown})"
+        parts.append(text)
+    if len(parts) > 3:
+        parts = [*parts[:3], f"and {len(parts) - 3} more"]
+    return "; ".join(parts)
+
+
+def _is_union_member(part: str) -> bool:
+    """Whether a pydantic error location part names a union member (``str``, ``int``, ...)."""
+    return part in ("str", "int", "float", "bool", "none") or "[" in part
+
+
+def _known_fields(loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the config section at ``loc`` (empty when it is not a section)."""
+    model: Any = AdaRagConfig
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return sorted(model.model_fields)
 
 
 def _deep_update(target: dict[str, Any], updates: dict[str, Any]) -> None:

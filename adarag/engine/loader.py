@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from adarag.engine.model import DecoderModel
@@ -15,29 +16,70 @@ from adarag.errors import ModelLoadError
 def load_model(path: Path, spec: ModelSpec, dtype: torch.dtype, device: str) -> DecoderModel:
     """Build a :class:`DecoderModel` and load its safetensors weights.
 
+    Only safetensors files are read: nothing in the checkpoint is unpickled or executed.
+
     Raises:
-        ModelLoadError: A weight is missing, unexpected, or has the wrong shape.
+        ModelLoadError: A weights file is damaged, or a weight is missing, unexpected, not a
+            floating-point tensor, or has the wrong shape.
     """
     checkpoint: dict[str, torch.Tensor] = {}
     for weights in sorted(path.glob("*.safetensors")):
-        checkpoint.update(load_file(weights, device="cpu"))
-    state = _rename_checkpoint_keys(checkpoint, spec)
+        try:
+            checkpoint.update(load_file(weights, device="cpu"))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+            reason = " ".join(str(err).split())[:200]
+            raise ModelLoadError(
+                f"{weights} is not a readable safetensors file ({reason}); re-save or re-copy "
+                "the checkpoint"
+            ) from err
+    not_float = sorted(name for name, w in checkpoint.items() if not w.is_floating_point())
+    if not_float:
+        raise ModelLoadError(
+            f"checkpoint {path} has weights that are not floating-point tensors ({not_float[:3]}); "
+            "use a float16, bfloat16 or float32 checkpoint"
+        )
+    try:
+        state = _rename_checkpoint_keys(checkpoint, spec)
+    except RuntimeError as err:
+        raise ModelLoadError(
+            f"checkpoint {path} has weights of the wrong shape ({_one_line(err)}); use the "
+            "config.json saved with these weights"
+        ) from err
     with torch.device("meta"):
         model = DecoderModel(spec)
-    expected = {name for name, _ in model.named_parameters()}
-    missing, unexpected = expected - state.keys(), state.keys() - expected
+    shapes = {name: tuple(param.shape) for name, param in model.named_parameters()}
+    missing, unexpected = shapes.keys() - state.keys(), state.keys() - shapes.keys()
     if missing or unexpected:
         raise ModelLoadError(
             f"checkpoint {path} does not match a {spec.family} model: missing "
-            f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+            f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}; use the config.json "
+            "saved with these weights"
+        )
+    wrong = [
+        f"{name} is {list(state[name].shape)}, not {list(shape)}"
+        for name, shape in shapes.items()
+        if tuple(state[name].shape) != shape
+    ]
+    if wrong:
+        raise ModelLoadError(
+            f"checkpoint {path} has weights of the wrong shape for its config.json "
+            f"({'; '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}); use the config.json "
+            "saved with these weights"
         )
     try:
         model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as err:
-        raise ModelLoadError(f"checkpoint {path} has weights of the wrong shape: {err}") from err
+        raise ModelLoadError(
+            f"checkpoint {path} has weights that do not load ({_one_line(err)}); use the "
+            "config.json saved with these weights"
+        ) from err
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:300]
 
 
 _FUSED_WEIGHTS = {

@@ -74,6 +74,23 @@ def resolve_checkpoint(model: str, home: Path) -> Path:
     if name in PACKAGED_MODELS:
         return provision_packaged_model(PACKAGED_MODELS[name], home)
     path = Path(model).expanduser()
+    try:
+        _check_checkpoint_directory(path)
+    except ModelLoadError:
+        raise
+    except OSError as err:
+        raise ModelLoadError(
+            f"cannot read model path {path}: {err.strerror or err}; check its permissions"
+        ) from err
+    return path
+
+
+def _check_checkpoint_directory(path: Path) -> None:
+    """Raise :class:`ModelLoadError` unless ``path`` looks like a safetensors checkpoint.
+
+    Every file in it must be a regular file: a FIFO or a device would block (or never end) the
+    reads that follow.
+    """
     if not path.exists():
         raise ModelLoadError(
             f"model path {path} does not exist; pass a local Hugging Face checkpoint directory "
@@ -83,14 +100,20 @@ def resolve_checkpoint(model: str, home: Path) -> Path:
         raise ModelLoadError(f"model path {path} is a file; pass the checkpoint's directory")
     if not (path / "config.json").is_file():
         raise ModelLoadError(
-            f"{path} is not a Hugging Face checkpoint directory: it has no config.json"
+            f"{path} is not a Hugging Face checkpoint directory: it has no config.json; pass "
+            "the directory that save_pretrained() wrote (config.json, *.safetensors, tokenizer)"
         )
     if not any(path.glob("*.safetensors")):
         raise ModelLoadError(
             f"{path} has no *.safetensors weights; save the model with "
             "`save_pretrained(..., safe_serialization=True)`"
         )
-    return path
+    for entry in sorted(path.iterdir()):
+        if not entry.is_file() and not entry.is_dir():
+            raise ModelLoadError(
+                f"{entry} is not a regular file (a FIFO, a device, a socket or a broken link); "
+                "a checkpoint directory holds regular files only"
+            )
 
 
 def provision_packaged_model(model: PackagedModel, home: Path) -> Path:

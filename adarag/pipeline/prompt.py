@@ -8,6 +8,7 @@ its neighbours.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -18,6 +19,7 @@ from adarag.errors import InputError, MissingDependencyError
 from adarag.schema import PromptLayout
 
 _CHUNKS_MARKER = "\x00ADARAG_CHUNKS\x00"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def load_tokenizer(path: Path) -> Any:
@@ -59,16 +61,31 @@ class PromptBuilder:
         return self._encode(self._template_halves[0])
 
     def chunk_ids(self, text: str) -> tuple[int, ...]:
-        """Token ids of one chunk with its separator, tokenized alone."""
+        """Token ids of one chunk with its separator, tokenized alone.
+
+        Raises:
+            InputError: The text is not a string or holds a lone surrogate.
+        """
+        check_text(text, "the chunk")
         return self._encode(text + self.config.chunk_separator)
 
     def query_ids(self, question: str) -> tuple[int, ...]:
-        """Token ids of the question and the template tail (assistant turn start)."""
+        """Token ids of the question and the template tail (assistant turn start).
+
+        Raises:
+            InputError: The question is not a string or holds a lone surrogate.
+        """
+        check_text(question, "the question")
         text = self.config.question_template.format(question=question)
         return self._encode(text + self._template_halves[1])
 
     def text_ids(self, text: str) -> tuple[int, ...]:
-        """Token ids of text already in the model's format (no template added)."""
+        """Token ids of text already in the model's format (no template added).
+
+        Raises:
+            InputError: The text is not a string or holds a lone surrogate.
+        """
+        check_text(text, "the prompt")
         return self._encode(text)
 
     def chat_ids(self, messages: Sequence[Mapping[str, str]]) -> tuple[int, ...]:
@@ -84,6 +101,8 @@ class PromptBuilder:
                 message.get("content"), str
             ):
                 raise InputError(f"message {idx} needs a string 'role' and 'content'")
+            check_text(message["role"], f"message {idx}'s role")
+            check_text(message["content"], f"message {idx}'s content")
         if getattr(self.tokenizer, "chat_template", None):
             rendered = self.tokenizer.apply_chat_template(
                 [dict(message) for message in messages], tokenize=False, add_generation_prompt=True
@@ -97,13 +116,16 @@ class PromptBuilder:
         """Lay out a RAG prompt.
 
         Raises:
-            InputError: The question is empty, there are no chunks, or a chunk is empty.
+            InputError: The question is empty, there are no chunks, a chunk is empty, or a text
+                is not a string or holds a lone surrogate.
         """
+        check_text(question, "the question")
         if not question.strip():
             raise InputError("the question is empty; pass a non-empty question")
         if not chunks:
             raise InputError("no chunks given; pass at least one chunk of context")
         for idx, text in enumerate(chunks):
+            check_text(text, f"chunk {idx}")
             if not text.strip():
                 raise InputError(f"chunk {idx} is empty; drop it or pass its text")
         return PromptLayout(
@@ -114,3 +136,22 @@ class PromptBuilder:
 
     def _encode(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def check_text(text: object, what: str) -> None:
+    """Raise :class:`InputError` unless ``text`` is a string the tokenizer can encode.
+
+    Raises:
+        InputError: ``text`` is not a string, or holds a lone UTF-16 surrogate (U+D800 to
+            U+DFFF, e.g. from a bad JSON escape or ``errors="surrogateescape"``),
+            which is not valid Unicode and cannot be tokenized.
+    """
+    if not isinstance(text, str):
+        raise InputError(f"{what} must be a string, got {type(text).__name__}; pass text")
+    found = _LONE_SURROGATE.search(text)
+    if found is not None:
+        raise InputError(
+            f"{what} holds a lone surrogate U+{ord(found.group()):04X} at character "
+            f"{found.start()}, which is not valid Unicode; remove it or decode the input with "
+            "errors='replace'"
+        )

@@ -8,8 +8,12 @@ neighbours, cut at token boundaries of the original text.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import re
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,49 +56,157 @@ class SourceFile:
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
     """Files named by ``paths``, directories expanded to their text, markdown and JSONL files.
 
+    Inside a directory, only regular files (or links to them) with those suffixes are taken;
+    FIFOs, devices, sockets and broken or looping links are skipped. A file named twice (also
+    through a link or a ``..`` path) is taken once.
+
     Raises:
-        InputError: A path does not exist, or a directory holds no such file.
+        InputError: A path does not exist, is a link loop or a broken link, is not a regular
+            file or directory (a FIFO, a device, a socket), or a directory holds no such file.
     """
     files: list[Path] = []
     for raw in paths:
         path = Path(raw).expanduser()
-        if path.is_dir():
-            found = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES | JSONL_SUFFIXES
-            )
+        kind = _path_kind(path)
+        if kind == "directory":
+            try:
+                found = sorted(
+                    p
+                    for p in path.rglob("*")
+                    if p.suffix.lower() in TEXT_SUFFIXES | JSONL_SUFFIXES
+                    and _path_kind(p) == "file"
+                )
+            except OSError as err:
+                raise InputError(
+                    f"cannot list directory {path}: {err.strerror or err}; check its permissions"
+                ) from err
             if not found:
-                raise InputError(f"directory {path} holds no .txt, .md or .jsonl files")
+                raise InputError(
+                    f"directory {path} holds no .txt, .md or .jsonl files; pass a folder of "
+                    "text, markdown or JSONL files"
+                )
             files.extend(found)
-        elif path.is_file():
+        elif kind == "file":
             files.append(path)
         else:
-            raise InputError(f"{path} does not exist; pass text, markdown or JSONL files")
-    return [file.resolve() for file in dict.fromkeys(files)]
+            raise InputError(f"{_shown(path)} {kind}; pass text, markdown or JSONL files")
+    resolved: list[Path] = []
+    for file in files:
+        try:
+            resolved.append(file.resolve(strict=True))
+        except (OSError, RuntimeError) as err:  # RuntimeError: a link loop (Python < 3.13)
+            raise InputError(f"cannot resolve {file}: {err}; pass the file itself") from err
+    return list(dict.fromkeys(resolved))
+
+
+def _shown(path: Path) -> str:
+    """``path`` for a message: a very long one is shortened in the middle."""
+    text = str(path)
+    return text if len(text) <= 240 else f"{text[:120]}...{text[-80:]}"
+
+
+def _path_kind(path: Path) -> str:
+    """``"file"``, ``"directory"``, or why the path is neither (the rest of a sentence)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        if err.errno in (errno.ENOENT, errno.ENOTDIR):
+            if path.is_symlink():
+                return "is a broken symbolic link"
+            return "does not exist"
+        if err.errno == errno.ENAMETOOLONG:
+            return "is too long a path"
+        return f"cannot be read ({err.strerror or err})"
+    except ValueError:  # an embedded NUL character
+        return "is not a valid path (it holds a NUL character)"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISFIFO(mode):
+        return "is a FIFO (named pipe), not a regular file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "is a device, not a regular file"
+    if stat.S_ISSOCK(mode):
+        return "is a socket, not a regular file"
+    return "is not a regular file"
 
 
 def read_source_file(path: Path) -> SourceFile:
     """Read one file into documents.
 
     Raises:
-        InputError: The file is not UTF-8 text, or a JSONL line is not a passage.
+        InputError: The file cannot be read, is not a regular file (a FIFO or a device is never
+            read from), is not UTF-8 text, holds NUL bytes (binary), or a JSONL line is not a
+            passage.
     """
-    data = path.read_bytes()
+    data = _read_regular_file(path)
     try:
         content = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise InputError(f"{path} is not UTF-8 text; pass text, markdown or JSONL files") from err
+        raise InputError(
+            f"{path} is not UTF-8 text (bad byte at offset {err.start}); pass text, markdown or "
+            "JSONL files"
+        ) from err
+    if "\x00" in content:
+        raise InputError(
+            f"{path} looks binary (it holds a NUL byte at offset {data.index(0)}); pass text, "
+            "markdown or JSONL files"
+        )
     digest = hashlib.sha256(data).hexdigest()
     if path.suffix.lower() in JSONL_SUFFIXES:
         documents: list[SourceDocument] = []
-        for line_no, line in enumerate(content.splitlines(), start=1):
+        # Only "\n" ends a JSONL line: str.splitlines() would also split at U+2028 and other
+        # separators that JSON allows raw inside strings.
+        for line_no, line in enumerate(content.removeprefix("\ufeff").split("\n"), start=1):
             if line.strip():
                 record = _json_line(line, path, line_no)
-                documents.extend(_passages(record, f"{line_no}", path))
+                try:
+                    documents.extend(_passages(record, f"{line_no}", path))
+                except RecursionError:
+                    raise InputError(
+                        f"{path}:{line_no}: its passages nest too deeply; pass flat passages"
+                    ) from None
         return SourceFile(path, digest, tuple(documents))
     document = SourceDocument(content, key="") if content.strip() else None
     return SourceFile(path, digest, (document,) if document else ())
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path``, refusing anything but a regular file without blocking on it.
+
+    The file is opened non-blocking and checked with ``fstat`` before a byte is read, so a FIFO
+    never blocks the open and ``/dev/zero`` is never read forever.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        kind = _path_kind(path)
+        why = kind if kind not in ("file", "directory") else f"cannot be read ({err.strerror})"
+        if err.errno == errno.EACCES:
+            why = "cannot be read (permission denied); check its permissions"
+        raise InputError(f"{path} {why}; pass text, markdown or JSONL files") from err
+    except ValueError as err:  # an embedded NUL character
+        raise InputError(
+            f"{path!r} is not a valid path (it holds a NUL); pass text, markdown or JSONL files"
+        ) from err
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise InputError(f"{path} is {kind}; pass text, markdown or JSONL files")
+        with os.fdopen(fd, "rb", closefd=True) as handle:
+            fd = -1
+            return handle.read()
+    except OSError as err:
+        raise InputError(
+            f"cannot read {path}: {err.strerror or err}; pass text, markdown or JSONL files"
+        ) from err
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def passage_text(text: str, title: str | None = None) -> str:
@@ -153,25 +265,89 @@ def tokenizer_spans(tokenizer: Any) -> TokenSpans:
     return spans
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _json_line(line: str, path: Path, line_no: int) -> dict[str, Any]:
     try:
         record = json.loads(line)
+    except RecursionError:
+        raise InputError(
+            f"{path}:{line_no} nests JSON too deeply; write one flat JSON object per line"
+        ) from None
     except json.JSONDecodeError as err:
-        raise InputError(f"{path}:{line_no} is not valid JSON: {err}") from err
+        raise InputError(
+            f"{path}:{line_no} is not valid JSON ({err.msg} at column {err.colno}); write one "
+            "JSON object per line"
+        ) from err
+    except ValueError as err:  # e.g. an integer longer than Python's conversion limit
+        raise InputError(
+            f"{path}:{line_no} is not usable JSON ({err}); write one JSON object per line"
+        ) from err
     if not isinstance(record, dict):
-        raise InputError(f"{path}:{line_no} is not a JSON object")
+        raise InputError(
+            f"{path}:{line_no} is a JSON {_json_type(record)}, not an object; write one JSON "
+            'object per line, e.g. {"text": "..."}'
+        )
     return record
 
 
-def _passages(record: dict[str, Any], where: str, path: Path) -> list[SourceDocument]:
-    if isinstance(record.get("text"), str):
-        title = record.get("title")
+def _passages(record: Any, where: str, path: Path) -> list[SourceDocument]:
+    if not isinstance(record, dict):
+        raise InputError(
+            f"{path}:{where}: a passage is a JSON {_json_type(record)}, not an object; write "
+            'passages as {"text": "..."}'
+        )
+    if "text" in record:
+        text, title = record["text"], record.get("title")
+        if not isinstance(text, str):
+            raise InputError(
+                f"{path}:{where}: 'text' is a JSON {_json_type(text)}, not a string; "
+                "give each passage its text as a string"
+            )
+        if title is not None and not isinstance(title, str):
+            raise InputError(
+                f"{path}:{where}: 'title' is a JSON {_json_type(title)}, not a string; "
+                "give the title as a string or leave it out"
+            )
+        for field, value in (("text", text), ("title", title or "")):
+            found = _LONE_SURROGATE.search(value)
+            if found is not None:
+                raise InputError(
+                    f"{path}:{where}: '{field}' holds a lone surrogate "
+                    f"U+{ord(found.group()):04X} (a bad \\u escape), which is not valid "
+                    "Unicode; fix or remove the escape"
+                )
         key = str(record.get("id", where))
-        return [SourceDocument(record["text"], key, title if isinstance(title, str) else None)]
-    if isinstance(record.get("passages"), list):
+        return [SourceDocument(text, key, title)]
+    if "passages" in record:
+        passages = record["passages"]
+        if not isinstance(passages, list):
+            raise InputError(
+                f"{path}:{where}: 'passages' is a JSON {_json_type(passages)}, not a list; "
+                'give a list of {"text": "..."} objects'
+            )
         return [
             document
-            for idx, passage in enumerate(record["passages"])
+            for idx, passage in enumerate(passages)
             for document in _passages(passage, f"{where}#{idx}", path)
         ]
-    raise InputError(f"{path}:{where}: a JSONL line needs a 'text' or a 'passages' field")
+    raise InputError(
+        f"{path}:{where}: a JSONL line needs a 'text' or a 'passages' field; write passages as "
+        '{"text": "...", "title": "..."}'
+    )
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
