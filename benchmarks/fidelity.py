@@ -63,6 +63,13 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--output", type=Path, default=RESULTS / "fidelity")
     parser.add_argument("--tag", default="", help="suffix of the output names")
+    parser.add_argument(
+        "--storage",
+        nargs="+",
+        default=["float32"],
+        choices=["float32", "float16", "bfloat16", "int8"],
+        help="storage formats the reused KV passes through (rules named <rule>@<format>)",
+    )
     args = parser.parse_args()
 
     rules = {name: RecomputeConfig(**BUILT_IN_RULES[name]) for name in args.rules}
@@ -73,7 +80,7 @@ def main() -> None:
     rag = AdaRAG(engine=engine)
     model = rag.generator.checkpoint.name
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    run = FidelityRun(rag, rules, args.ratios, params)
+    run = FidelityRun(rag, rules, args.ratios, params, args.storage)
     out = args.output / model
     out.mkdir(parents=True, exist_ok=True)
     measured_on = machine()

@@ -20,16 +20,18 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save
+from safetensors import SafetensorError
+from safetensors.torch import load, save
 
-from adarag.cache.entry import ChunkKV
+from adarag.cache.codec import InvalidEntry, KVCodec, StoredKV
 from adarag.cache.keys import digest
 from adarag.errors import CacheError
 from adarag.files import process_running
@@ -40,15 +42,7 @@ FORMAT = "adarag-kv-2"
 SUFFIX = ".kv.safetensors"
 STAGING_PREFIX = ".tmp-"
 QUARANTINE = "quarantine"
-
-
-@dataclass(frozen=True)
-class TokenLayout:
-    """What every token of an entry holds: ``[num_layers, *, num_kv_heads, head_dim]``."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
+_MAX_HEADER = 1 << 20  # an entry's header (a few keys) is far smaller
 
 
 @dataclass(frozen=True)
@@ -75,8 +69,7 @@ class DiskTier:
     Args:
         directory: The namespace's directory (created if missing).
         model_fingerprint: The namespace; files of another are quarantined, never served.
-        dtype: The storage dtype every entry must have.
-        layout: The model's per-token layout every entry must have (unchecked when None).
+        codec: The storage format (and model layout) every entry must have.
 
     Raises:
         CacheError: The directory cannot be created or written.
@@ -86,13 +79,11 @@ class DiskTier:
         self,
         directory: Path,
         model_fingerprint: str,
-        dtype: torch.dtype = torch.float32,
-        layout: TokenLayout | None = None,
+        codec: KVCodec,
     ) -> None:
         self.directory = directory
         self.model_fingerprint = model_fingerprint
-        self.dtype = dtype
-        self.layout = layout
+        self.codec = codec
         try:
             directory.mkdir(parents=True, exist_ok=True)
             probe = directory / f".write-probe-{uuid.uuid4().hex}"
@@ -119,19 +110,19 @@ class DiskTier:
                 headers.append(header)
         return sorted(headers, key=lambda header: header.written_ns)
 
-    def encode(self, entry_id: str, keys: tuple[str, ...], kv: ChunkKV) -> bytes:
+    def encode(self, entry_id: str, keys: tuple[str, ...], stored: StoredKV) -> bytes:
         """The file bytes of an entry (to size it before it is written)."""
-        k, v = kv.k.contiguous(), kv.v.contiguous()
+        tensors = {name: t.contiguous() for name, t in stored.tensors.items()}
         metadata = {
             "format": FORMAT,
             "model": self.model_fingerprint,
             "keys": json.dumps(list(keys)),
-            "start_position": str(kv.start_position),
+            "start_position": str(stored.start_position),
             "written_ns": str(time.time_ns()),
         }
-        metadata["checksum"] = _checksum(metadata, k, v)
+        metadata["checksum"] = _checksum(metadata, tensors)
         assert entry_id == digest(*sorted(keys)), "an entry's id is the digest of its keys"
-        return save({"k": k, "v": v}, metadata=metadata)
+        return save(tensors, metadata=metadata)
 
     def write(self, entry_id: str, data: bytes) -> int:
         """Write encoded entry bytes atomically (staged, synced, renamed); returns the size."""
@@ -147,32 +138,34 @@ class DiskTier:
             staging.unlink(missing_ok=True)
         return len(data)
 
-    def read(self, entry_id: str) -> ChunkKV | None:
+    def read(self, entry_id: str) -> StoredKV | None:
         """Load and verify an entry; None when it is missing or fails a check (set aside)."""
         path = self.path(entry_id)
         try:
-            with safe_open(str(path), framework="pt") as handle:
-                metadata = handle.metadata() or {}
-                names = set(handle.keys())
-                if names != {"k", "v"}:
-                    raise _Rejected(f"tensors {sorted(names)} instead of k and v")
-                k, v = handle.get_tensor("k"), handle.get_tensor("v")
+            with _open_regular(path) as handle:
+                inode = os.fstat(handle.fileno()).st_ino
+                data = handle.read()
+        except FileNotFoundError:
+            return None  # evicted meanwhile (by another process sharing the directory)
+        except (OSError, _Rejected) as err:
+            self._set_aside(path, err if isinstance(err, _Rejected) else _Rejected(str(err)))
+            return None
+        try:
+            metadata = _header_metadata(data)
             self._check_metadata(path, metadata)
-            self._check_tensors(k, v)
-            if metadata.get("checksum") != _checksum(metadata, k, v):
+            tensors = load(data)
+            stored = StoredKV(tensors, int(metadata["start_position"]))
+            self.codec.check(stored)
+            if metadata.get("checksum") != _checksum(metadata, tensors):
                 raise _Rejected("checksum mismatch")
-            start_position = int(metadata["start_position"])
-            if start_position < 0:
-                raise _Rejected(f"negative start position {start_position}")
-        except (SafetensorError, OSError, RuntimeError, ValueError, KeyError) as err:
-            if not _exists(path):  # evicted meanwhile (by another process sharing the directory)
-                return None
-            self._set_aside(path, _Rejected(f"unreadable ({err})"))
-            return None
+            return stored
         except _Rejected as rejected:
-            self._set_aside(path, rejected)
-            return None
-        return ChunkKV(k, v, start_position)
+            self._set_aside(path, rejected, inode)
+        except InvalidEntry as invalid:
+            self._set_aside(path, _Rejected(str(invalid)), inode)
+        except (SafetensorError, ValueError, KeyError, RuntimeError) as err:
+            self._set_aside(path, _Rejected(f"unreadable ({err})"), inode)
+        return None
 
     def remove(self, entry_id: str) -> None:
         """Delete an entry's file."""
@@ -180,17 +173,25 @@ class DiskTier:
 
     def _read_header(self, path: Path) -> DiskHeader | None:
         try:
-            with safe_open(str(path), framework="pt") as handle:
-                metadata = handle.metadata() or {}
+            with _open_regular(path) as handle:
+                inode = os.fstat(handle.fileno()).st_ino
+                size = os.fstat(handle.fileno()).st_size
+                prefix = handle.read(8)
+                prefix += handle.read(min(int.from_bytes(prefix[:8], "little"), _MAX_HEADER))
+        except FileNotFoundError:
+            return None
+        except (OSError, _Rejected) as err:
+            self._set_aside(path, err if isinstance(err, _Rejected) else _Rejected(str(err)))
+            return None
+        try:
+            metadata = _header_metadata(prefix)
             keys = self._check_metadata(path, metadata)
             written_ns = int(metadata.get("written_ns", "0"))
-            return DiskHeader(path.name.removesuffix(SUFFIX), keys, path.stat().st_size, written_ns)
-        except (SafetensorError, OSError, RuntimeError, ValueError) as err:
-            if not _exists(path):
-                return None
-            self._set_aside(path, _Rejected(f"unreadable header ({err})"))
+            return DiskHeader(path.name.removesuffix(SUFFIX), keys, size, written_ns)
         except _Rejected as rejected:
-            self._set_aside(path, rejected)
+            self._set_aside(path, rejected, inode)
+        except ValueError as err:
+            self._set_aside(path, _Rejected(f"unreadable header ({err})"), inode)
         return None
 
     def _check_metadata(self, path: Path, metadata: dict[str, str]) -> tuple[str, ...]:
@@ -209,19 +210,17 @@ class DiskTier:
             raise _Rejected("its keys do not match its file name (renamed, swapped or edited)")
         return tuple(keys)
 
-    def _check_tensors(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        if k.dtype != self.dtype or v.dtype != self.dtype:
-            raise _Rejected(f"dtype {k.dtype}/{v.dtype}, not the storage dtype {self.dtype}")
-        if k.shape != v.shape or k.dim() != 4:
-            raise _Rejected(f"shapes {tuple(k.shape)} and {tuple(v.shape)} are not one KV shape")
-        layout = self.layout
-        if layout is not None:
-            expected = (layout.num_layers, layout.num_kv_heads, layout.head_dim)
-            if (k.shape[0], k.shape[2], k.shape[3]) != expected:
-                raise _Rejected(f"shape {tuple(k.shape)} does not fit the model's {layout}")
+    def _set_aside(self, path: Path, rejected: _Rejected, inode: int | None = None) -> None:
+        """Quarantine a foreign file (or anything but a regular file); delete a damaged one.
 
-    def _set_aside(self, path: Path, rejected: _Rejected) -> None:
-        """Quarantine a foreign file (or anything but a regular file); delete a damaged one."""
+        ``inode`` is the file that was read: if another process has since replaced it, the new
+        file is left alone.
+        """
+        try:
+            if inode is not None and os.lstat(path).st_ino != inode:
+                return
+        except FileNotFoundError:
+            return
         if rejected.foreign or (path.is_dir() and not path.is_symlink()):
             target = self.directory / QUARANTINE / path.name
             logger.warning("moving KV cache file %s to %s: %s", path, target.parent, rejected)
@@ -241,20 +240,53 @@ class DiskTier:
             logger.warning("cannot delete %s (%s); it is skipped", path, err)
 
 
-def _checksum(metadata: dict[str, str], k: torch.Tensor, v: torch.Tensor) -> str:
-    """BLAKE2b of the metadata (but the checksum), the tensors' dtypes, shapes and bytes."""
+def _checksum(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> str:
+    """BLAKE2b of the metadata (but the checksum) and each tensor's name, dtype, shape, bytes."""
     hasher = hashlib.blake2b(digest_size=16)
     signed = {name: value for name, value in metadata.items() if name != "checksum"}
     hasher.update(json.dumps(signed, sort_keys=True).encode())
-    for tensor in (k, v):
-        hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        hasher.update(f"{name}:{tensor.dtype}{tuple(tensor.shape)}".encode())
         hasher.update(tensor.contiguous().view(torch.uint8).numpy().data)
     return hasher.hexdigest()
 
 
-def _exists(path: Path) -> bool:
-    """Whether anything (a file, a directory, a dangling link) is at ``path``."""
-    return path.is_symlink() or path.exists()
+def _open_regular(path: Path) -> BinaryIO:
+    """Open a regular file for reading without following a link or blocking on a FIFO.
+
+    Raises:
+        FileNotFoundError: Nothing is there.
+        _Rejected: A link, a directory, a FIFO or a device is there.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise _Rejected(f"not a readable regular file ({err.strerror})") from err
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _Rejected("not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def _header_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors header at the start of ``data``.
+
+    Raises:
+        ValueError: The header is cut short, not JSON, or its metadata is not strings.
+    """
+    if len(data) < 8:
+        raise ValueError("shorter than a safetensors header")
+    length = int.from_bytes(data[:8], "little")
+    if length > min(len(data) - 8, _MAX_HEADER):
+        raise ValueError(f"header of {length} bytes runs past the file")
+    header = json.loads(data[8 : 8 + length])
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError("no string metadata in the header")
+    return metadata
 
 
 def _remove_orphaned_staging(directory: Path) -> None:

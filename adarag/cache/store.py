@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-import torch
-
-from adarag.cache.disk import DiskTier, TokenLayout
+from adarag.cache.codec import KVCodec, StoredKV, TokenLayout
+from adarag.cache.disk import DiskTier
 from adarag.cache.entry import ChunkKV
 from adarag.cache.eviction import EntryUsage, make_policy
 from adarag.cache.keys import digest
@@ -66,7 +65,7 @@ class StoreStats:
 class _Entry:
     keys: set[str]
     usage: EntryUsage
-    kv: ChunkKV | None = None  # None: on disk only
+    stored: StoredKV | None = None  # None: on disk only
     memory_bytes: int = 0
     disk_bytes: int = 0  # 0: not on disk
 
@@ -102,14 +101,14 @@ class TieredKVStore:
         layout: TokenLayout | None = None,
     ) -> None:
         self.config = config
-        self.storage_dtype = getattr(torch, config.storage_dtype)
+        self.codec = KVCodec(config.storage_dtype, layout)
         self.policy = make_policy(config.eviction_policy)
         self.stats = StoreStats()
         self._lock = threading.RLock()
         self._index = _Index()
         self.disk: DiskTier | None = None
         if directory is not None and config.disk_capacity_bytes > 0:
-            self.disk = DiskTier(directory, model_fingerprint, self.storage_dtype, layout)
+            self.disk = DiskTier(directory, model_fingerprint, self.codec)
         if self.disk is not None:
             for header in self.disk.scan():  # oldest first: a newer file's keys win
                 for key in header.keys:
@@ -131,17 +130,17 @@ class TieredKVStore:
             entry = self._index.entries[entry_id]
             entry.usage.num_hits += 1
             entry.usage.last_access = time.time()
-            kv = entry.kv
-            if kv is None:
-                kv = self.disk.read(entry_id) if self.disk is not None else None
+            stored = entry.stored
+            if stored is None:
+                stored = self.disk.read(entry_id) if self.disk is not None else None
                 self.stats.disk_reads += 1
-                if kv is None:  # corrupted or removed behind our back: a clean miss
+                if stored is None:  # corrupted or removed behind our back: a clean miss
                     self._forget(entry_id)
                     return None
-                entry.kv, entry.memory_bytes = kv, kv.nbytes
-                self.stats.memory_bytes += kv.nbytes
+                entry.stored, entry.memory_bytes = stored, stored.nbytes
+                self.stats.memory_bytes += stored.nbytes
                 self._evict_memory(keep=entry_id)
-            return kv
+        return self.codec.decode(stored)
 
     def contains(self, key: str) -> bool:
         """Whether ``key`` is stored in either tier."""
@@ -149,7 +148,7 @@ class TieredKVStore:
             return key in self._index.key_to_entry
 
     def put(self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False) -> None:
-        """Store ``kv`` (in the storage dtype) under ``keys``.
+        """Store ``kv`` (encoded in the storage format) under ``keys``.
 
         Args:
             keys: Every key the entry answers to; they stop pointing at older entries.
@@ -157,11 +156,7 @@ class TieredKVStore:
             persist: Write it to disk now, not only when it is evicted from memory.
         """
         assert keys, "an entry needs at least one key"
-        stored = ChunkKV(
-            kv.k.to(self.storage_dtype).contiguous(),
-            kv.v.to(self.storage_dtype).contiguous(),
-            kv.start_position,
-        )
+        stored = self.codec.encode(kv)
         entry_id = digest(*sorted(keys))
         with self._lock:
             for key in keys:
@@ -185,14 +180,14 @@ class TieredKVStore:
         """Write every memory-only entry to disk (call before the process exits)."""
         with self._lock:
             for entry_id, entry in list(self._index.entries.items()):
-                if entry.kv is not None and not entry.disk_bytes:
+                if entry.stored is not None and not entry.disk_bytes:
                     self._write_disk(entry_id, entry)
 
     def snapshot(self) -> StoreStats:
         """A copy of the current statistics."""
         with self._lock:
             entries = self._index.entries.values()
-            self.stats.memory_entries = sum(1 for e in entries if e.kv is not None)
+            self.stats.memory_entries = sum(1 for e in entries if e.stored is not None)
             self.stats.disk_entries = sum(1 for e in entries if e.disk_bytes)
             return StoreStats(**vars(self.stats))
 
@@ -224,10 +219,10 @@ class TieredKVStore:
             self.stats.disk_bytes -= entry.disk_bytes
 
     def _write_disk(self, entry_id: str, entry: _Entry) -> None:
-        kv = entry.kv
-        if self.disk is None or kv is None:
+        stored = entry.stored
+        if self.disk is None or stored is None:
             return
-        data = self.disk.encode(entry_id, tuple(sorted(entry.keys)), kv)
+        data = self.disk.encode(entry_id, tuple(sorted(entry.keys)), stored)
         if entry.disk_bytes:  # replaced below (or dropped when it no longer fits)
             self.stats.disk_bytes -= entry.disk_bytes
             entry.disk_bytes = 0
@@ -246,14 +241,14 @@ class TieredKVStore:
         """Evict until the tier fits its cap; ``keep`` goes last (only if it alone is too big)."""
         capacity = self.config.memory_capacity_bytes
         while self.stats.memory_bytes > capacity:
-            resident = [(i, e) for i, e in self._index.entries.items() if e.kv is not None]
+            resident = [(i, e) for i, e in self._index.entries.items() if e.stored is not None]
             candidates = [(i, e) for i, e in resident if i != keep] or resident
             victim_id, victim = min(candidates, key=self._priority)
             if self.disk is not None and not victim.disk_bytes:
                 self._write_disk(victim_id, victim)
             self.stats.memory_bytes -= victim.memory_bytes
             self.stats.memory_evictions += 1
-            victim.kv, victim.memory_bytes = None, 0
+            victim.stored, victim.memory_bytes = None, 0
             if not victim.disk_bytes:  # no disk tier (or it refused the entry): gone
                 self._forget(victim_id)
 
@@ -271,5 +266,5 @@ class TieredKVStore:
             self.stats.disk_bytes -= victim.disk_bytes
             self.stats.disk_evictions += 1
             victim.disk_bytes = 0
-            if victim.kv is None:
+            if victim.stored is None:
                 self._forget(victim_id)

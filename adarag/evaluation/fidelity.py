@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from adarag.cache.codec import KVCodec, StorageFormat
+from adarag.cache.entry import ChunkKV
 from adarag.config import RecomputeConfig
 from adarag.engine.batch import PrefillOutput
 from adarag.evaluation.metrics import (
@@ -113,6 +115,9 @@ class FidelityRun:
         rules: Rule name -> selection (the same ratios go to every rule).
         ratios: Recomputation ratios of every chunk (1.0 is full recomputation of the chunks).
         params: Decoding options (greedy).
+        storages: Storage formats the reused KV passes through (``cache.store.storage_dtype``
+            values); a rule's rows under a format other than float32 are named
+            ``<rule>@<format>``.
     """
 
     def __init__(
@@ -121,11 +126,13 @@ class FidelityRun:
         rules: Mapping[str, RecomputeConfig],
         ratios: Sequence[float],
         params: GenerationParams,
+        storages: Sequence[StorageFormat] = ("float32",),
     ) -> None:
         self.rag = rag
         self.rules = dict(rules)
         self.ratios = sorted(set(ratios))
         self.params = params
+        self.codecs = {storage: KVCodec(storage) for storage in storages}
 
     def question(self, dataset: str, item: BenchQuestion) -> list[FidelityRow]:
         """Every rule and ratio on one question."""
@@ -133,27 +140,31 @@ class FidelityRun:
         layout = self.rag.layout(item.question, item.chunks, self.params)
         full_s, full = self._timed(layout, None, None, None)
         reference = self._decode(layout, full)
-        system_kv, chunk_kvs = independent_chunks(generator, layout)
+        computed_system, computed_chunks = independent_chunks(generator, layout)
         rows = []
-        for ratio in self.ratios:
-            shared: tuple[float, PrefillOutput, str] | None = None
-            for rule, selection in self.rules.items():
-                if shared is None or 0.0 < ratio < 1.0:  # at 0 and 1 no rule chooses anything
-                    sources = reuse_sources(system_kv, chunk_kvs, ratio)
-                    seconds, output = self._timed(layout, sources, selection, full)
-                    shared = (seconds, output, self._decode(layout, output))
-                seconds, output, answer = shared
-                rows.append(
-                    self._row(
-                        dataset,
-                        item,
-                        rule,
-                        ratio,
-                        layout,
-                        (full, reference, full_s),
-                        (output, answer, seconds),
+        for storage, codec in self.codecs.items():
+            system_kv = _round_trip(codec, computed_system)
+            chunk_kvs = [_round_trip(codec, kv) for kv in computed_chunks]
+            for ratio in self.ratios:
+                shared: tuple[float, PrefillOutput, str] | None = None
+                for rule, selection in self.rules.items():
+                    if shared is None or 0.0 < ratio < 1.0:  # at 0 and 1 no rule chooses
+                        sources = reuse_sources(system_kv, chunk_kvs, ratio)
+                        seconds, output = self._timed(layout, sources, selection, full)
+                        shared = (seconds, output, self._decode(layout, output))
+                    seconds, output, answer = shared
+                    name = rule if storage == "float32" else f"{rule}@{storage}"
+                    rows.append(
+                        self._row(
+                            dataset,
+                            item,
+                            name,
+                            ratio,
+                            layout,
+                            (full, reference, full_s),
+                            (output, answer, seconds),
+                        )
                     )
-                )
         logger.info("%s %s: reference %r", dataset, item.qid, reference[:40])
         return rows
 
@@ -268,3 +279,8 @@ def smallest_ratio_meeting(
     """The summary of ``rule`` at the smallest ratio that meets ``target`` (None if none does)."""
     meeting = [s for s in summaries if s.rule == rule and target.is_met(s)]
     return min(meeting, key=lambda s: s.ratio) if meeting else None
+
+
+def _round_trip(codec: KVCodec, kv: ChunkKV) -> ChunkKV:
+    """``kv`` as a store in ``codec``'s format serves it (in ``kv``'s dtype)."""
+    return codec.decode(codec.encode(kv)).to(kv.k.dtype)

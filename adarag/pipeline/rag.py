@@ -21,7 +21,7 @@ from adarag.augment import (
     LensConfidence,
     ThresholdStop,
 )
-from adarag.cache.disk import TokenLayout
+from adarag.cache.codec import TokenLayout
 from adarag.cache.entry import ChunkKV
 from adarag.cache.store import StoreStats, TieredKVStore
 from adarag.cache.tiers import TieredCache, TierStats

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from adarag.cache.disk import TokenLayout
+from adarag.cache.codec import TokenLayout
 from adarag.cache.entry import ChunkKV
 from adarag.cache.store import TieredKVStore
 from adarag.config import StoreConfig

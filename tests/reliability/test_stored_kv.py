@@ -42,8 +42,7 @@ def _load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 def _rewrite(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     """Save a well-formed file, with a checksum consistent with what it now holds."""
-    if {"k", "v"} <= tensors.keys():
-        metadata = {**metadata, "checksum": _checksum(metadata, tensors["k"], tensors["v"])}
+    metadata = {**metadata, "checksum": _checksum(metadata, tensors)}
     save_file(tensors, str(path), metadata=metadata)
 
 

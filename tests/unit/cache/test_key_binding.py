@@ -44,9 +44,10 @@ def test_the_same_settings_hit_the_stored_kv(warmed):
         {"prompt": {"chunk_separator": "\n---\n"}},
         {"prompt": {"context_intro": "Documents:\n"}},
         {"cache": {"store": {"storage_dtype": "float16"}}},
+        {"cache": {"store": {"storage_dtype": "int8"}}},
         {"engine": {"dtype": "bfloat16"}},
     ],
-    ids=["system-prompt", "separator", "template", "storage-dtype", "engine-dtype"],
+    ids=["system-prompt", "separator", "template", "storage-dtype", "storage-int8", "engine-dtype"],
 )
 def test_kv_computed_under_other_settings_is_never_served(warmed, overrides):
     assert _first_tier(warmed(**overrides)) == "miss"
@@ -76,3 +77,9 @@ def test_kv_under_another_tokenizer_is_never_served(
     other = AdaRAG(tiny_config(checkpoint, augment=STATIC))
     assert other.kv_namespace == warmed().kv_namespace  # the fingerprint cannot tell them apart
     assert _first_tier(other) == "miss"
+
+
+def test_int8_stored_kv_is_served_to_the_same_settings(warmed):
+    int8 = {"cache": {"store": {"storage_dtype": "int8"}}}
+    assert warmed(**int8).warm([CHUNKS[0]]) == 1
+    assert _first_tier(warmed(**int8)) == "hard"
