@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from adarag.config import AdaRagConfig, RetrievalConfig
-from adarag.errors import ConfigError, KnowledgeBaseError
+from adarag.errors import ConfigError, InputError, KnowledgeBaseError
 from adarag.retrievers.chroma import (
     EMBEDDING_DIMENSION_KEY,
     EMBEDDING_MODEL_KEY,
@@ -284,9 +284,15 @@ class KnowledgeBase:
         return {source: len(ids) for source, ids in gone.items()}
 
     def add_chunks(self, chunks: Sequence[Chunk], source: str = "memory") -> list[Chunk]:
-        """Store chunks given as text (ids from their content); returns the ones not yet stored."""
+        """Store chunks given as text (ids from their content); returns the ones not yet stored.
+
+        Raises:
+            InputError: A chunk's text is empty or not valid Unicode (nothing is stored then).
+        """
         if not chunks:
             return []
+        for idx, chunk in enumerate(chunks):
+            _check_chunk_text(chunk.text, idx)
         counts: Counter[str] = Counter()
         with_ids = []
         for chunk in chunks:
@@ -357,6 +363,18 @@ class KnowledgeBase:
             )
             if on_progress is not None:
                 on_progress(start + len(batch), len(chunks))
+
+
+def _check_chunk_text(text: object, idx: int) -> None:
+    if not isinstance(text, str) or not text.strip():
+        raise InputError(f"chunk {idx} has no text; pass non-empty strings")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InputError(
+            f"chunk {idx} holds a lone surrogate U+{ord(text[err.start]):04X} at character "
+            f"{err.start}, which is not valid Unicode; remove it"
+        ) from None
 
 
 def _chunk_id(source: str, key: str, occurrence: int, text: str) -> str:

@@ -234,3 +234,16 @@ def test_a_chromadb_embedding_function_can_be_the_embedder(tmp_path):
     assert [c.chunk_id for c in kb.retrieve("river flows", 1)] == ["r"]
     with pytest.raises(ConfigError, match="chromadb EmbeddingFunction"):
         KnowledgeBase(RetrievalConfig(collection="theirs"), client=client, embedder=42)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "   ", "bad \ud800 text"], ids=["empty", "blank", "surrogate"]
+)
+def test_chunks_with_bad_text_are_refused_and_nothing_is_stored(kb, text):
+    from adarag.errors import InputError
+    from adarag.schema import Chunk
+
+    kb.add_chunks([Chunk("a good chunk")])
+    with pytest.raises(InputError, match="chunk 1"):
+        kb.add_chunks([Chunk("another good one"), Chunk(text)])
+    assert [c.text for c in kb.chunks()] == ["a good chunk"]
