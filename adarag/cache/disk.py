@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import stat
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +51,7 @@ class DiskHeader:
     entry_id: str
     keys: tuple[str, ...]
     nbytes: int
-    written_ns: int
+    created_ns: int
 
 
 class _Rejected(Exception):
@@ -108,17 +107,23 @@ class DiskTier:
             header = self._read_header(path)
             if header is not None:
                 headers.append(header)
-        return sorted(headers, key=lambda header: header.written_ns)
+        return sorted(headers, key=lambda header: header.created_ns)
 
-    def encode(self, entry_id: str, keys: tuple[str, ...], stored: StoredKV) -> bytes:
-        """The file bytes of an entry (to size it before it is written)."""
+    def encode(
+        self, entry_id: str, keys: tuple[str, ...], stored: StoredKV, created_ns: int
+    ) -> bytes:
+        """The file bytes of an entry (to size it before it is written).
+
+        ``created_ns`` is when the entry was stored: of two files claiming a key, the newer
+        entry wins it on restart, whichever was written first.
+        """
         tensors = {name: t.contiguous() for name, t in stored.tensors.items()}
         metadata = {
             "format": FORMAT,
             "model": self.model_fingerprint,
             "keys": json.dumps(list(keys)),
             "start_position": str(stored.start_position),
-            "written_ns": str(time.time_ns()),
+            "created_ns": str(created_ns),
         }
         metadata["checksum"] = _checksum(metadata, tensors)
         assert entry_id == digest(*sorted(keys)), "an entry's id is the digest of its keys"
@@ -186,8 +191,8 @@ class DiskTier:
         try:
             metadata = _header_metadata(prefix)
             keys = self._check_metadata(path, metadata)
-            written_ns = int(metadata.get("written_ns", "0"))
-            return DiskHeader(path.name.removesuffix(SUFFIX), keys, size, written_ns)
+            created_ns = int(metadata.get("created_ns", "0"))
+            return DiskHeader(path.name.removesuffix(SUFFIX), keys, size, created_ns)
         except _Rejected as rejected:
             self._set_aside(path, rejected, inode)
         except ValueError as err:

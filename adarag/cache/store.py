@@ -63,8 +63,9 @@ class StoreStats:
 
 @dataclass
 class _Entry:
-    keys: set[str]
+    keys: set[str]  # the keys that point at it now (newer entries may have taken some)
     usage: EntryUsage
+    created_keys: tuple[str, ...]  # the keys it was stored under: its id and its file's list
     stored: StoredKV | None = None  # None: on disk only
     memory_bytes: int = 0
     disk_bytes: int = 0  # 0: not on disk
@@ -113,10 +114,11 @@ class TieredKVStore:
             for header in self.disk.scan():  # oldest first: a newer file's keys win
                 for key in header.keys:
                     self._unlink_key(key)
-                written = header.written_ns / 1e9
-                usage = EntryUsage(0, written, written)
+                created = header.created_ns / 1e9
+                usage = EntryUsage(0, created, created)
                 self._link(
-                    header.entry_id, _Entry(set(header.keys), usage, disk_bytes=header.nbytes)
+                    header.entry_id,
+                    _Entry(set(header.keys), usage, header.keys, disk_bytes=header.nbytes),
                 )
                 self.stats.disk_bytes += header.nbytes
             self._evict_disk()
@@ -164,7 +166,8 @@ class TieredKVStore:
             if entry_id in self._index.entries:
                 self._forget(entry_id)
             now = time.time()
-            entry = _Entry(set(keys), EntryUsage(0, now, now), stored, stored.nbytes)
+            usage = EntryUsage(0, now, now)
+            entry = _Entry(set(keys), usage, tuple(sorted(keys)), stored, stored.nbytes)
             self._link(entry_id, entry)
             self.stats.memory_bytes += stored.nbytes
             if persist:
@@ -222,7 +225,8 @@ class TieredKVStore:
         stored = entry.stored
         if self.disk is None or stored is None:
             return
-        data = self.disk.encode(entry_id, tuple(sorted(entry.keys)), stored)
+        created_ns = int(entry.usage.inserted * 1e9)
+        data = self.disk.encode(entry_id, entry.created_keys, stored, created_ns)
         if entry.disk_bytes:  # replaced below (or dropped when it no longer fits)
             self.stats.disk_bytes -= entry.disk_bytes
             entry.disk_bytes = 0

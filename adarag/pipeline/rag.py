@@ -132,14 +132,16 @@ class AdaRAG:
         """The model's attention-sink profile and calibration (generic when never profiled)."""
         if self._profile is None:
             generator = self.generator
-            name, num_layers = generator.checkpoint.name, generator.spec.num_layers
-            found = find_profile(
-                name, generator.fingerprint, num_layers, [self.config.home / "profiles"]
-            )
-            if found is None:
-                logger.warning("no attention profile for %s; run `adarag profile`", name)
-                found = generic_profile(name, generator.fingerprint, num_layers)
-            self._profile = found
+            with self._engine_lock:  # first use may come from several threads at once
+                if self._profile is None:
+                    name, num_layers = generator.checkpoint.name, generator.spec.num_layers
+                    found = find_profile(
+                        name, generator.fingerprint, num_layers, [self.config.home / "profiles"]
+                    )
+                    if found is None:
+                        logger.warning("no attention profile for %s; run `adarag profile`", name)
+                        found = generic_profile(name, generator.fingerprint, num_layers)
+                    self._profile = found
         return self._profile
 
     @property
@@ -159,13 +161,17 @@ class AdaRAG:
     def cache(self) -> TieredCache:
         """The three-tier chunk-KV cache of this model (opened on first use)."""
         if self._cache is None:
-            self._cache = TieredCache(
-                self.config.cache,
-                self._open_store(),
-                self.kv_namespace,
-                self.prompts.system_ids,
-                self.profile.sink_chunk_idx,
-            )
+            # Under the lock: requests arriving together on a fresh pipeline must share one
+            # cache (and one store), or the entries and counts of all but one are lost.
+            with self._engine_lock:
+                if self._cache is None:
+                    self._cache = TieredCache(
+                        self.config.cache,
+                        self._open_store(),
+                        self.kv_namespace,
+                        self.prompts.system_ids,
+                        self.profile.sink_chunk_idx,
+                    )
         return self._cache
 
     @property
@@ -175,12 +181,14 @@ class AdaRAG:
         return root / self.kv_namespace
 
     def _open_store(self) -> TieredKVStore:
-        if self._store is None:
-            store_config = self.config.cache.store
-            spec = self.generator.spec
-            layout = TokenLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim)
-            self._store = TieredKVStore(store_config, self.kv_directory, self.kv_namespace, layout)
-        return self._store
+        with self._engine_lock:  # one store per pipeline, also when first used concurrently
+            if self._store is None:
+                spec = self.generator.spec
+                layout = TokenLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim)
+                self._store = TieredKVStore(
+                    self.config.cache.store, self.kv_directory, self.kv_namespace, layout
+                )
+            return self._store
 
     def cache_stats(self) -> CacheReport:
         """Hits per tier, recomputed tokens, and the store's sizes and evictions."""
@@ -238,7 +246,8 @@ class AdaRAG:
 
         Raises:
             ConfigError: No retriever was given.
-            InputError: The question is empty or top_k is not positive.
+            InputError: The question is empty, or top_k is not positive or above
+                ``retrieval.max_top_k`` (refused before the retriever is asked).
         """
         if self.retriever is None:
             raise ConfigError("no retriever configured; pass retriever=... or chunks=[...]")
@@ -247,6 +256,13 @@ class AdaRAG:
         k = self.config.retrieval.top_k if top_k is None else top_k
         if k < 1:
             raise InputError(f"top_k must be at least 1, got {k}")
+        max_top_k = self.config.retrieval.max_top_k
+        if k > max_top_k:
+            raise InputError(
+                f"top_k is {k}, above retrieval.max_top_k={max_top_k}; ask for at most "
+                f"{max_top_k} chunks (the model's context holds only a few anyway), or raise "
+                "retrieval.max_top_k"
+            )
         return list(self.retriever.retrieve(question, k))
 
     def warm(self, chunks: Sequence[Chunk | str]) -> int:
@@ -316,19 +332,32 @@ class AdaRAG:
         """The prompt with as many of ``chunks`` (best first) as fit the model's context.
 
         Lower-ranked chunks that do not fit are left out with a warning; without any chunk the
-        layout is None.
+        layout is None. Chunks are tokenized best first until the context is full, so the work
+        and memory of a request are bounded by the context, however many chunks it passes.
 
         Raises:
-            InputError: The question alone (with the system prompt and the answer's tokens)
-                does not fit.
+            InputError: A chunk is empty, or the question alone (with the system prompt and the
+                answer's tokens) does not fit.
         """
-        layout = self.prompts.layout(question, [c.text for c in chunks])
+        prompts = self.prompts
+        for idx, chunk in enumerate(chunks):  # every chunk, also those left out untokenized
+            if not isinstance(chunk.text, str):
+                raise InputError(f"chunk {idx} is not text; pass its text as a string")
+            if not chunk.text.strip():
+                raise InputError(f"chunk {idx} is empty; drop it or pass its text")
+        system_ids, query_ids = prompts.system_ids, prompts.query_ids(question)
         room = self.generator.max_context_tokens - params.max_new_tokens
-        keep = len(chunks)
-        while keep and layout.with_chunks(keep).num_tokens > room:
-            keep -= 1
+        alone = len(system_ids) + len(query_ids)
+        used = alone
+        fitting: list[tuple[int, ...]] = []
+        for chunk in chunks:
+            ids = prompts.chunk_ids(chunk.text)
+            if used + len(ids) > room:
+                break  # this chunk and every lower-ranked one are left out, untokenized
+            used += len(ids)
+            fitting.append(ids)
+        keep = len(fitting)
         if keep < len(chunks):
-            alone = layout.with_chunks(0).num_tokens
             if alone > room:
                 raise InputError(
                     f"the question alone makes a {alone}-token prompt, and with "
@@ -344,7 +373,8 @@ class AdaRAG:
                 params.max_new_tokens,
                 self.generator.max_context_tokens,
             )
-        return (layout.with_chunks(keep) if keep else None), list(chunks[:keep])
+        layout = PromptLayout(system_ids, tuple(fitting), query_ids) if keep else None
+        return layout, list(chunks[:keep])
 
     def answer_each_step(
         self,
@@ -468,10 +498,12 @@ class AdaRAG:
         system_kv = cache.system_kv()
         if system_kv is None:
             system_ids = self.prompts.system_ids
-            with self._engine_lock:
-                output = self.generator.prefill(PromptLayout((), (), system_ids))
-            system_kv = output.kv.segment(0, len(system_ids))
-            cache.put_system(system_kv)
+            with self._engine_lock:  # computed once, also when first requests arrive together
+                system_kv = cache.system_kv()
+                if system_kv is None:
+                    output = self.generator.prefill(PromptLayout((), (), system_ids))
+                    system_kv = output.kv.segment(0, len(system_ids))
+                    cache.put_system(system_kv)
         return system_kv
 
     def _augmented(self, *, static_fallback: bool = True) -> AugmentedPrefill:
@@ -527,7 +559,12 @@ class AdaRAG:
     def _decode_steps(
         self, prepared: PreparedAnswer, params: GenerationParams, counter: list[int]
     ) -> Iterator[str]:
-        """Answer deltas, taking the engine lock for each decode step only."""
+        """Answer deltas, taking the engine lock for each decode step only.
+
+        The write-back is the :class:`AnswerStream`'s to run when it ends or is closed, never
+        this generator's: a generator dropped unfinished is closed wherever the garbage collector
+        runs, where taking the engine lock could deadlock.
+        """
         assert prepared.layout is not None and prepared.output is not None
         tokens = self.generator.decode_tokens(prepared.layout, prepared.output, params)
         try:
@@ -535,14 +572,9 @@ class AdaRAG:
                 _locked_steps(tokens, self._engine_lock, counter), self.tokenizer, params
             )
         finally:
-            # after the answer, off the time-to-first-token path (also when the stream is closed)
             close = getattr(tokens, "close", None)
             if close is not None:
                 close()  # ends a backend request the caller stopped early
-            if prepared.write_back is not None:
-                with self._engine_lock:
-                    prepared.write_back()
-                prepared.write_back = None
 
 
 def _locked_steps(

@@ -151,7 +151,7 @@ class AugmentedPrefill:
             tuple(chunks[: len(final.layout.chunk_ids)]),
             trace,
             final.layout.num_tokens - final.output.num_recomputed_tokens,
-            write_back=functools.partial(self._keep, final),
+            write_back=functools.partial(self._keep_locked, final),
         )
 
     def each_step(
@@ -191,12 +191,12 @@ class AugmentedPrefill:
         """
         tiers = self._cache_config
         reuse = tiers.hard.enabled or tiers.soft.enabled or tiers.independent.enabled
-        hits = self._cache.lookup(layout.chunk_ids)
-        sources = [SegmentSource(self._system_kv()) if reuse else SegmentSource()]
-        sources += [SegmentSource(hit.kv, hit.recompute_ratio) for hit in hits]
-        sources.append(SegmentSource())
-        started = time.perf_counter()
-        with self._engine_lock:
+        system = SegmentSource(self._system_kv()) if reuse else SegmentSource()
+        with self._engine_lock:  # the tiers' counters are shared by concurrent requests too
+            hits = self._cache.lookup(layout.chunk_ids)
+            sources = [system, *(SegmentSource(hit.kv, hit.recompute_ratio) for hit in hits)]
+            sources.append(SegmentSource())
+            started = time.perf_counter()
             output = self._generator.prefill(
                 layout,
                 sources,
@@ -204,7 +204,7 @@ class AugmentedPrefill:
                 selection=tiers.recompute,
                 num_lens_layers=self._augment_config.num_lens_layers,
             )
-        self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
+            self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
         return output, hits, time.perf_counter() - started
 
     def _run_step(self, layout: PromptLayout, max_new_tokens: int) -> _Step:
@@ -244,6 +244,11 @@ class AugmentedPrefill:
 
     def _keep(self, step: _Step) -> None:
         self.write_back(step.layout, step.output, step.hits)
+
+    def _keep_locked(self, step: _Step) -> None:
+        """:meth:`_keep` under the engine lock (the answer stream runs it after the answer)."""
+        with self._engine_lock:
+            self._keep(step)
 
 
 def _step_trace(step: ScoredStep, tiers: tuple[Tier, ...], tokenizer: Any) -> StepTrace:

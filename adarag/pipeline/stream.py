@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,8 @@ class PreparedAnswer:
         chunks: The chunks in that prompt, best first.
         trace: What retrieval and augmentation did.
         num_cached_tokens: Prompt tokens whose KV was reused rather than recomputed.
-        write_back: Stores the prompt's fused KV in the cache; run once, after the answer.
+        write_back: Stores the prompt's fused KV in the cache (taking the engine lock itself);
+            run once, after the answer, by the stream.
     """
 
     layout: PromptLayout | None
@@ -72,7 +74,11 @@ DecodeSteps = Callable[[PreparedAnswer, list[int]], Iterator[str]]
 class AnswerStream(Iterator[str]):
     """Answer text deltas; ``chunks`` and ``trace`` are known before the first delta.
 
-    Iterate it for deltas, or call :meth:`answer` for the whole :class:`Answer`.
+    Iterate it for deltas, or call :meth:`answer` for the whole :class:`Answer`. When the last
+    delta is out, or the stream is closed, the prompt's KV is written back to the cache and the
+    stream lets go of it (the prefill's KV is freed once nothing else holds it). A stream is
+    used by one consumer at a time, but :meth:`close` may come from any thread: it waits for a
+    step in flight.
     """
 
     def __init__(self, prepared: PreparedAnswer, decode_steps: DecodeSteps) -> None:
@@ -81,21 +87,54 @@ class AnswerStream(Iterator[str]):
         self._prepared = prepared
         self._parts: list[str] = []
         self._num_tokens = [0]
+        self._lock = threading.Lock()  # one step at a time; close waits for the one in flight
+        self._finished = False
         if prepared.output is None:
             self._deltas: Iterator[str] = iter([NO_CONTEXT_ANSWER])
         else:
             self._deltas = decode_steps(prepared, self._num_tokens)
 
     def __next__(self) -> str:
-        delta = next(self._deltas)
-        self._parts.append(delta)
-        return delta
+        with self._lock:
+            if self._finished:
+                raise StopIteration
+            try:
+                delta = next(self._deltas)
+            except BaseException:  # the end, or a failure: either way the stream is over
+                self._finish()
+                raise
+            self._parts.append(delta)
+            return delta
 
     def close(self) -> None:
-        """Stop decoding early (the prompt's KV is still written back to the cache)."""
-        close = getattr(self._deltas, "close", None)
-        if close is not None:
-            close()
+        """Stop decoding early; the prompt's KV is still written back to the cache.
+
+        Idempotent, and safe from another thread than the consumer's.
+        """
+        with self._lock:
+            self._finish()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the stream has ended (last delta out, closed, or failed)."""
+        return self._finished
+
+    def _finish(self) -> None:
+        """Close the decoder, run the write-back once and drop the prefill (lock held)."""
+        if self._finished:
+            return
+        self._finished = True
+        prepared = self._prepared
+        try:
+            close = getattr(self._deltas, "close", None)
+            if close is not None:
+                close()  # ends the decode steps (and a backend request) where they stand
+            self._deltas = iter(())
+            write_back, prepared.write_back = prepared.write_back, None
+            if write_back is not None:
+                write_back()
+        finally:
+            prepared.output = None  # the prefill's KV: freed unless the caller holds it
 
     @property
     def text(self) -> str:
@@ -116,7 +155,12 @@ class AnswerStream(Iterator[str]):
 
 
 class AsyncAnswerStream(AsyncIterator[str]):
-    """Async iteration over an :class:`AnswerStream`; each step runs in a worker thread."""
+    """Async iteration over an :class:`AnswerStream`; each step runs in a worker thread.
+
+    Stop early with :meth:`aclose`. A task cancelled while it awaits a step closes the stream
+    too: the step in flight finishes in its thread, then the stream is closed there (its KV
+    written back and freed) without holding up the event loop.
+    """
 
     def __init__(self, stream: AnswerStream) -> None:
         self.stream = stream
@@ -124,11 +168,34 @@ class AsyncAnswerStream(AsyncIterator[str]):
         self.trace = stream.trace
 
     async def __anext__(self) -> str:
-        delta = await asyncio.to_thread(next, self.stream, None)
+        try:
+            delta = await asyncio.to_thread(next, self.stream, None)
+        except asyncio.CancelledError:
+            self._close_in_background()
+            raise
         if delta is None:
             raise StopAsyncIteration
         return delta
 
     async def answer(self) -> Answer:
         """Consume the rest of the stream and return the whole answer."""
-        return await asyncio.to_thread(self.stream.answer)
+        try:
+            return await asyncio.to_thread(self.stream.answer)
+        except asyncio.CancelledError:
+            self._close_in_background()
+            raise
+
+    async def aclose(self) -> None:
+        """Stop decoding early (see :meth:`AnswerStream.close`), in a worker thread."""
+        try:
+            await asyncio.to_thread(self.stream.close)
+        except asyncio.CancelledError:
+            self._close_in_background()
+            raise
+
+    def _close_in_background(self) -> None:
+        """Close the stream once its step in flight ends, in a worker thread.
+
+        ``asyncio.run`` waits for it before it returns (it shuts the default executor down).
+        """
+        asyncio.get_running_loop().run_in_executor(None, self.stream.close)

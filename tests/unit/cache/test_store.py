@@ -180,3 +180,16 @@ def test_concurrent_readers_and_writers_never_see_a_torn_entry(tmp_path):
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+def test_an_entry_that_lost_a_key_to_a_newer_one_still_spills_and_restarts(tmp_path):
+    store = _store(tmp_path, memory_capacity_bytes=2 * ENTRY_BYTES)
+    store.put(["hard", "soft"], _kv(1.0))
+    store.put(["soft"], _kv(2.0))  # the older entry keeps only "hard"
+    store.put(["other"], _kv(3.0))  # spills the older entry to disk
+    assert float(store.get("hard").k.flatten()[0]) == 1.0
+    assert float(store.get("soft").k.flatten()[0]) == 2.0
+    store.flush()
+    reopened = _store(tmp_path)
+    assert float(reopened.get("hard").k.flatten()[0]) == 1.0
+    assert float(reopened.get("soft").k.flatten()[0]) == 2.0  # the newer file wins its key
