@@ -28,7 +28,7 @@ from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
 from adarag.errors import ConfigError, InputError
-from adarag.pipeline.prompt import PromptBuilder
+from adarag.pipeline.prompt import PromptBuilder, check_text
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.pipeline.stream import (
     AnswerStream,
@@ -251,6 +251,7 @@ class AdaRAG:
         """
         if self.retriever is None:
             raise ConfigError("no retriever configured; pass retriever=... or chunks=[...]")
+        check_text(question, "the question")  # before a retriever or tokenizer sees it
         if not question.strip():
             raise InputError("the question is empty; pass a non-empty question")
         k = self.config.retrieval.top_k if top_k is None else top_k
@@ -309,6 +310,7 @@ class AdaRAG:
         _ = self.generator  # loads the model once, outside the timed request
         started = time.perf_counter()
         params = params or GenerationParams()
+        check_text(question, "the question")  # before a retriever or tokenizer sees it
         if not question.strip():
             raise InputError("the question is empty; pass a non-empty question")
         if chunks is None:

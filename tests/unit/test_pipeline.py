@@ -223,3 +223,11 @@ def test_a_question_that_alone_exceeds_the_context_is_a_clear_error(make_rag):
     rag = make_rag()
     with pytest.raises(InputError, match="the question alone"):
         rag.query("why " * 600, chunks=list(CHUNKS), params=PARAMS)
+
+
+@pytest.mark.parametrize("question", [None, 5, b"bytes", "lone \ud800 surrogate"])
+def test_a_question_that_is_not_valid_text_is_a_clear_error(make_rag, question):
+    rag = make_rag()
+    for call in (rag.query, rag.retrieve):
+        with pytest.raises(InputError, match="the question"):
+            call(question)
