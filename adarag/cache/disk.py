@@ -38,6 +38,7 @@ from adarag.files import process_running
 logger = logging.getLogger(__name__)
 
 FORMAT = "adarag-kv-2"
+OUTDATED_FORMATS = frozenset({"adarag-kv-1"})  # written by earlier adarag versions: deleted
 SUFFIX = ".kv.safetensors"
 STAGING_PREFIX = ".tmp-"
 QUARANTINE = "quarantine"
@@ -57,9 +58,10 @@ class DiskHeader:
 class _Rejected(Exception):
     """A file that must not be served; ``foreign`` files are quarantined, others deleted."""
 
-    def __init__(self, reason: str, *, foreign: bool = False) -> None:
+    def __init__(self, reason: str, *, foreign: bool = False, outdated: bool = False) -> None:
         super().__init__(reason)
         self.foreign = foreign
+        self.outdated = outdated
 
 
 class DiskTier:
@@ -83,6 +85,7 @@ class DiskTier:
         self.directory = directory
         self.model_fingerprint = model_fingerprint
         self.codec = codec
+        self.num_outdated_removed = 0
         try:
             directory.mkdir(parents=True, exist_ok=True)
             probe = directory / f".write-probe-{uuid.uuid4().hex}"
@@ -103,10 +106,18 @@ class DiskTier:
     def scan(self) -> list[DiskHeader]:
         """Headers of every valid-looking entry, oldest first (bad files are set aside)."""
         headers = []
+        self.num_outdated_removed = 0
         for path in self.directory.glob(f"*{SUFFIX}"):
             header = self._read_header(path)
             if header is not None:
                 headers.append(header)
+        if self.num_outdated_removed:
+            logger.warning(
+                "removed %d KV cache files of an older adarag version from %s; their chunks "
+                "are recomputed when next used (`adarag ingest` warms them again)",
+                self.num_outdated_removed,
+                self.directory,
+            )
         return sorted(headers, key=lambda header: header.created_ns)
 
     def encode(
@@ -202,7 +213,10 @@ class DiskTier:
     def _check_metadata(self, path: Path, metadata: dict[str, str]) -> tuple[str, ...]:
         """The entry's keys, once format, namespace and file name are checked."""
         if metadata.get("format") != FORMAT:
-            raise _Rejected(f"format {metadata.get('format')!r}, not {FORMAT}", foreign=True)
+            found = metadata.get("format")
+            if found in OUTDATED_FORMATS:
+                raise _Rejected(f"outdated format {found}", outdated=True)
+            raise _Rejected(f"format {found!r}, not {FORMAT}", foreign=True)
         if metadata.get("model") != self.model_fingerprint:
             raise _Rejected(f"written for model {metadata.get('model')!r}", foreign=True)
         try:
@@ -225,6 +239,10 @@ class DiskTier:
             if inode is not None and os.lstat(path).st_ino != inode:
                 return
         except FileNotFoundError:
+            return
+        if rejected.outdated:
+            self.num_outdated_removed += 1  # reported once per scan, not per file
+            path.unlink(missing_ok=True)
             return
         if rejected.foreign or (path.is_dir() and not path.is_symlink()):
             target = self.directory / QUARANTINE / path.name

@@ -126,6 +126,11 @@ def _old_format(path: Path, _: Path) -> None:
     _rewrite(path, tensors, {**metadata, "format": "adarag-kv-1"})
 
 
+def _unknown_format(path: Path, _: Path) -> None:
+    tensors, metadata = _load(path)
+    _rewrite(path, tensors, {**metadata, "format": "adarag-kv-9"})
+
+
 def _directory(path: Path, _: Path) -> None:
     path.unlink()
     path.mkdir()
@@ -158,6 +163,7 @@ DAMAGE: dict[str, Callable[[Path, Path], None]] = {
     "two entries' files swapped": _swapped,
     "file of another model": _other_model,
     "file of an older format": _old_format,
+    "file of an unknown (newer) format": _unknown_format,
     "a directory in its place": _directory,
     "a symlink to a non-KV file": _symlink_elsewhere,
 }
@@ -236,7 +242,12 @@ def test_damaged_kv_is_detected_set_aside_and_recomputed(make, clean_answer, kin
     if kind not in SURVIVES_ON_DISK:
         assert tiers[1:] == ("independent", "independent")
     quarantined = directory / QUARANTINE
-    if kind in {"file of another model", "file of an older format", "a directory in its place"}:
+    quarantine = {
+        "file of another model",
+        "file of an unknown (newer) format",
+        "a directory in its place",
+    }
+    if kind in quarantine:
         assert (quarantined / damaged.name).exists(), f"{kind}: not quarantined"
 
 
