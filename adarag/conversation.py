@@ -1,8 +1,11 @@
-"""A multi-turn conversation condensed into one retrieval query and one question per turn.
+"""A multi-turn conversation: which earlier turns a new message carries.
 
-Retrieval sees the recent user turns before the new message, so a follow-up such as "When did
-she die?" still finds the passages about the person asked about before. The model sees the new
-message with the recent exchange before it. Plain Python; no model call is spent on condensing.
+The pipeline puts the carried turns into the prompt as chat turns after the context (so the
+system prefix and the chunks' KV stay reusable) and retrieves for their messages together with
+the new one, so a follow-up such as "When did she die?" still finds the passages about the
+person asked about before. A turn answered without context (nothing relevant was retrieved) is
+not carried: its answer says nothing about the knowledge base, and a model shown it tends to
+repeat it.
 """
 
 from __future__ import annotations
@@ -12,39 +15,26 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Conversation:
-    """The turns so far, and how much of them each new message carries.
+    """The turns so far, and how many of them each new message carries.
 
     Example:
         >>> conversation = Conversation()
-        >>> stream = rag.stream(conversation.question(message),
-        ...                     chunks=rag.retrieve(conversation.retrieval_query(message)))
-        >>> conversation.add_turn(message, stream.answer().text)
+        >>> answer = rag.query(message, history=conversation.history())
+        >>> conversation.add_turn(message, answer.text, grounded=bool(answer.chunks))
 
     Attributes:
-        max_turns: Earlier turns carried into retrieval and the question.
-        turns: (user message, answer) pairs, oldest first.
+        max_turns: Earlier turns carried into retrieval and the prompt.
+        turns: (user message, answer) pairs of grounded turns, oldest first.
     """
 
     max_turns: int = 2
     turns: list[tuple[str, str]] = field(default_factory=list)
 
-    def retrieval_query(self, message: str) -> str:
-        """The recent user messages and ``message``, joined: what the retriever searches for."""
-        recent = (
-            [question for question, _ in self.turns[-self.max_turns :]] if self.max_turns else []
-        )
-        return "\n".join([*recent, message])
+    def history(self) -> list[tuple[str, str]]:
+        """The recent turns a new message carries, oldest first."""
+        return self.turns[-self.max_turns :] if self.max_turns else []
 
-    def question(self, message: str) -> str:
-        """``message`` after the recent exchange: what the model answers."""
-        if not self.turns or not self.max_turns:
-            return message
-        history = " ".join(
-            f"Earlier question: {question} Earlier answer: {answer}"
-            for question, answer in self.turns[-self.max_turns :]
-        )
-        return f"{history} Now answer: {message}"
-
-    def add_turn(self, message: str, answer: str) -> None:
-        """Record a finished turn."""
-        self.turns.append((message, answer))
+    def add_turn(self, message: str, answer: str, *, grounded: bool = True) -> None:
+        """Record a finished turn; one answered without context (``grounded=False``) is dropped."""
+        if grounded:
+            self.turns.append((message, answer))

@@ -41,9 +41,7 @@ def main() -> None:
             conversation = Conversation()
             for message in turns:
                 print(f"you> {message}" if not interactive else "", end="\nbot> ")
-                chunks = rag.retrieve(conversation.retrieval_query(message))
-                question = conversation.question(message)
-                stream = rag.stream(question, chunks=chunks, params=PARAMS)
+                stream = rag.stream(message, history=conversation.history(), params=PARAMS)
                 for delta in stream:
                     print(delta, end="", flush=True)
                 answer = stream.answer()
@@ -51,7 +49,7 @@ def main() -> None:
                 print(f"\n     TTFT {answer.trace.ttft_s:.2f} s | tiers {dict(tiers)}")
                 for chunk in answer.chunks:
                     print(f"     source [{chunk.score:.2f}] {chunk.metadata.get('title')}")
-                conversation.add_turn(message, answer.text)
+                conversation.add_turn(message, answer.text, grounded=bool(answer.chunks))
 
 
 if __name__ == "__main__":

@@ -42,11 +42,10 @@ def run(args: argparse.Namespace) -> int:
         while (message := _read(">>> ")) is not None:
             if not message:
                 continue
-            chunks = rag.retrieve(conversation.retrieval_query(message))
-            stream = rag.stream(conversation.question(message), chunks=chunks, params=params)
+            stream = rag.stream(message, history=conversation.history(), params=params)
             answer = stream_answer(stream)
             print("\n".join(describe(answer)))
-            conversation.add_turn(message, answer.text)
+            conversation.add_turn(message, answer.text, grounded=bool(answer.chunks))
     return 0
 
 

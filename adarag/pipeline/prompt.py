@@ -19,6 +19,9 @@ from adarag.errors import InputError, MissingDependencyError
 from adarag.schema import PromptLayout
 
 _CHUNKS_MARKER = "\x00ADARAG_CHUNKS\x00"
+
+Turn = tuple[str, str]
+"""An earlier turn of a conversation: (the user's message, the answer)."""
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -69,15 +72,25 @@ class PromptBuilder:
         check_text(text, "the chunk")
         return self._encode(text + self.config.chunk_separator)
 
-    def query_ids(self, question: str) -> tuple[int, ...]:
+    def query_ids(self, question: str, history: Sequence[Turn] = ()) -> tuple[int, ...]:
         """Token ids of the question and the template tail (assistant turn start).
 
+        With ``history``, the earlier turns come first as chat turns of their own: the first
+        user turn holds the context and the first earlier question, then each earlier answer as
+        an assistant turn and each later question as a user turn. The system prefix and the
+        chunks are the same as without history, so their KV is reused across turns.
+
         Raises:
-            InputError: The question is not a string or holds a lone surrogate.
+            InputError: The question or a turn is not a string or holds a lone surrogate.
         """
         check_text(question, "the question")
-        text = self.config.question_template.format(question=question)
-        return self._encode(text + self._template_halves[1])
+        if not history:
+            text = self.config.question_template.format(question=question)
+            return self._encode(text + self._template_halves[1])
+        for idx, (asked, answered) in enumerate(history):
+            check_text(asked, f"turn {idx}'s question")
+            check_text(answered, f"turn {idx}'s answer")
+        return self._encode(self._render_after_chunks([*history, (question, None)]))
 
     def text_ids(self, text: str) -> tuple[int, ...]:
         """Token ids of text already in the model's format (no template added).
@@ -112,8 +125,10 @@ class PromptBuilder:
             rendered = "\n".join([*lines, "assistant:"])
         return self._encode(rendered)
 
-    def layout(self, question: str, chunks: Sequence[str]) -> PromptLayout:
-        """Lay out a RAG prompt.
+    def layout(
+        self, question: str, chunks: Sequence[str], history: Sequence[Turn] = ()
+    ) -> PromptLayout:
+        """Lay out a RAG prompt (``history``: earlier turns, see :meth:`query_ids`).
 
         Raises:
             InputError: The question is empty, there are no chunks, a chunk is empty, or a text
@@ -131,8 +146,35 @@ class PromptBuilder:
         return PromptLayout(
             self.system_ids,
             tuple(self.chunk_ids(text) for text in chunks),
-            self.query_ids(question),
+            self.query_ids(question, history),
         )
+
+    def _render_after_chunks(self, turns: Sequence[tuple[str, str | None]]) -> str:
+        """The prompt text after the chunks for ``turns`` (the last one unanswered)."""
+        config = self.config
+        user_texts = [config.question_template.format(question=asked) for asked, _ in turns]
+        if not getattr(self.tokenizer, "chat_template", None):
+            return "\n".join(
+                f"{text}\nAnswer:" + ("" if answered is None else f" {answered}")
+                for text, (_, answered) in zip(user_texts, turns, strict=True)
+            )
+        messages = [{"role": "system", "content": config.system_prompt}]
+        for idx, (text, (_, answered)) in enumerate(zip(user_texts, turns, strict=True)):
+            head = config.context_intro + _CHUNKS_MARKER if idx == 0 else ""
+            messages.append({"role": "user", "content": head + text})
+            if answered is not None:
+                messages.append({"role": "assistant", "content": answered})
+        rendered = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        head, tail = rendered.split(_CHUNKS_MARKER)
+        if head != self._template_halves[0]:
+            raise InputError(
+                "this model's chat template renders the system prefix differently when earlier "
+                "turns follow, so they cannot be carried as turns; pass the conversation "
+                "without history"
+            )
+        return tail
 
     def _encode(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))

@@ -28,7 +28,7 @@ from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
 from adarag.errors import ConfigError, InputError
-from adarag.pipeline.prompt import PromptBuilder, check_text
+from adarag.pipeline.prompt import PromptBuilder, Turn, check_text
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.pipeline.stream import (
     AnswerStream,
@@ -294,9 +294,12 @@ class AdaRAG:
         chunks: Sequence[Chunk | str] | None = None,
         params: GenerationParams | None = None,
         top_k: int | None = None,
+        history: Sequence[Turn] = (),
     ) -> Answer:
         """Answer ``question`` from ``chunks`` (or the retriever's top-k)."""
-        return self.stream(question, chunks=chunks, params=params, top_k=top_k).answer()
+        return self.stream(
+            question, chunks=chunks, params=params, top_k=top_k, history=history
+        ).answer()
 
     def stream(
         self,
@@ -305,8 +308,21 @@ class AdaRAG:
         chunks: Sequence[Chunk | str] | None = None,
         params: GenerationParams | None = None,
         top_k: int | None = None,
+        history: Sequence[Turn] = (),
     ) -> AnswerStream:
-        """Retrieve and prefill now; return a stream of answer text deltas."""
+        """Retrieve and prefill now; return a stream of answer text deltas.
+
+        Args:
+            question: What to answer.
+            chunks: The context; the retriever's top-k when None.
+            params: Decoding options.
+            top_k: Chunks to retrieve (``retrieval.top_k`` when None).
+            history: Earlier turns of a conversation, oldest first, as (message, answer) pairs:
+                they go into the prompt as chat turns after the context (the system prefix and
+                the chunks' KV stay reusable), and the retriever searches for their messages
+                together with ``question``. Pass only the turns to carry (see
+                :class:`~adarag.conversation.Conversation`).
+        """
         _ = self.generator  # loads the model once, outside the timed request
         started = time.perf_counter()
         params = params or GenerationParams()
@@ -314,11 +330,12 @@ class AdaRAG:
         if not question.strip():
             raise InputError("the question is empty; pass a non-empty question")
         if chunks is None:
-            found = self.retrieve(question, top_k)
+            found = self.retrieve("\n".join([*(asked for asked, _ in history), question]), top_k)
         else:
             found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
         retrieval_s = time.perf_counter() - started
-        layout, fitting = self._fit_context(question, found, params) if found else (None, [])
+        fitted = self._fit_context(question, found, params, history) if found else (None, [])
+        layout, fitting = fitted
         dropped = len(found) - len(fitting)
         if layout is None:
             prepared = no_context(retrieval_s)
@@ -329,7 +346,11 @@ class AdaRAG:
         return AnswerStream(prepared, self._decoder(params))
 
     def _fit_context(
-        self, question: str, chunks: Sequence[Chunk], params: GenerationParams
+        self,
+        question: str,
+        chunks: Sequence[Chunk],
+        params: GenerationParams,
+        history: Sequence[Turn] = (),
     ) -> tuple[PromptLayout | None, list[Chunk]]:
         """The prompt with as many of ``chunks`` (best first) as fit the model's context.
 
@@ -347,7 +368,7 @@ class AdaRAG:
                 raise InputError(f"chunk {idx} is not text; pass its text as a string")
             if not chunk.text.strip():
                 raise InputError(f"chunk {idx} is empty; drop it or pass its text")
-        system_ids, query_ids = prompts.system_ids, prompts.query_ids(question)
+        system_ids, query_ids = prompts.system_ids, prompts.query_ids(question, history)
         room = self.generator.max_context_tokens - params.max_new_tokens
         alone = len(system_ids) + len(query_ids)
         used = alone
@@ -417,10 +438,11 @@ class AdaRAG:
         chunks: Sequence[Chunk | str] | None = None,
         params: GenerationParams | None = None,
         top_k: int | None = None,
+        history: Sequence[Turn] = (),
     ) -> Answer:
         """Async :meth:`query`; the work runs in a worker thread, never on the event loop."""
         return await asyncio.to_thread(
-            self.query, question, chunks=chunks, params=params, top_k=top_k
+            self.query, question, chunks=chunks, params=params, top_k=top_k, history=history
         )
 
     async def astream(
@@ -430,10 +452,11 @@ class AdaRAG:
         chunks: Sequence[Chunk | str] | None = None,
         params: GenerationParams | None = None,
         top_k: int | None = None,
+        history: Sequence[Turn] = (),
     ) -> AsyncAnswerStream:
         """Async :meth:`stream`; prefill and each decode step run in a worker thread."""
         stream = await asyncio.to_thread(
-            self.stream, question, chunks=chunks, params=params, top_k=top_k
+            self.stream, question, chunks=chunks, params=params, top_k=top_k, history=history
         )
         return AsyncAnswerStream(stream)
 

@@ -188,3 +188,36 @@ class TestAdaptiveCachedRetrieverStandard(RetrieversIntegrationTests):
     @property
     def retriever_query_example(self) -> str:
         return LOTHAIR_QUESTION
+
+
+def test_a_message_history_conversation_carries_its_earlier_turns(chain):
+    from langchain_core.chat_history import InMemoryChatMessageHistory
+    from langchain_core.runnables.history import RunnableWithMessageHistory
+
+    sessions: dict[str, InMemoryChatMessageHistory] = {}
+    conversational = RunnableWithMessageHistory(
+        chain,
+        lambda session_id: sessions.setdefault(session_id, InMemoryChatMessageHistory()),
+        input_messages_key="input",
+        history_messages_key="chat_history",
+        output_messages_key="answer",
+    )
+    config = {"configurable": {"session_id": "reader"}}
+    first = conversational.invoke({"input": LOTHAIR_QUESTION}, config)
+    second = conversational.invoke({"input": "Where did she live?"}, config)
+    third = conversational.invoke({"input": "And her husband?"}, config)
+    assert len(sessions["reader"].messages) == 6 and first["answer"] and third["answer"]
+    # the follow-up is retrieved with the first question, and the first turn is in its prompt
+    assert {d.id for d in second["context"]} & {d.id for d in first["context"]}
+    with_turn = second["usage_metadata"]["input_tokens"]
+    same_chunks = chain.rag.query(
+        "Where did she live?", chunks=[d.page_content for d in second["context"]]
+    )
+    assert with_turn > same_chunks.trace.num_prompt_tokens
+
+
+def test_chat_history_must_be_messages(chain):
+    from adarag import InputError
+
+    with pytest.raises(InputError, match="chat_history"):
+        chain.invoke({"input": LOTHAIR_QUESTION, "chat_history": "not a list"})

@@ -1,22 +1,44 @@
-"""A conversation condensed into a retrieval query and a question."""
+"""Which earlier turns a conversation carries, and how they enter the prompt."""
 
 from __future__ import annotations
 
 from adarag.conversation import Conversation
+from adarag.pipeline.prompt import PromptBuilder
+from tests.unit.engine.helpers import CHUNKS
 
 
-def test_first_message_is_used_as_it_is():
-    conversation = Conversation()
-    assert conversation.retrieval_query("Who was Lothair II?") == "Who was Lothair II?"
-    assert conversation.question("Who was Lothair II?") == "Who was Lothair II?"
+def test_a_first_message_carries_nothing():
+    assert Conversation().history() == []
 
 
-def test_follow_up_carries_the_recent_turns_only():
-    conversation = Conversation(max_turns=1)
+def test_a_follow_up_carries_the_recent_grounded_turns_only():
+    conversation = Conversation(max_turns=2)
     conversation.add_turn("Who was Lothair II's mother?", "Ermengarde of Tours")
+    conversation.add_turn("What is the capital of Peru?", "I don't know.", grounded=False)
     conversation.add_turn("Where was Lothair II king?", "Lotharingia")
-    query = conversation.retrieval_query("When did she die?")
-    assert query == "Where was Lothair II king?\nWhen did she die?"
-    question = conversation.question("When did she die?")
-    assert "Lotharingia" in question and "Ermengarde" not in question
-    assert question.endswith("When did she die?")
+    conversation.add_turn("And his father?", "Lothair I")
+    assert conversation.history() == [
+        ("Where was Lothair II king?", "Lotharingia"),
+        ("And his father?", "Lothair I"),
+    ]
+    assert Conversation(max_turns=0, turns=conversation.turns).history() == []
+
+
+def test_earlier_turns_become_chat_turns_after_the_chunks(tiny_checkpoints):
+    from transformers import AutoTokenizer
+
+    from adarag.config import PromptConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoints["llama"])
+    prompts = PromptBuilder(tokenizer, PromptConfig())
+    plain = prompts.layout("when did she die?", CHUNKS)
+    history = [("who was the queen?", "ermengarde"), ("where?", "tours")]
+    turned = prompts.layout("when did she die?", CHUNKS, history)
+    # the system prefix and the chunks are untouched: their KV is reused across turns
+    assert turned.system_ids == plain.system_ids and turned.chunk_ids == plain.chunk_ids
+    text = tokenizer.decode(turned.query_ids)
+    assert text.count("<|im_start|>assistant") == 3  # two answers, then the new answer's turn
+    assert text.index("who was the queen?") < text.index("ermengarde") < text.index("where?")
+    assert text.index("tours") < text.index("when did she die?")
+    assert text.endswith(tokenizer.decode(plain.query_ids)[-len("<|im_start|>assistant\n") :])
+    assert "Earlier" not in text

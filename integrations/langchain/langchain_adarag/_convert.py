@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from langchain_core.documents import Document
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, convert_to_messages
 from langchain_core.messages.ai import UsageMetadata
 
-from adarag import Answer, Chunk
+from adarag import Answer, Chunk, InputError
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 
@@ -35,3 +35,28 @@ def usage_metadata(answer: Answer) -> UsageMetadata:
 def chat_messages(messages: list[BaseMessage]) -> list[dict[str, str]]:
     """Messages as ``{"role", "content"}`` for the model's chat template."""
     return [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
+
+
+def conversation_turns(history: Any) -> list[tuple[str, str]]:
+    """``chat_history`` (messages, ``(role, text)`` pairs or dicts) as (question, answer) turns.
+
+    Each human message followed by an AI message makes a turn; system messages and unanswered
+    questions are left out.
+
+    Raises:
+        InputError: ``history`` is not a list of chat messages.
+    """
+    if not isinstance(history, list | tuple):
+        raise InputError(f"chat_history must be a list of messages, got {type(history).__name__}")
+    try:
+        messages = convert_to_messages(history)
+    except (ValueError, TypeError, NotImplementedError) as err:
+        raise InputError(
+            f"chat_history holds something that is not a chat message ({err}); pass "
+            "messages, (role, text) pairs or {'role', 'content'} dicts"
+        ) from err
+    turns: list[tuple[str, str]] = []
+    for asked, answered in zip(messages, messages[1:], strict=False):
+        if asked.type == "human" and answered.type == "ai":
+            turns.append((asked.text, answered.text))
+    return turns

@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from adarag import AdaRAG, AdaRagConfig, AnswerStream, GenerationParams, InputError, Retriever
 from langchain_adarag import _sources
-from langchain_adarag._convert import document_from_chunk, usage_metadata
+from langchain_adarag._convert import conversation_turns, document_from_chunk, usage_metadata
 from langchain_adarag.chat_models import ChatAdaRag
 from langchain_adarag.retrievers import AdaptiveCachedRetriever
 
@@ -32,7 +32,10 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         >>> chain = AdaptiveCachedRAG(retriever=vectorstore.as_retriever(), rag=AdaRAG())
         >>> chain = AdaptiveCachedRAG(rag=AdaRAG(retriever=knowledge_base))
 
-    Invoke (a question, or ``{"input": question, "k": 4}``):
+    Invoke (a question, or ``{"input": question, "k": 4, "chat_history": messages}``; earlier
+    turns enter the prompt as chat turns and their questions the retrieval query, so
+    ``RunnableWithMessageHistory(chain, get_history, input_messages_key="input",
+    history_messages_key="chat_history", output_messages_key="answer")`` holds a conversation):
         >>> out = chain.invoke("Who directed Aas Ka Panchhi?")
         >>> out["answer"], out["context"], out["confidence"], out["stop_reason"]
         >>> out["usage_metadata"]["input_token_details"]["cache_read"]
@@ -167,10 +170,13 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         config: RunnableConfig,
     ) -> Iterator[AddableDict]:
         for input in inputs:
-            question, k = self._parse(input)
+            question, k, history = self._parse(input)
             callbacks = run_manager.get_child()
-            chunks = _sources.retrieve(self._rag, self._source, question, k, callbacks)
-            stream = self._rag.stream(question, chunks=chunks, params=self._params())
+            query = _retrieval_query(question, history)
+            chunks = _sources.retrieve(self._rag, self._source, query, k, callbacks)
+            stream = self._rag.stream(
+                question, chunks=chunks, params=self._params(), history=history
+            )
             for data in _step_events(stream):
                 dispatch_custom_event(STEP_EVENT, data, config=config)
             yield _head(question, stream)
@@ -185,10 +191,13 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         config: RunnableConfig,
     ) -> AsyncIterator[AddableDict]:
         async for input in inputs:
-            question, k = self._parse(input)
+            question, k, history = self._parse(input)
             callbacks = run_manager.get_child()
-            chunks = await _sources.aretrieve(self._rag, self._source, question, k, callbacks)
-            stream = await self._rag.astream(question, chunks=chunks, params=self._params())
+            query = _retrieval_query(question, history)
+            chunks = await _sources.aretrieve(self._rag, self._source, query, k, callbacks)
+            stream = await self._rag.astream(
+                question, chunks=chunks, params=self._params(), history=history
+            )
             for data in _step_events(stream.stream):
                 await adispatch_custom_event(STEP_EVENT, data, config=config)
             yield _head(question, stream.stream)
@@ -196,22 +205,31 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
                 yield AddableDict(answer=delta)
             yield AddableDict(usage_metadata=usage_metadata(await stream.answer()))
 
-    def _parse(self, input: str | dict[str, Any]) -> tuple[str, int]:
+    def _parse(self, input: str | dict[str, Any]) -> tuple[str, int, list[tuple[str, str]]]:
+        """(question, k, earlier turns) of a question or an ``{"input", "k", "chat_history"}``."""
         k = self.k or self._rag.config.retrieval.top_k
+        history: list[tuple[str, str]] = []
         if isinstance(input, str):
             question = input
         elif isinstance(input, dict) and isinstance(input.get("input"), str):
             question, k = input["input"], int(input.get("k", k))
+            history = conversation_turns(input.get("chat_history") or [])
         else:
             raise InputError(
-                f"expected a question or {{'input': question, 'k': int}}, got {input!r:.80}"
+                "expected a question or {'input': question, 'k': int, 'chat_history': "
+                f"messages}}, got {input!r:.80}"
             )
         if not question.strip():
             raise InputError("the question is empty; pass a non-empty question")
-        return question, k
+        return question, k, history
 
     def _params(self) -> GenerationParams:
         return GenerationParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+
+
+def _retrieval_query(question: str, history: list[tuple[str, str]]) -> str:
+    """What the retriever searches for: the earlier questions and this one (as AdaRAG does)."""
+    return "\n".join([*(asked for asked, _ in history), question])
 
 
 def _head(question: str, stream: AnswerStream) -> AddableDict:
