@@ -61,8 +61,8 @@ class _Frozen(BaseModel):
                 field = cls.model_fields.get(name)
                 if field is not None and isinstance(value, bool) and not _admits_bool(field):
                     raise ValueError(f"{name} must be a number, got {str(value).lower()}")
-                if field is not None and _is_section(field):
-                    continue
+                if field is None or _is_section(field):
+                    continue  # unknown keys are reported as such; sections check their own
                 for text in _strings(value):
                     found = _LONE_SURROGATE.search(text)
                     if found is not None:
