@@ -242,3 +242,21 @@ def test_drops_into_a_condense_question_chat_engine(kb_rag, streaming_engine):
     assert len(asyncio.run(first_turn())) > 1
     second = chat.stream_chat("When did she die?")
     assert "".join(second.response_gen) and second.source_nodes
+
+
+def test_the_adaptive_chat_engine_carries_earlier_turns(engine, kb_rag):
+    chat = engine.as_chat_engine()
+    first = chat.chat(LOTHAIR_QUESTION)
+    second = chat.chat("Where did she live?")
+    assert first.response and second.response and len(chat.chat_history) == 4
+    # the follow-up is retrieved with the first question, so it finds the same passages
+    assert {n.node_id for n in second.source_nodes} & {n.node_id for n in first.source_nodes}
+    streamed = chat.stream_chat("And her husband?")
+    deltas = list(streamed.response_gen)
+    assert len(deltas) > 1 and streamed.source_nodes
+    assert [m.role.value for m in chat.chat_history] == ["user", "assistant"] * 3
+    assert chat.chat_history[-1].content == "".join(deltas).strip()
+    unrelated = chat.chat(UNRELATED_QUESTION)  # answered without context: not carried
+    assert not unrelated.source_nodes and chat._turns()[-1][0] == "And her husband?"
+    chat.reset()
+    assert chat.chat_history == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from llama_index.packs.adarag.chat_engine import AdaptiveChatEngine
 from llama_index.packs.adarag.embedding import AdaRagEmbedding
 from llama_index.packs.adarag.events import AdaptiveStepEvent, AdaptiveStopEvent
 from llama_index.packs.adarag.llm import AdaRagLLM
@@ -13,6 +14,7 @@ __all__ = [
     "AdaRagLLM",
     "AdaRagRetriever",
     "AdaptiveCachedQueryEngine",
+    "AdaptiveChatEngine",
     "AdaptiveStepEvent",
     "AdaptiveStopEvent",
 ]

@@ -25,6 +25,7 @@ from llama_index.core.instrumentation.events.synthesis import (
 from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.packs.adarag.chat_engine import AdaptiveChatEngine
 from llama_index.packs.adarag.prompts import prompt_overrides, template_from_config
 from llama_index.packs.adarag.response import (
     METADATA_KEY,
@@ -181,6 +182,13 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         rag = rag or AdaRAG()
         top_k = similarity_top_k or rag.config.retrieval.top_k
         return cls(AdaRagRetriever(knowledge_base, top_k), rag, **kwargs)
+
+    def as_chat_engine(self, max_turns: int = 2) -> AdaptiveChatEngine:
+        """A chat engine over this engine, carrying earlier turns as chat turns.
+
+        See :class:`AdaptiveChatEngine`.
+        """
+        return AdaptiveChatEngine(self, max_turns=max_turns)
 
     @property
     def rag(self) -> AdaRAG:
