@@ -43,17 +43,31 @@ def run(args: argparse.Namespace) -> int:
             if not message:
                 continue
             stream = rag.stream(message, history=conversation.history(), params=params)
-            answer = stream_answer(stream)
+            try:
+                answer = stream_answer(stream)
+            except KeyboardInterrupt:  # Ctrl-C cancels this answer, not the chat
+                stream.close()
+                print("\n   (answer cancelled; the turn is not kept)")
+                continue
             print("\n".join(describe(answer)))
             conversation.add_turn(message, answer.text, grounded=bool(answer.chunks))
     return 0
 
 
 def _read(prompt: str) -> str | None:
-    """The next message, or None at EOF or an exit word."""
+    """The next message, or None at EOF, Ctrl-C at the prompt, or an exit word.
+
+    At a terminal the line is read with ``readline`` editing and history.
+    """
     try:
-        line = input(prompt) if sys.stdin.isatty() else sys.stdin.readline()
-    except EOFError:
+        if sys.stdin.isatty():
+            import readline  # noqa: F401  (importing it gives input() line editing)
+
+            line = input(prompt)
+        else:
+            line = sys.stdin.readline()
+    except (EOFError, KeyboardInterrupt):
+        print()
         return None
     if not sys.stdin.isatty() and not line:
         return None

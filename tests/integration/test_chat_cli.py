@@ -1,0 +1,114 @@
+"""``adarag chat`` in a pseudo-terminal: a follow-up answered from the right passage, Ctrl-C
+cancelling one answer while the chat goes on."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from adarag import AdaRagConfig
+from adarag.retrievers import KnowledgeBase
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+TURN_END = r"(stop: \w+|answer cancelled)[\s\S]*>>> "  # an answer's figures, then the prompt
+
+
+class Terminal:
+    """A process on a pseudo-terminal; what it prints is collected as it comes."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.master, slave = pty.openpty()
+        self.process = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, cwd=REPO, preexec_fn=_own_terminal
+        )
+        os.close(slave)
+        self.output = ""
+
+    def expect(self, pattern: str, timeout: float = 120.0) -> str:
+        """Read until ``pattern`` appears after what was matched before; return what was read."""
+        start = len(self.output)
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.output[start:]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pattern!r} never came; output:\n{self.output}")
+            ready, _, _ = select.select([self.master], [], [], 0.5)
+            if ready:
+                try:
+                    self.output += os.read(self.master, 4096).decode(errors="replace")
+                except OSError:  # the process ended
+                    raise AssertionError(f"ended before {pattern!r}:\n{self.output}") from None
+        return self.output[start:]
+
+    def send(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def close(self) -> int:
+        try:
+            return self.process.wait(timeout=60)
+        finally:
+            os.close(self.master)
+
+
+def _own_terminal() -> None:
+    """In the child: a session whose controlling terminal is the pty (so Ctrl-C is SIGINT)."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@pytest.fixture(scope="module")
+def chat_config(real_config, shared_rag, corpus_path, tmp_path_factory) -> Path:
+    """A knowledge base of its own (the shared one is held by the test process)."""
+    directory = tmp_path_factory.mktemp("chat-kb")
+    config = AdaRagConfig.build(
+        real_config,
+        retrieval={"chroma_directory": str(directory / "chroma"), "collection": "chat", "top_k": 3},
+        augment={"enabled": False},
+    )
+    with KnowledgeBase(config.retrieval) as kb:
+        kb.ingest([corpus_path], tokenizer=shared_rag.tokenizer)
+    path = directory / "config.json"
+    path.write_text(json.dumps(config.model_dump(mode="json")))
+    return path
+
+
+def test_a_chat_follow_up_and_a_cancelled_answer(chat_config):
+    terminal = Terminal(
+        [
+            str(Path(sys.executable).parent / "adarag"),
+            "--config",
+            str(chat_config),
+            "chat",
+            "--max-new-tokens",
+            "48",
+        ]
+    )
+    terminal.expect(r">>> ")
+    terminal.send("Who was the mother of Lothair II?\r")
+    first = terminal.expect(TURN_END)
+    assert "Ermengarde of Tours" in first  # a source of the answer
+    terminal.send("Where was she born?\r")
+    follow_up = terminal.expect(TURN_END)
+    # retrieved with the first question: the mother's passage is a source of the follow-up
+    assert "Ermengarde of Tours" in follow_up and "Earlier answer" not in follow_up
+    terminal.send("Tell me everything about Lothair II.\r")
+    terminal.expect(r"about Lothair II\.\r\n\S")  # the answer has begun streaming
+    terminal.send("\x03")  # Ctrl-C
+    cancelled = terminal.expect(TURN_END)
+    assert "answer cancelled" in cancelled and "Traceback" not in cancelled
+    terminal.send("Who was the mother of Lothair II?\r")
+    assert "Ermengarde of Tours" in terminal.expect(TURN_END)  # the chat goes on
+    terminal.send("exit\r")
+    assert terminal.close() == 0
+    assert "Traceback" not in terminal.output
