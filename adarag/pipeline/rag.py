@@ -527,8 +527,11 @@ class AdaRAG:
                 system_kv = cache.system_kv()
                 if system_kv is None:
                     output = self.generator.prefill(PromptLayout((), (), system_ids))
-                    system_kv = output.kv.segment(0, len(system_ids))
-                    cache.put_system(system_kv)
+                    computed = output.kv.segment(0, len(system_ids))
+                    cache.put_system(computed)
+                    # as stored (in the storage format), so this process computes what a
+                    # restarted one would; as computed when the store cannot hold it
+                    system_kv = cache.system_kv() or computed
         return system_kv
 
     def _augmented(self, *, static_fallback: bool = True) -> AugmentedPrefill:

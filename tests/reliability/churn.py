@@ -45,7 +45,9 @@ def is_intact(key: str, kv: ChunkKV) -> bool:
 
 def open_store(directory: Path, memory_bytes: int, disk_bytes: int) -> TieredKVStore:
     """A churn store on ``directory``."""
-    config = StoreConfig(memory_capacity_bytes=memory_bytes, disk_capacity_bytes=disk_bytes)
+    config = StoreConfig(
+        memory_capacity_bytes=memory_bytes, disk_capacity_bytes=disk_bytes, storage_dtype="float32"
+    )
     return TieredKVStore(config, directory, NAMESPACE, LAYOUT)
 
 

@@ -22,6 +22,7 @@ from adarag.pipeline import rag as rag_module
 from adarag.schema import GenerationParams
 from tests.reliability.watchdog import call_with_timeout, run_async, run_threads
 from tests.reliability.workload import (
+    EXACT_STORE,
     EXACT_TIERS,
     POOL,
     STEPWISE,
@@ -46,7 +47,7 @@ def make_rag(tiny_checkpoints, tiny_config, tmp_path: Path):
     loaded: list[AdaRAG] = []
 
     def make(name: str, **overrides) -> AdaRAG:
-        cache = {**EXACT_TIERS, "store": {"directory": str(tmp_path / f"kv-{name}")}}
+        cache = {**EXACT_TIERS, "store": {**EXACT_STORE, "directory": str(tmp_path / f"kv-{name}")}}
         config = tiny_config(tiny_checkpoints["llama"], cache=cache, augment=STEPWISE, **overrides)
         generator = loaded[0].generator if loaded else None
         rag = AdaRAG(
@@ -230,7 +231,7 @@ def test_sixteen_threads_on_the_real_model_answer_as_a_serial_run(real_config, t
     assert len(set(requests)) == NUM_THREADS
 
     def make(name: str, generator=None) -> AdaRAG:
-        cache = {**EXACT_TIERS, "store": {"directory": str(tmp_path / name)}}
+        cache = {**EXACT_TIERS, "store": {**EXACT_STORE, "directory": str(tmp_path / name)}}
         rag = AdaRAG(real_config, generator=generator, cache=cache, augment={"enabled": False})
         rag.warm(REAL_CHUNKS)
         return rag

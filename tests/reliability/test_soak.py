@@ -24,6 +24,7 @@ from adarag.schema import GenerationParams
 from tests.reliability.conftest import scale
 from tests.reliability.watchdog import call_with_timeout, run_threads
 from tests.reliability.workload import (
+    EXACT_STORE,
     EXACT_TIERS,
     INDEPENDENT_CHUNKS,
     POOL,
@@ -76,6 +77,7 @@ def jobs(count: int) -> list[Job]:
 
 def make_pipeline(tiny_checkpoints, tiny_config, directory: Path, generator=None) -> AdaRAG:
     store = {
+        **EXACT_STORE,
         "directory": str(directory),
         "memory_capacity_bytes": MEMORY_CAP,
         "disk_capacity_bytes": DISK_CAP,

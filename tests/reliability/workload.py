@@ -23,6 +23,9 @@ from adarag import AdaRAG, Answer
 EXACT_TIERS = {"soft": {"recompute_ratio": 1.0}, "independent": {"recompute_ratio": 1.0}}
 """Cache tiers whose answers do not depend on the cache's state (see the module docstring)."""
 
+EXACT_STORE = {"storage_dtype": "float32"}
+"""Stored KV kept bit-exact, so a hard hit equals the prefill that stored it."""
+
 STEPWISE = {"stop_rule": "confidence", "threshold": 1.0}
 """Augmentation that adds every chunk as its own step: a write-back between steps."""
 

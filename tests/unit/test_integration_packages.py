@@ -56,6 +56,7 @@ def test_integration_exports_are_pinned():
         "AdaRagLLM",
         "AdaRagRetriever",
         "AdaptiveCachedQueryEngine",
+        "AdaptiveChatEngine",
         "AdaptiveStepEvent",
         "AdaptiveStopEvent",
     ]

@@ -23,6 +23,7 @@ def _kv(value: float, start: int = 3) -> ChunkKV:
 
 
 def _store(tmp_path, **config) -> TieredKVStore:
+    config.setdefault("storage_dtype", "float32")  # bit-exact round trips
     return TieredKVStore(StoreConfig(**config), tmp_path / "kv", "model-a")
 
 
