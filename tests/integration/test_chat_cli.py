@@ -9,6 +9,7 @@ import os
 import pty
 import re
 import select
+import signal
 import subprocess
 import sys
 import termios
@@ -62,7 +63,12 @@ class Terminal:
 
 
 def _own_terminal() -> None:
-    """In the child: a session whose controlling terminal is the pty (so Ctrl-C is SIGINT)."""
+    """In the child: a session whose controlling terminal is the pty (so Ctrl-C is SIGINT).
+
+    SIGINT gets its default disposition back, as a user's shell gives it: a test runner started
+    in the background by a non-interactive shell ignores it, and children inherit that.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
