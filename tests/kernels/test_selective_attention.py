@@ -119,6 +119,32 @@ def test_kernel_reads_strided_views(device):
     assert_close(out, selective_attention_ref(q, k, v, q_positions, 0.2), torch.float32)
 
 
+def _naive_attention(q, k, v, q_positions, scale):
+    """Softmax over every key at or before each query's position, in float64."""
+    group = q.shape[1] // k.shape[1]
+    keys = k.double().repeat_interleave(group, dim=1)  # [num_kv, num_heads, head_dim]
+    values = v.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->qhk", q.double(), keys) * scale
+    later = torch.arange(k.shape[0])[None, :] > q_positions.cpu()[:, None]
+    scores = scores.masked_fill(later[:, None, :], float("-inf"))
+    return torch.einsum("qhk,khd->qhd", scores.softmax(-1), values)
+
+
+@pytest.mark.parametrize("head_major", [False, True], ids=["token_major", "head_major"])
+@pytest.mark.parametrize("heads", HEADS, ids=str)
+@pytest.mark.parametrize("position", [0, 17, 40])
+def test_one_query_matches_naive_attention(position, heads, head_major):
+    # a decoding step: the torch twin's grouped-matmul path for one float32 query, on the token-
+    # major layout of a chunk and on the head-major layout of the fused cache (KVCache's views)
+    q, k, v, q_positions, scale = _inputs(heads, 41, [position], torch.float32, "cpu")
+    if head_major:
+        k = k.transpose(0, 1).contiguous().transpose(0, 1)
+        v = v.transpose(0, 1).contiguous().transpose(0, 1)
+    out = selective_attention(q, k, v, q_positions, scale, backend="torch")
+    expected = _naive_attention(q, k, v, q_positions, scale)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("heads", [(4, 4, 16), (9, 3, 64)], ids=str)
 def test_mask_never_shows_a_later_key(heads, backend, device):
