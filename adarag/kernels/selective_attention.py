@@ -553,6 +553,7 @@ def _single_query_attention(
         q: [1, num_heads, head_dim].
         k: [num_kv, num_kv_heads, head_dim], every key visible.
         v: [num_kv, num_kv_heads, head_dim].
+        scale: Softmax scale.
     """
     _, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
