@@ -55,7 +55,7 @@ lint: install
 	$(BIN)/mypy adarag
 
 bench: install
-	$(BIN)/python benchmarks/engine_ttft.py
+	$(BIN)/python benchmarks/engine_ttft.py --vllm
 	$(BIN)/python benchmarks/tier_deviation.py
 	$(BIN)/python benchmarks/confidence_cost.py
 	$(BIN)/python benchmarks/vllm_ttft.py

