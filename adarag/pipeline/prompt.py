@@ -149,21 +149,42 @@ class PromptBuilder:
             self.query_ids(question, history),
         )
 
+    def messages(
+        self, question: str, chunks: Sequence[str], history: Sequence[Turn] = ()
+    ) -> list[dict[str, str]]:
+        """The prompt as chat messages (``role``, ``content``), for tracing and display.
+
+        The turns :meth:`layout` lays out: the system prompt, then the context (the context
+        intro and each chunk with its separator) opening the first user turn, earlier turns, and
+        the question.
+        """
+        separator = self.config.chunk_separator
+        context = self.config.context_intro + "".join(text + separator for text in chunks)
+        return self._turn_messages([*history, (question, None)], context)
+
+    def _turn_messages(
+        self, turns: Sequence[tuple[str, str | None]], context: str
+    ) -> list[dict[str, str]]:
+        """System message, then each turn (``context`` opening the first user message)."""
+        config = self.config
+        messages = [{"role": "system", "content": config.system_prompt}]
+        for idx, (asked, answered) in enumerate(turns):
+            text = config.question_template.format(question=asked)
+            messages.append({"role": "user", "content": (context if idx == 0 else "") + text})
+            if answered is not None:
+                messages.append({"role": "assistant", "content": answered})
+        return messages
+
     def _render_after_chunks(self, turns: Sequence[tuple[str, str | None]]) -> str:
         """The prompt text after the chunks for ``turns`` (the last one unanswered)."""
         config = self.config
-        user_texts = [config.question_template.format(question=asked) for asked, _ in turns]
         if not getattr(self.tokenizer, "chat_template", None):
             return "\n".join(
-                f"{text}\nAnswer:" + ("" if answered is None else f" {answered}")
-                for text, (_, answered) in zip(user_texts, turns, strict=True)
+                f"{config.question_template.format(question=asked)}\nAnswer:"
+                + ("" if answered is None else f" {answered}")
+                for asked, answered in turns
             )
-        messages = [{"role": "system", "content": config.system_prompt}]
-        for idx, (text, (_, answered)) in enumerate(zip(user_texts, turns, strict=True)):
-            head = config.context_intro + _CHUNKS_MARKER if idx == 0 else ""
-            messages.append({"role": "user", "content": head + text})
-            if answered is not None:
-                messages.append({"role": "assistant", "content": answered})
+        messages = self._turn_messages(turns, config.context_intro + _CHUNKS_MARKER)
         rendered = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )

@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("langchain_adarag")
 
 from langchain_adarag import AdaptiveCachedRAG, AdaptiveCachedRetriever, ChatAdaRag  # noqa: E402
+from langchain_core.callbacks import BaseCallbackHandler, UsageMetadataCallbackHandler  # noqa: E402
 from langchain_core.embeddings import Embeddings  # noqa: E402
 from langchain_core.prompts import ChatPromptTemplate  # noqa: E402
 from langchain_core.runnables import RunnablePassthrough  # noqa: E402
@@ -83,6 +84,59 @@ def test_astream_events_show_retriever_custom_steps_and_stream(chain):
     assert step["name"] == "adarag_step" and step["data"]["tiers"]
     streamed = [e for e in events if e["event"] == "on_chain_stream" and e["name"] == "adarag"]
     assert len([e for e in streamed if e["data"]["chunk"].get("answer")]) > 1
+
+
+def test_generation_is_a_chat_model_run_with_streamed_tokens_and_usage(chain):
+    async def collect():
+        return [event async for event in chain.astream_events(FILM_QUESTION, version="v2")]
+
+    events = asyncio.run(collect())
+    model_events = [e for e in events if e["name"] == "ChatAdaRag"]
+    kinds = [e["event"] for e in model_events]
+    assert kinds[0] == "on_chat_model_start" and kinds[-1] == "on_chat_model_end"
+    streamed = [e["data"]["chunk"].content for e in model_events if e["event"] == kinds[1]]
+    assert kinds[1] == "on_chat_model_stream" and len(streamed) > 1
+    chain_run = next(e["run_id"] for e in events if e["event"] == "on_chain_start")
+    assert model_events[0]["parent_ids"][-1] == chain_run  # a child of the chain's run
+    messages = model_events[0]["data"]["input"]["messages"][0]
+    assert messages[0].type == "system" and FILM_QUESTION in messages[-1].content
+    final = model_events[-1]["data"]["output"]
+    answer = next(e for e in events if e["event"] == "on_chain_end" and e["name"] == "adarag")
+    assert final.content == "".join(streamed) == answer["data"]["output"]["answer"]
+    assert final.usage_metadata == answer["data"]["output"]["usage_metadata"]
+
+
+def test_usage_handler_counts_the_generation(chain):
+    handler = UsageMetadataCallbackHandler()
+    out = chain.invoke(LOTHAIR_QUESTION, config={"callbacks": [handler]})
+    (usage,) = handler.usage_metadata.values()  # one model: the pipeline's
+    assert usage["input_tokens"] == out["usage_metadata"]["input_tokens"] > 0
+    assert usage["output_tokens"] == out["usage_metadata"]["output_tokens"] > 0
+
+
+def test_a_stream_closed_early_ends_its_chat_model_run_with_an_error(chain):
+    runs = RunRecorder()
+    stream = chain.stream(FILM_QUESTION, config={"callbacks": [runs]})
+    next(stream)  # the context
+    next(stream)  # one answer delta
+    stream.close()
+    assert runs.started == 1 and runs.errors == 1 and runs.ended == 0
+
+
+class RunRecorder(BaseCallbackHandler):
+    """Counts chat-model runs started, ended and failed."""
+
+    def __init__(self) -> None:
+        self.started = self.ended = self.errors = 0
+
+    def on_chat_model_start(self, serialized, messages, **kwargs):
+        self.started += 1
+
+    def on_llm_end(self, response, **kwargs):
+        self.ended += 1
+
+    def on_llm_error(self, error, **kwargs):
+        self.errors += 1
 
 
 def test_concurrent_ainvokes_do_not_block_the_event_loop(chain):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from contextlib import contextmanager
 
 import pytest
 
@@ -22,6 +23,8 @@ from llama_index.core.bridge.pydantic import Field  # noqa: E402
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler  # noqa: E402
 from llama_index.core.chat_engine import CondenseQuestionChatEngine  # noqa: E402
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler  # noqa: E402
+from llama_index.core.instrumentation.span import SimpleSpan  # noqa: E402
+from llama_index.core.instrumentation.span_handlers import BaseSpanHandler  # noqa: E402
 from llama_index.core.prompts import PromptTemplate  # noqa: E402
 from llama_index.core.schema import QueryBundle  # noqa: E402
 from llama_index.packs.adarag import (  # noqa: E402
@@ -141,6 +144,84 @@ def test_instrumentation_events_and_token_counting_callbacks(kb_rag, knowledge_b
     usage = response.metadata["adarag"]["usage"]
     assert counter.prompt_llm_token_count == usage["prompt_tokens"]
     assert counter.completion_llm_token_count == usage["completion_tokens"]
+
+
+class SpanRecorder(BaseSpanHandler[SimpleSpan]):
+    """Names of the spans opened, and their parents."""
+
+    spans: dict = Field(default_factory=dict)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "SpanRecorder"
+
+    def new_span(self, id_, bound_args, instance=None, parent_span_id=None, tags=None, **kwargs):
+        self.spans[id_] = parent_span_id
+        return SimpleSpan(id_=id_, parent_id=parent_span_id)
+
+    def prepare_to_exit_span(self, id_, bound_args, instance=None, result=None, **kwargs):
+        return None
+
+    def prepare_to_drop_span(self, id_, bound_args, instance=None, err=None, **kwargs):
+        return None
+
+
+@contextmanager
+def recording():
+    """Events and spans the root dispatcher sees inside the block."""
+    events, spans = Recorder(), SpanRecorder()
+    root = instrument.get_dispatcher()
+    root.add_event_handler(events)
+    root.add_span_handler(spans)
+    try:
+        yield events, spans
+    finally:
+        root.event_handlers.remove(events)
+        root.span_handlers.remove(spans)
+
+
+def _llm_events(recorder):
+    return [e for e in recorder.events if e.class_name().startswith("LLMChat")]
+
+
+def test_generation_is_reported_as_llm_chat_events_inside_a_synthesize_span(engine):
+    with recording() as (recorder, spans):
+        response = engine.query(LOTHAIR_QUESTION)
+    llm = _llm_events(recorder)
+    assert [e.class_name() for e in llm] == ["LLMChatStartEvent", "LLMChatEndEvent"]
+    start, end = llm
+    assert start.messages[0].role.value == "system" and start.messages[-1].role.value == "user"
+    used = response.source_nodes[0].node.get_content()
+    assert used in start.messages[-1].content and LOTHAIR_QUESTION in start.messages[-1].content
+    assert end.response.message.content == response.response
+    assert end.response.raw["usage"] == response.metadata["adarag"]["usage"]
+    name = "AdaptiveCachedQueryEngine.synthesize"
+    synthesize = [span for span in spans.spans if span.startswith(name)]
+    assert len(synthesize) == 1 and start.span_id == synthesize[0]
+    assert spans.spans[synthesize[0]].startswith("AdaptiveCachedQueryEngine._query")
+
+
+def test_streamed_generation_reports_each_delta(streaming_engine):
+    with recording() as (recorder, _):
+        response = streaming_engine.query(FILM_QUESTION)
+        deltas = list(response.response_gen)
+    llm = _llm_events(recorder)
+    progress = [e for e in llm if e.class_name() == "LLMChatInProgressEvent"]
+    assert llm[0].class_name() == "LLMChatStartEvent" and llm[-1].class_name() == "LLMChatEndEvent"
+    assert [e.response.delta for e in progress] == deltas and len(deltas) > 1
+    assert llm[-1].response.message.content == "".join(deltas)
+
+
+def test_the_chat_engine_reports_its_turns_to_the_model(engine):
+    chat = engine.as_chat_engine()
+    chat.chat(LOTHAIR_QUESTION)
+    with recording() as (recorder, _):
+        second = chat.chat("Where did she live?")
+    start, end = _llm_events(recorder)
+    roles = [m.role.value for m in start.messages]
+    assert roles == ["system", "user", "assistant", "user"]  # the earlier turn as chat turns
+    assert start.messages[1].content.endswith(LOTHAIR_QUESTION)
+    assert end.response.message.content == second.response
 
 
 def test_from_vector_store_index_over_the_adarag_collection(kb_rag, knowledge_base):

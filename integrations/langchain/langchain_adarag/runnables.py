@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from adarag import AdaRAG, AdaRagConfig, AnswerStream, GenerationParams, InputError, Retriever
 from langchain_adarag import _sources
+from langchain_adarag._chat_run import AsyncChatRun, ChatRun, run_messages
 from langchain_adarag._convert import conversation_turns, document_from_chunk, usage_metadata
 from langchain_adarag.chat_models import ChatAdaRag
 from langchain_adarag.retrievers import AdaptiveCachedRetriever
@@ -52,7 +53,10 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         >>> chain.pick("answer")  # a Runnable[str, str]
         >>> {"question": RunnablePassthrough()} | prompt | chain.as_chat_model()
 
-    Each augmentation step is also sent as a custom event named ``adarag_step``.
+    Each augmentation step is also sent as a custom event named ``adarag_step``, and the
+    generation is a child chat-model run named ``ChatAdaRag`` (``on_chat_model_start``,
+    ``on_chat_model_stream`` per token, ``on_chat_model_end`` with the message's usage), so
+    tracers and ``UsageMetadataCallbackHandler`` see it as any chat model's.
 
     Output keys are those of classic retrieval chains, ``input``, ``context`` (the Documents
     the answer was conditioned on, with ``score`` in their metadata) and ``answer``, plus
@@ -180,9 +184,20 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
             for data in _step_events(stream):
                 dispatch_custom_event(STEP_EVENT, data, config=config)
             yield _head(question, stream)
-            for delta in stream:
-                yield AddableDict(answer=delta)
-            yield AddableDict(usage_metadata=usage_metadata(stream.answer()))
+            messages = run_messages(self._rag, question, history, list(stream.chunks))
+            run = ChatRun.start(
+                callbacks, self._rag, messages, self.max_new_tokens, self.temperature
+            )
+            try:
+                for delta in stream:
+                    run.token(delta)
+                    yield AddableDict(answer=delta)
+            except BaseException as err:  # GeneratorExit included: the run is closed either way
+                run.error(err)
+                raise
+            answer = stream.answer()
+            run.end(answer)
+            yield AddableDict(usage_metadata=usage_metadata(answer))
 
     async def _atransform(
         self,
@@ -201,9 +216,20 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
             for data in _step_events(stream.stream):
                 await adispatch_custom_event(STEP_EVENT, data, config=config)
             yield _head(question, stream.stream)
-            async for delta in stream:
-                yield AddableDict(answer=delta)
-            yield AddableDict(usage_metadata=usage_metadata(await stream.answer()))
+            messages = run_messages(self._rag, question, history, list(stream.stream.chunks))
+            run = await AsyncChatRun.start(
+                callbacks, self._rag, messages, self.max_new_tokens, self.temperature
+            )
+            try:
+                async for delta in stream:
+                    await run.token(delta)
+                    yield AddableDict(answer=delta)
+            except BaseException as err:  # GeneratorExit included: the run is closed either way
+                await run.error(err)
+                raise
+            answer = await stream.answer()
+            await run.end(answer)
+            yield AddableDict(usage_metadata=usage_metadata(answer))
 
     def _parse(self, input: str | dict[str, Any]) -> tuple[str, int, list[tuple[str, str]]]:
         """(question, k, earlier turns) of a question or an ``{"input", "k", "chat_history"}``."""

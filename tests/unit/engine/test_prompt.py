@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from adarag.config import PromptConfig
 from adarag.pipeline.prompt import PromptBuilder
 from tests.tiny_models import build_tiny_tokenizer
@@ -35,6 +37,24 @@ def test_with_chunks_keeps_a_prefix_of_the_chunks():
     two = layout.with_chunks(2)
     assert two.chunk_ids == layout.chunk_ids[:2]
     assert two.query_ids == layout.query_ids
+
+
+@pytest.mark.parametrize("history", [(), (("who is she?", "a poet."), ("born where?", "Lyon."))])
+def test_messages_render_to_the_text_the_layout_encodes(history):
+    # the messages a tracer is shown are the prompt the model computes, turn for turn
+    builder = _builder()
+    chunks = ["alpha text", "beta text"]
+    layout = builder.layout("what is it?", chunks, history)
+    messages = builder.messages("what is it?", chunks, history)
+    assert [m["role"] for m in messages] == [
+        "system",
+        *["user", "assistant"] * len(history),
+        "user",
+    ]
+    rendered = builder.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    assert builder.tokenizer.decode(layout.token_ids) == rendered
 
 
 def _cumulative(layout):

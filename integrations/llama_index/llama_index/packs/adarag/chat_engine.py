@@ -21,6 +21,7 @@ from llama_index.core.chat_engine.types import (
     StreamingAgentChatResponse,
 )
 from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.packs.adarag.llm_events import GenerationEvents
 from llama_index.packs.adarag.response import chunks_from_nodes, describe
 
 from adarag import AnswerStream
@@ -57,8 +58,9 @@ class AdaptiveChatEngine(BaseChatEngine):
         self, message: str, chat_history: list[ChatMessage] | None = None
     ) -> AgentChatResponse:
         """Answer ``message`` (``chat_history`` replaces the conversation so far when given)."""
-        stream, used = self._start(message, chat_history)
+        stream, used, events = self._start(message, chat_history)
         answer = stream.answer()
+        events.end(answer)
         self._remember(message, answer.text, grounded=bool(answer.chunks))
         return AgentChatResponse(response=answer.text, source_nodes=used)
 
@@ -66,9 +68,9 @@ class AdaptiveChatEngine(BaseChatEngine):
         self, message: str, chat_history: list[ChatMessage] | None = None
     ) -> StreamingAgentChatResponse:
         """Stream the answer to ``message``; the turn is remembered when the stream ends."""
-        stream, used = self._start(message, chat_history)
+        stream, used, events = self._start(message, chat_history)
         response = StreamingAgentChatResponse(
-            chat_stream=self._chat_stream(message, stream), source_nodes=used
+            chat_stream=self._chat_stream(message, stream, events), source_nodes=used
         )
         thread = Thread(target=response.write_response_to_history, args=(_Discard(),))
         response.write_response_to_history_thread = thread
@@ -102,7 +104,7 @@ class AdaptiveChatEngine(BaseChatEngine):
 
     def _start(
         self, message: str, chat_history: list[ChatMessage] | None
-    ) -> tuple[AnswerStream, list[NodeWithScore]]:
+    ) -> tuple[AnswerStream, list[NodeWithScore], GenerationEvents]:
         if chat_history is not None:
             self._messages = list(chat_history)
         turns = self._turns()
@@ -112,13 +114,15 @@ class AdaptiveChatEngine(BaseChatEngine):
             message, chunks=chunks_from_nodes(nodes), params=self._engine.params, history=turns
         )
         used, _ = describe(stream, nodes)
-        return stream, used
+        events = GenerationEvents(self._engine.rag, stream, message, turns)
+        events.start(self._engine.params)
+        return stream, used, events
 
     def _chat_stream(
-        self, message: str, stream: AnswerStream
+        self, message: str, stream: AnswerStream, events: GenerationEvents
     ) -> Generator[ChatResponse, None, None]:
         text = ""
-        for delta in stream:
+        for delta in events.relay(stream):
             text += delta
             yield ChatResponse(
                 message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta

@@ -26,6 +26,7 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.packs.adarag.chat_engine import AdaptiveChatEngine
+from llama_index.packs.adarag.llm_events import GenerationEvents
 from llama_index.packs.adarag.prompts import prompt_overrides, template_from_config
 from llama_index.packs.adarag.response import (
     METADATA_KEY,
@@ -219,6 +220,7 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         """The candidate nodes, retrieved in a worker thread (retrievers often block)."""
         return await asyncio.to_thread(self._retriever.retrieve, query_bundle)
 
+    @dispatcher.span
     def synthesize(
         self,
         query_bundle: QueryBundle,
@@ -234,18 +236,22 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
                 query_bundle.query_str, chunks=chunks_from_nodes(nodes), params=self.params
             )
             used, metadata = describe(stream, nodes)
+            events = GenerationEvents(self._rag, stream, query_bundle.query_str, [])
+            events.start(self.params)
             response: RESPONSE_TYPE
             if self.streaming:
-                tokens = self._finish(stream, metadata, query_bundle)
+                tokens = self._finish(stream, events, metadata, query_bundle)
                 response = StreamingResponse(tokens, source_nodes=used, metadata=metadata)
             else:
                 answer = stream.answer()
+                events.end(answer)
                 self._record_usage(answer, metadata, query_bundle)
                 response = Response(answer.text, source_nodes=used, metadata=metadata)
             event.on_end(payload={EventPayload.RESPONSE: response})
         dispatcher.event(SynthesizeEndEvent(query=query_bundle, response=response))
         return response
 
+    @dispatcher.span
     async def asynthesize(
         self,
         query_bundle: QueryBundle,
@@ -261,12 +267,15 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
                 query_bundle.query_str, chunks=chunks_from_nodes(nodes), params=self.params
             )
             used, metadata = describe(stream.stream, nodes)
+            events = GenerationEvents(self._rag, stream.stream, query_bundle.query_str, [])
+            events.start(self.params)
             response: RESPONSE_TYPE
             if self.streaming:
-                tokens = self._afinish(stream, metadata, query_bundle)
+                tokens = self._afinish(stream, events, metadata, query_bundle)
                 response = AsyncStreamingResponse(tokens, source_nodes=used, metadata=metadata)
             else:
                 answer = await stream.answer()
+                events.end(answer)
                 self._record_usage(answer, metadata, query_bundle)
                 response = Response(answer.text, source_nodes=used, metadata=metadata)
             event.on_end(payload={EventPayload.RESPONSE: response})
@@ -312,14 +321,22 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
             )
 
     def _finish(
-        self, stream: AnswerStream, metadata: dict[str, Any], query_bundle: QueryBundle
+        self,
+        stream: AnswerStream,
+        events: GenerationEvents,
+        metadata: dict[str, Any],
+        query_bundle: QueryBundle,
     ) -> Generator[str, None, None]:
-        yield from stream
+        yield from events.relay(stream)
         self._record_usage(stream.answer(), metadata, query_bundle)
 
     async def _afinish(
-        self, stream: AsyncAnswerStream, metadata: dict[str, Any], query_bundle: QueryBundle
+        self,
+        stream: AsyncAnswerStream,
+        events: GenerationEvents,
+        metadata: dict[str, Any],
+        query_bundle: QueryBundle,
     ) -> AsyncGenerator[str, None]:
-        async for delta in stream:
+        async for delta in events.arelay(stream):
             yield delta
         self._record_usage(await stream.answer(), metadata, query_bundle)
