@@ -8,17 +8,25 @@ import pytest
 
 pytest.importorskip("langchain_adarag")
 
-from langchain_adarag import AdaptiveCachedRAG, AdaptiveCachedRetriever, ChatAdaRag  # noqa: E402
+from langchain_adarag import (  # noqa: E402
+    AdaptiveCachedRAG,
+    AdaptiveCachedRetriever,
+    AdaRagEmbeddings,
+    ChatAdaRag,
+)
 from langchain_core.callbacks import BaseCallbackHandler, UsageMetadataCallbackHandler  # noqa: E402
-from langchain_core.embeddings import Embeddings  # noqa: E402
-from langchain_core.prompts import ChatPromptTemplate  # noqa: E402
-from langchain_core.runnables import RunnablePassthrough  # noqa: E402
+from langchain_core.prompts import ChatPromptTemplate, PromptTemplate  # noqa: E402
+from langchain_core.runnables import (
+    ConfigurableField,  # noqa: E402
+    RunnablePassthrough,  # noqa: E402
+)
 from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
 from langchain_tests.integration_tests import (  # noqa: E402
     ChatModelIntegrationTests,
     RetrieversIntegrationTests,
 )
 
+from adarag import InputError  # noqa: E402
 from adarag.pipeline.stream import NO_CONTEXT_ANSWER  # noqa: E402
 from adarag.retrievers import SentenceEmbedder  # noqa: E402
 from tests.integration.conftest import (  # noqa: E402
@@ -37,19 +45,6 @@ KEYS = {"input", "context", "answer", "confidence", "stop_reason", "usage_metada
 @pytest.fixture(scope="module")
 def chain(kb_rag):
     return AdaptiveCachedRAG(rag=kb_rag, k=3, max_new_tokens=12)
-
-
-class MiniLMEmbeddings(Embeddings):
-    """adarag's offline MiniLM behind LangChain's Embeddings interface."""
-
-    def __init__(self) -> None:
-        self.embedder = SentenceEmbedder()
-
-    def embed_documents(self, texts):
-        return self.embedder.embed_documents(texts)
-
-    def embed_query(self, text):
-        return self.embedder.embed_query(text)
 
 
 def test_invoke_returns_the_retrieval_chain_keys(chain):
@@ -124,19 +119,73 @@ def test_a_stream_closed_early_ends_its_chat_model_run_with_an_error(chain):
 
 
 class RunRecorder(BaseCallbackHandler):
-    """Counts chat-model runs started, ended and failed."""
+    """Counts chat-model runs started, ended and failed; keeps the messages they were given."""
 
     def __init__(self) -> None:
         self.started = self.ended = self.errors = 0
+        self.messages = []
 
     def on_chat_model_start(self, serialized, messages, **kwargs):
         self.started += 1
+        self.messages.append(messages[0])
 
     def on_llm_end(self, response, **kwargs):
         self.ended += 1
 
     def on_llm_error(self, error, **kwargs):
         self.errors += 1
+
+
+def test_prompt_values_and_the_question_key_are_inputs(chain):
+    assert (
+        chain.invoke({"question": LOTHAIR_QUESTION}, max_new_tokens=2)["input"] == LOTHAIR_QUESTION
+    )
+    text_prompt = PromptTemplate.from_template("{q}")
+    out = (text_prompt | chain).invoke({"q": LOTHAIR_QUESTION}, max_new_tokens=2)
+    assert out["input"] == LOTHAIR_QUESTION
+    # a chat prompt's last human message is the question, its earlier turns the history
+    chat_prompt = ChatPromptTemplate.from_messages(
+        [("human", LOTHAIR_QUESTION), ("ai", "Marta Kowalski."), ("human", "{q}")]
+    )
+    runs = RunRecorder()
+    out = (chat_prompt | chain).invoke({"q": "Where did she live?"}, {"callbacks": [runs]})
+    assert out["input"] == "Where did she live?"
+    (messages,) = runs.messages
+    assert [m.type for m in messages] == ["system", "human", "ai", "human"]
+    assert messages[2].content == "Marta Kowalski."
+    with pytest.raises(InputError, match="must end with a human message"):
+        (ChatPromptTemplate.from_messages([("ai", "{q}")]) | chain).invoke({"q": "x"})
+
+
+def test_bind_sets_call_options_and_names_the_ones_it_takes(chain):
+    out = chain.bind(max_new_tokens=2).invoke(FILM_QUESTION)
+    assert 0 < out["usage_metadata"]["output_tokens"] <= 2
+    with pytest.raises(InputError, match=r"unknown call option\(s\) \['max_tokens'\]"):
+        chain.bind(max_tokens=2).invoke(FILM_QUESTION)
+
+
+def test_configured_fields_keep_the_pipeline_and_the_retriever(kb_rag):
+    store = InMemoryVectorStore(AdaRagEmbeddings())
+    store.add_texts(["The Zorblat river flows through Quenby."], metadatas=[{"source": "river"}])
+    chain = AdaptiveCachedRAG(rag=kb_rag, retriever=store.as_retriever(search_kwargs={"k": 1}))
+    configurable = chain.configurable_fields(max_new_tokens=ConfigurableField(id="answer_tokens"))
+    config = {"configurable": {"answer_tokens": 2}}
+    rebuilt, _ = configurable._prepare(config)
+    assert rebuilt.rag is kb_rag and rebuilt.max_new_tokens == 2  # no second model loaded
+    out = configurable.invoke("Which river flows through Quenby?", config)
+    assert [doc.metadata["source"] for doc in out["context"]] == ["river"]
+    assert 0 < out["usage_metadata"]["output_tokens"] <= 2
+
+
+def test_output_schema_names_the_output_keys(chain):
+    schema = chain.get_output_jsonschema()
+    assert set(schema["properties"]) == KEYS and "answer" in schema["required"]
+
+
+def test_embeddings_are_the_knowledge_base_embedder(kb_rag):
+    text = "Quenby is famous for glass bells."
+    assert AdaRagEmbeddings().embed_query(text) == SentenceEmbedder().embed_query(text)
+    assert len(AdaRagEmbeddings().embed_documents([text, "x"])) == 2
 
 
 def test_concurrent_ainvokes_do_not_block_the_event_loop(chain):
@@ -151,7 +200,7 @@ def test_batch_and_pick(chain):
 
 
 def test_any_langchain_retriever_supplies_the_context(kb_rag, corpus_path):
-    store = InMemoryVectorStore(MiniLMEmbeddings())
+    store = InMemoryVectorStore(AdaRagEmbeddings())
     store.add_texts(
         ["The Zorblat river flows through Quenby.", "Quenby is famous for glass bells."],
         metadatas=[{"source": "river"}, {"source": "bells"}],

@@ -24,7 +24,7 @@ from langchain_core.messages import (
 )
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, LLMResult
 
-from adarag import AdaRAG, Answer, Chunk
+from adarag import AdaRAG, Answer, Chunk, GenerationParams
 from langchain_adarag._convert import usage_metadata
 
 RUN_NAME = "ChatAdaRag"
@@ -40,10 +40,10 @@ def run_messages(
     return convert_to_messages(rag.prompts.messages(question, [c.text for c in chunks], history))
 
 
-def _start_kwargs(rag: AdaRAG, max_new_tokens: int, temperature: float) -> dict[str, Any]:
-    params = {"model_name": rag.config.engine.model, "max_tokens": max_new_tokens}
-    params["temperature"] = temperature
-    return {"name": RUN_NAME, "invocation_params": {**params, "_type": "adarag"}}
+def _start_kwargs(rag: AdaRAG, params: GenerationParams) -> dict[str, Any]:
+    invocation = {"model_name": rag.config.engine.model, "_type": "adarag"}
+    invocation |= {"max_tokens": params.max_new_tokens, "temperature": params.temperature}
+    return {"name": RUN_NAME, "invocation_params": invocation}
 
 
 def _final(rag: AdaRAG, answer: Answer) -> LLMResult:
@@ -71,11 +71,10 @@ class ChatRun:
         callbacks: CallbackManager,
         rag: AdaRAG,
         messages: list[BaseMessage],
-        max_new_tokens: int,
-        temperature: float,
+        params: GenerationParams,
     ) -> ChatRun:
         """Open the run as a child of ``callbacks``' owner."""
-        kwargs = _start_kwargs(rag, max_new_tokens, temperature)
+        kwargs = _start_kwargs(rag, params)
         (run,) = callbacks.on_chat_model_start({"name": RUN_NAME}, [messages], **kwargs)
         return cls(rag, run)
 
@@ -104,11 +103,10 @@ class AsyncChatRun:
         callbacks: AsyncCallbackManager,
         rag: AdaRAG,
         messages: list[BaseMessage],
-        max_new_tokens: int,
-        temperature: float,
+        params: GenerationParams,
     ) -> AsyncChatRun:
         """Open the run as a child of ``callbacks``' owner."""
-        kwargs = _start_kwargs(rag, max_new_tokens, temperature)
+        kwargs = _start_kwargs(rag, params)
         (run,) = await callbacks.on_chat_model_start({"name": RUN_NAME}, [messages], **kwargs)
         return cls(rag, run)
 

@@ -7,11 +7,22 @@ from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
 from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
+from langchain_core.documents import Document
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.prompt_values import ChatPromptValue, StringPromptValue
 from langchain_core.runnables import RunnableConfig, RunnableSerializable
 from langchain_core.runnables.utils import AddableDict
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from adarag import AdaRAG, AdaRagConfig, AnswerStream, GenerationParams, InputError, Retriever
+from adarag import (
+    AdaRAG,
+    AdaRagConfig,
+    AnswerStream,
+    ConfigError,
+    GenerationParams,
+    InputError,
+    Retriever,
+)
 from langchain_adarag import _sources
 from langchain_adarag._chat_run import AsyncChatRun, ChatRun, run_messages
 from langchain_adarag._convert import conversation_turns, document_from_chunk, usage_metadata
@@ -19,6 +30,8 @@ from langchain_adarag.chat_models import ChatAdaRag
 from langchain_adarag.retrievers import AdaptiveCachedRetriever
 
 STEP_EVENT = "adarag_step"
+CALL_OPTIONS = frozenset({"max_new_tokens", "temperature", "stop", "k"})
+"""Options one call may set (``chain.bind(max_new_tokens=32)``, ``invoke(..., k=2)``)."""
 
 
 class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any]]):
@@ -73,6 +86,11 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
     temperature: float = Field(default=0.0, ge=0.0)
     """Sampling temperature; 0 is greedy."""
     name: str | None = "adarag"
+    pipeline: Any = Field(default=None, exclude=True, repr=False)
+    """The adarag pipeline (``rag``), kept when LangChain rebuilds the Runnable with configured
+    fields (``configurable_fields``), so no second model is loaded."""
+    source: Any = Field(default=None, exclude=True, repr=False)
+    """The retriever given (``retriever``), kept on rebuilds likewise."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     _rag: AdaRAG = PrivateAttr()
@@ -88,12 +106,21 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
             **kwargs: Fields.
 
         Raises:
-            ConfigError: ``retriever`` is neither kind of retriever.
+            ConfigError: ``retriever`` is neither kind of retriever, or ``adarag_config``
+                differs from the config of the ``rag`` given.
         """
+        rag = rag or kwargs.pop("pipeline", None)
+        retriever = retriever if retriever is not None else kwargs.pop("source", None)
         if rag is not None:
-            kwargs.setdefault("adarag_config", rag.config)
-        super().__init__(**kwargs)
+            config = kwargs.setdefault("adarag_config", rag.config)
+            if config != rag.config:
+                raise ConfigError(
+                    "adarag_config differs from the config of the pipeline given; build the "
+                    "Runnable on rag.with_config(...) instead of configuring adarag_config"
+                )
+        super().__init__(pipeline=rag, source=retriever, **kwargs)
         self._rag = rag or AdaRAG(self.adarag_config)
+        self.pipeline = self._rag
         self._source = _sources.as_source(retriever)
 
     @property
@@ -127,7 +154,9 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         self, input: str | dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[dict[str, Any]]:
         """Stream the context, then answer deltas, then usage."""
-        yield from self._transform_stream_with_config(iter([input]), self._transform, config)
+        yield from self._transform_stream_with_config(
+            iter([input]), self._transform, config, **kwargs
+        )
 
     async def astream(
         self, input: str | dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
@@ -137,7 +166,9 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         async def one() -> AsyncIterator[str | dict[str, Any]]:
             yield input
 
-        async for chunk in self._atransform_stream_with_config(one(), self._atransform, config):
+        async for chunk in self._atransform_stream_with_config(
+            one(), self._atransform, config, **kwargs
+        ):
             yield chunk
 
     # --- internals
@@ -147,9 +178,10 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         input: str | dict[str, Any],
         run_manager: CallbackManagerForChainRun,
         config: RunnableConfig,
+        **options: Any,
     ) -> dict[str, Any]:
         output = AddableDict()
-        for chunk in self._transform(iter([input]), run_manager, config):
+        for chunk in self._transform(iter([input]), run_manager, config, **options):
             output = output + chunk
         return output
 
@@ -158,12 +190,13 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         input: str | dict[str, Any],
         run_manager: AsyncCallbackManagerForChainRun,
         config: RunnableConfig,
+        **options: Any,
     ) -> dict[str, Any]:
         async def one() -> AsyncIterator[str | dict[str, Any]]:
             yield input
 
         output = AddableDict()
-        async for chunk in self._atransform(one(), run_manager, config):
+        async for chunk in self._atransform(one(), run_manager, config, **options):
             output = output + chunk
         return output
 
@@ -172,22 +205,20 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         inputs: Iterator[str | dict[str, Any]],
         run_manager: CallbackManagerForChainRun,
         config: RunnableConfig,
+        **options: Any,
     ) -> Iterator[AddableDict]:
+        params, k = self._options(options)
         for input in inputs:
-            question, k, history = self._parse(input)
+            question, k, history = self._parse(input, k)
             callbacks = run_manager.get_child()
             query = _retrieval_query(question, history)
             chunks = _sources.retrieve(self._rag, self._source, query, k, callbacks)
-            stream = self._rag.stream(
-                question, chunks=chunks, params=self._params(), history=history
-            )
+            stream = self._rag.stream(question, chunks=chunks, params=params, history=history)
             for data in _step_events(stream):
                 dispatch_custom_event(STEP_EVENT, data, config=config)
             yield _head(question, stream)
             messages = run_messages(self._rag, question, history, list(stream.chunks))
-            run = ChatRun.start(
-                callbacks, self._rag, messages, self.max_new_tokens, self.temperature
-            )
+            run = ChatRun.start(callbacks, self._rag, messages, params)
             try:
                 for delta in stream:
                     run.token(delta)
@@ -204,22 +235,22 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         inputs: AsyncIterator[str | dict[str, Any]],
         run_manager: AsyncCallbackManagerForChainRun,
         config: RunnableConfig,
+        **options: Any,
     ) -> AsyncIterator[AddableDict]:
+        params, k = self._options(options)
         async for input in inputs:
-            question, k, history = self._parse(input)
+            question, k, history = self._parse(input, k)
             callbacks = run_manager.get_child()
             query = _retrieval_query(question, history)
             chunks = await _sources.aretrieve(self._rag, self._source, query, k, callbacks)
             stream = await self._rag.astream(
-                question, chunks=chunks, params=self._params(), history=history
+                question, chunks=chunks, params=params, history=history
             )
             for data in _step_events(stream.stream):
                 await adispatch_custom_event(STEP_EVENT, data, config=config)
             yield _head(question, stream.stream)
             messages = run_messages(self._rag, question, history, list(stream.stream.chunks))
-            run = await AsyncChatRun.start(
-                callbacks, self._rag, messages, self.max_new_tokens, self.temperature
-            )
+            run = await AsyncChatRun.start(callbacks, self._rag, messages, params)
             try:
                 async for delta in stream:
                     await run.token(delta)
@@ -231,26 +262,70 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
             await run.end(answer)
             yield AddableDict(usage_metadata=usage_metadata(answer))
 
-    def _parse(self, input: str | dict[str, Any]) -> tuple[str, int, list[tuple[str, str]]]:
-        """(question, k, earlier turns) of a question or an ``{"input", "k", "chat_history"}``."""
-        k = self.k or self._rag.config.retrieval.top_k
+    def _parse(self, input: Any, k: int) -> tuple[str, int, list[tuple[str, str]]]:
+        """(question, k, earlier turns) of one input.
+
+        A question; ``{"input" or "question": question, "k": int, "chat_history": messages}``;
+        or a prompt's output (``prompt | chain``): a string prompt's text is the question, a
+        chat prompt's last human message is, and its earlier turns are the history.
+        """
         history: list[tuple[str, str]] = []
-        if isinstance(input, str):
+        if isinstance(input, StringPromptValue):
+            question = input.to_string()
+        elif isinstance(input, ChatPromptValue):
+            messages = input.to_messages()
+            if not messages or messages[-1].type != "human":
+                raise InputError("a chat prompt for this chain must end with a human message")
+            question = messages[-1].text
+            history = conversation_turns(messages[:-1])
+        elif isinstance(input, str):
             question = input
-        elif isinstance(input, dict) and isinstance(input.get("input"), str):
-            question, k = input["input"], int(input.get("k", k))
+        elif isinstance(input, dict) and isinstance(_question(input), str):
+            question, k = _question(input), int(input.get("k", k))
             history = conversation_turns(input.get("chat_history") or [])
         else:
             raise InputError(
-                "expected a question or {'input': question, 'k': int, 'chat_history': "
-                f"messages}}, got {input!r:.80}"
+                "expected a question, {'input': question, 'k': int, 'chat_history': messages} "
+                f"('question' may name the question) or a prompt value, got {input!r:.80}"
             )
         if not question.strip():
             raise InputError("the question is empty; pass a non-empty question")
         return question, k, history
 
-    def _params(self) -> GenerationParams:
-        return GenerationParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+    def _options(self, options: dict[str, Any]) -> tuple[GenerationParams, int]:
+        """Decoding options and k for one call: the fields, overridden by ``.bind(...)``."""
+        unknown = set(options) - CALL_OPTIONS
+        if unknown:
+            raise InputError(
+                f"unknown call option(s) {sorted(unknown)}; this chain takes "
+                f"{sorted(CALL_OPTIONS)} (e.g. chain.bind(max_new_tokens=32))"
+            )
+        k = options.get("k", self.k) or self._rag.config.retrieval.top_k
+        params = GenerationParams(
+            max_new_tokens=options.get("max_new_tokens", self.max_new_tokens),
+            temperature=options.get("temperature", self.temperature),
+            stop=tuple(options.get("stop") or ()),
+        )
+        return params, int(k)
+
+    def get_output_schema(self, config: RunnableConfig | None = None) -> type[BaseModel]:
+        """The output's keys and types (``get_output_jsonschema()``)."""
+        return RAGOutput
+
+
+class RAGOutput(BaseModel):
+    """What :class:`AdaptiveCachedRAG` returns."""
+
+    input: str = Field(description="The question.")
+    context: list[Document] = Field(description="The chunks the answer was conditioned on.")
+    answer: str = Field(description="The model's answer.")
+    confidence: float | None = Field(description="The last augmentation step's confidence.")
+    stop_reason: str = Field(description="Why augmentation stopped.")
+    usage_metadata: UsageMetadata = Field(description="Prompt, completion and cached tokens.")
+
+
+def _question(input: dict[str, Any]) -> Any:
+    return input.get("input", input.get("question"))
 
 
 def _retrieval_query(question: str, history: list[tuple[str, str]]) -> str:
