@@ -25,6 +25,8 @@ from llama_index.core.chat_engine import CondenseQuestionChatEngine  # noqa: E40
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler  # noqa: E402
 from llama_index.core.instrumentation.span import SimpleSpan  # noqa: E402
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler  # noqa: E402
+from llama_index.core.postprocessor import SimilarityPostprocessor  # noqa: E402
+from llama_index.core.postprocessor.types import BaseNodePostprocessor  # noqa: E402
 from llama_index.core.prompts import PromptTemplate  # noqa: E402
 from llama_index.core.schema import QueryBundle  # noqa: E402
 from llama_index.packs.adarag import (  # noqa: E402
@@ -310,6 +312,42 @@ def test_llm_completes_chats_and_streams_with_usage(kb_rag):
 
     answer, parts = asyncio.run(run_async())
     assert answer.text and len([p for p in parts if p]) > 1
+
+
+def test_llm_honours_per_call_max_tokens_and_stop(kb_rag):
+    llm = AdaRagLLM(rag=kb_rag, max_new_tokens=24)
+    short = llm.complete("Count from one to twenty: one, two,", max_tokens=2)
+    assert short.raw["usage"]["completion_tokens"] <= 2
+    long = llm.complete("Count from one to twenty: one, two,")
+    assert long.raw["usage"]["completion_tokens"] > 2
+    word = long.text.split()[1] if len(long.text.split()) > 1 else long.text.split()[0]
+    stopped = llm.complete("Count from one to twenty: one, two,", stop=[word])
+    assert word not in stopped.text and len(stopped.text) < len(long.text)
+
+
+def test_node_postprocessors_choose_the_candidate_chunks(kb_rag, knowledge_base):
+    class KeepLast(BaseNodePostprocessor):
+        def _postprocess_nodes(self, nodes, query_bundle=None):
+            return nodes[-1:]
+
+    plain = AdaptiveCachedQueryEngine.from_knowledge_base(
+        knowledge_base, kb_rag, similarity_top_k=3, max_new_tokens=2
+    )
+    engine = AdaptiveCachedQueryEngine.from_knowledge_base(
+        knowledge_base,
+        kb_rag,
+        similarity_top_k=3,
+        max_new_tokens=2,
+        node_postprocessors=[KeepLast()],
+    )
+    retrieved = plain.retrieve(QueryBundle(LOTHAIR_QUESTION))
+    response = engine.query(LOTHAIR_QUESTION)
+    assert len(retrieved) == 3
+    assert [n.node_id for n in response.source_nodes] == [retrieved[-1].node_id]
+    cutoff = AdaptiveCachedQueryEngine.from_knowledge_base(
+        knowledge_base, kb_rag, node_postprocessors=[SimilarityPostprocessor(similarity_cutoff=2)]
+    )
+    assert not cutoff.query(LOTHAIR_QUESTION).source_nodes  # nothing passes: no context
 
 
 def test_drops_into_a_condense_question_chat_engine(kb_rag, streaming_engine):

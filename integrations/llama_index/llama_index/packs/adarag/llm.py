@@ -98,7 +98,7 @@ class AdaRagLLM(CustomLLM):
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Answer ``prompt``."""
         prompt_value = self._completion_prompt(prompt, formatted)
-        answer = self._rag.generate(prompt_value, params=self._params()).answer()
+        answer = self._rag.generate(prompt_value, params=self._params(kwargs)).answer()
         return CompletionResponse(text=answer.text, raw=_usage(answer))
 
     @llm_completion_callback()
@@ -107,7 +107,7 @@ class AdaRagLLM(CustomLLM):
     ) -> CompletionResponseGen:
         """Answer ``prompt`` delta by delta; the last response carries the usage."""
         prompt_value = self._completion_prompt(prompt, formatted)
-        stream = self._rag.generate(prompt_value, params=self._params())
+        stream = self._rag.generate(prompt_value, params=self._params(kwargs))
 
         def gen() -> Generator[CompletionResponse, None, None]:
             for delta in stream:
@@ -123,7 +123,7 @@ class AdaRagLLM(CustomLLM):
     ) -> CompletionResponse:
         """Async :meth:`complete`."""
         stream = await self._rag.agenerate(
-            self._completion_prompt(prompt, formatted), params=self._params()
+            self._completion_prompt(prompt, formatted), params=self._params(kwargs)
         )
         answer = await stream.answer()
         return CompletionResponse(text=answer.text, raw=_usage(answer))
@@ -134,7 +134,7 @@ class AdaRagLLM(CustomLLM):
     ) -> CompletionResponseAsyncGen:
         """Async :meth:`stream_complete`."""
         stream = await self._rag.agenerate(
-            self._completion_prompt(prompt, formatted), params=self._params()
+            self._completion_prompt(prompt, formatted), params=self._params(kwargs)
         )
 
         async def gen() -> AsyncGenerator[CompletionResponse, None]:
@@ -150,13 +150,14 @@ class AdaRagLLM(CustomLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Answer the conversation."""
-        answer = self._rag.generate(self._chat_prompt(messages), params=self._params()).answer()
+        stream = self._rag.generate(self._chat_prompt(messages), params=self._params(kwargs))
+        answer = stream.answer()
         return ChatResponse(message=_assistant(answer.text), raw=_usage(answer))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         """Answer the conversation delta by delta."""
-        stream = self._rag.generate(self._chat_prompt(messages), params=self._params())
+        stream = self._rag.generate(self._chat_prompt(messages), params=self._params(kwargs))
 
         def gen() -> Generator[ChatResponse, None, None]:
             for delta in stream:
@@ -169,7 +170,7 @@ class AdaRagLLM(CustomLLM):
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async :meth:`chat`."""
-        stream = await self._rag.agenerate(self._chat_prompt(messages), params=self._params())
+        stream = await self._rag.agenerate(self._chat_prompt(messages), params=self._params(kwargs))
         answer = await stream.answer()
         return ChatResponse(message=_assistant(answer.text), raw=_usage(answer))
 
@@ -178,7 +179,7 @@ class AdaRagLLM(CustomLLM):
         self, messages: Sequence[ChatMessage], **kwargs: Any
     ) -> ChatResponseAsyncGen:
         """Async :meth:`stream_chat`."""
-        stream = await self._rag.agenerate(self._chat_prompt(messages), params=self._params())
+        stream = await self._rag.agenerate(self._chat_prompt(messages), params=self._params(kwargs))
 
         async def gen() -> AsyncGenerator[ChatResponse, None]:
             async for delta in stream:
@@ -191,8 +192,18 @@ class AdaRagLLM(CustomLLM):
 
     # --- internals
 
-    def _params(self) -> GenerationParams:
-        return GenerationParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+    def _params(self, kwargs: dict[str, Any]) -> GenerationParams:
+        """Decoding options: the fields, overridden per call.
+
+        ``max_tokens`` (or ``max_new_tokens``), ``temperature`` and ``stop`` apply; other
+        keywords are ignored, as LlamaIndex LLMs do.
+        """
+        max_new_tokens = kwargs.get("max_tokens", kwargs.get("max_new_tokens"))
+        return GenerationParams(
+            max_new_tokens=max_new_tokens or self.max_new_tokens,
+            temperature=kwargs.get("temperature", self.temperature),
+            stop=tuple(kwargs.get("stop") or ()),
+        )
 
     def _completion_prompt(self, prompt: str, formatted: bool) -> Prompt:
         if formatted:

@@ -22,6 +22,7 @@ from llama_index.core.instrumentation.events.synthesis import (
     SynthesizeEndEvent,
     SynthesizeStartEvent,
 )
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
@@ -85,6 +86,8 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         streaming: Return streaming responses.
         max_new_tokens: Answer length cap.
         temperature: Sampling temperature; 0 is greedy.
+        node_postprocessors: Applied in order to the retrieved nodes (filters, rerankers);
+            what they keep, in their order, are the candidate chunks.
         callback_manager: Legacy callbacks; ``Settings.callback_manager`` when None.
 
     Raises:
@@ -100,9 +103,11 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         streaming: bool = False,
         max_new_tokens: int = 64,
         temperature: float = 0.0,
+        node_postprocessors: list[BaseNodePostprocessor] | None = None,
         callback_manager: CallbackManager | None = None,
     ) -> None:
         self._retriever = retriever
+        self._postprocessors = list(node_postprocessors or [])
         self._base_rag = rag or AdaRAG()
         self._rag = self._base_rag
         self._qa_template: BasePromptTemplate = template_from_config(self._base_rag.config.prompt)
@@ -213,12 +218,15 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
     # --- retrieve / synthesize
 
     def retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        """The retriever's candidate nodes."""
-        return self._retriever.retrieve(query_bundle)
+        """The candidate nodes: the retriever's, through the node postprocessors."""
+        nodes = self._retriever.retrieve(query_bundle)
+        for postprocessor in self._postprocessors:
+            nodes = postprocessor.postprocess_nodes(nodes, query_bundle=query_bundle)
+        return nodes
 
     async def aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         """The candidate nodes, retrieved in a worker thread (retrievers often block)."""
-        return await asyncio.to_thread(self._retriever.retrieve, query_bundle)
+        return await asyncio.to_thread(self.retrieve, query_bundle)
 
     @dispatcher.span
     def synthesize(
