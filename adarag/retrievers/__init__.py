@@ -9,7 +9,7 @@ from __future__ import annotations
 from adarag.retrievers.adapters import LangChainRetriever, LlamaIndexRetriever
 from adarag.retrievers.base import Retriever
 from adarag.retrievers.chroma import ChromaRetriever
-from adarag.retrievers.embedding import SentenceEmbedder
+from adarag.retrievers.embedding import Embedder, SentenceEmbedder
 from adarag.retrievers.knowledge_base import IngestReport, KnowledgeBase
 from adarag.retrievers.memory import MemoryRetriever
 
@@ -21,5 +21,6 @@ __all__ = [
     "LlamaIndexRetriever",
     "MemoryRetriever",
     "Retriever",
+    "Embedder",
     "SentenceEmbedder",
 ]

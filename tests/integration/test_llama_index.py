@@ -29,6 +29,7 @@ from llama_index.core.postprocessor import SimilarityPostprocessor  # noqa: E402
 from llama_index.core.postprocessor.types import BaseNodePostprocessor  # noqa: E402
 from llama_index.core.prompts import PromptTemplate  # noqa: E402
 from llama_index.core.schema import QueryBundle  # noqa: E402
+from llama_index.core.tools import QueryEngineTool  # noqa: E402
 from llama_index.packs.adarag import (  # noqa: E402
     AdaptiveCachedQueryEngine,
     AdaRagEmbedding,
@@ -348,6 +349,13 @@ def test_node_postprocessors_choose_the_candidate_chunks(kb_rag, knowledge_base)
         knowledge_base, kb_rag, node_postprocessors=[SimilarityPostprocessor(similarity_cutoff=2)]
     )
     assert not cutoff.query(LOTHAIR_QUESTION).source_nodes  # nothing passes: no context
+
+
+def test_the_engine_serves_as_a_query_engine_tool(engine):
+    tool = QueryEngineTool.from_defaults(engine, name="wiki", description="Answers from a wiki.")
+    output = tool.call(LOTHAIR_QUESTION)
+    assert output.content == output.raw_output.response and output.raw_output.source_nodes
+    assert tool.metadata.name == "wiki"
 
 
 def test_drops_into_a_condense_question_chat_engine(kb_rag, streaming_engine):

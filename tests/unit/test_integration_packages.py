@@ -61,6 +61,7 @@ def test_integration_exports_are_pinned():
         "AdaptiveStopEvent",
     ]
     assert sorted(langchain.__all__) == [
+        "AdaRagEmbeddings",
         "AdaptiveCachedRAG",
         "AdaptiveCachedRetriever",
         "ChatAdaRag",

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from langchain_core.embeddings import Embeddings
 
-from adarag.retrievers import SentenceEmbedder
-from adarag.retrievers.embedding import Embedder
+from adarag.retrievers import Embedder, SentenceEmbedder
 
 
 class AdaRagEmbeddings(Embeddings):
