@@ -6,7 +6,11 @@ needs them is used.
 
 from __future__ import annotations
 
-from adarag.retrievers.adapters import LangChainRetriever, LlamaIndexRetriever
+from adarag.retrievers.adapters import (
+    LangChainRetriever,
+    LlamaIndexRetriever,
+    chunks_from_documents,
+)
 from adarag.retrievers.base import Retriever
 from adarag.retrievers.chroma import ChromaRetriever
 from adarag.retrievers.embedding import Embedder, SentenceEmbedder
@@ -23,4 +27,5 @@ __all__ = [
     "Retriever",
     "Embedder",
     "SentenceEmbedder",
+    "chunks_from_documents",
 ]

@@ -92,17 +92,21 @@ class LangChainRetriever:
         """
         if top_k < 1:
             raise InputError(f"top_k must be at least 1, got {top_k}")
-        return _chunks_from_documents(self.retriever.invoke(query, config=config)[:top_k])
+        return chunks_from_documents(self.retriever.invoke(query, config=config)[:top_k])
 
     async def aretrieve(self, query: str, top_k: int, config: Any = None) -> list[Chunk]:
         """Async :meth:`retrieve`, through the retriever's ``ainvoke``."""
         if top_k < 1:
             raise InputError(f"top_k must be at least 1, got {top_k}")
         documents = await self.retriever.ainvoke(query, config=config)
-        return _chunks_from_documents(documents[:top_k])
+        return chunks_from_documents(documents[:top_k])
 
 
-def _chunks_from_documents(documents: list[Any]) -> list[Chunk]:
+def chunks_from_documents(documents: list[Any]) -> list[Chunk]:
+    """LangChain Documents as chunks (text, id, metadata, the score read from the metadata).
+
+    Empty documents are left out.
+    """
     chunks = []
     for document in documents:
         if not document.page_content.strip():

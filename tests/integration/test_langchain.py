@@ -17,7 +17,9 @@ from langchain_adarag import (  # noqa: E402
 from langchain_core.callbacks import BaseCallbackHandler, UsageMetadataCallbackHandler  # noqa: E402
 from langchain_core.prompts import ChatPromptTemplate, PromptTemplate  # noqa: E402
 from langchain_core.runnables import (
-    ConfigurableField,  # noqa: E402
+    ConfigurableField,
+    RunnableBranch,
+    RunnableLambda,  # noqa: E402
     RunnablePassthrough,  # noqa: E402
 )
 from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
@@ -209,6 +211,37 @@ def test_any_langchain_retriever_supplies_the_context(kb_rag, corpus_path):
     out = chain.invoke("Which river flows through Quenby?")
     assert [doc.metadata["source"] for doc in out["context"]] == ["river"]
     assert out["answer"]
+
+
+def test_a_history_aware_runnable_retriever_gets_the_conversation(kb_rag):
+    # what create_history_aware_retriever builds: the question alone without history, else a
+    # condensed query (here: the earlier questions and this one) sent to a retriever
+    store = InMemoryVectorStore(AdaRagEmbeddings())
+    store.add_texts(
+        ["The Zorblat river flows through Quenby.", "Quenby is famous for glass bells."],
+        metadatas=[{"source": "river"}, {"source": "bells"}],
+    )
+    retriever = store.as_retriever(search_kwargs={"k": 1})
+    seen = []
+
+    def condense(inputs):
+        seen.append(inputs)
+        asked = [m.content for m in inputs["chat_history"] if m.type == "human"]
+        return " ".join([*asked, inputs["input"]])
+
+    history_aware = RunnableBranch(
+        (lambda x: not x.get("chat_history"), (lambda x: x["input"]) | retriever),
+        RunnableLambda(condense) | retriever,
+    )
+    chain = AdaptiveCachedRAG(rag=kb_rag, retriever=history_aware, max_new_tokens=4)
+    first = chain.invoke("Which river flows through Quenby?")
+    assert [doc.metadata["source"] for doc in first["context"]] == ["river"] and not seen
+    history = [("human", "What is Quenby famous for?"), ("ai", first["answer"])]
+    out = chain.invoke({"input": "Tell me more about it.", "chat_history": history})
+    (inputs,) = seen
+    assert [m.type for m in inputs["chat_history"]] == ["human", "ai"]
+    assert [doc.metadata["source"] for doc in out["context"]] == ["bells"]
+    assert chain.as_retriever().invoke("Which river flows through Quenby?")
 
 
 def test_unrelated_question_gets_no_context(chain):

@@ -6,28 +6,61 @@ import asyncio
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable
 
 from adarag import AdaRAG, Chunk, ConfigError, Retriever
-from adarag.retrievers import LangChainRetriever
+from adarag.retrievers import LangChainRetriever, chunks_from_documents
 from langchain_adarag._convert import document_from_chunk
 
 RETRIEVER_RUN_NAME = "adarag_retriever"
 
 
-def as_source(retriever: Any) -> Retriever | None:
-    """A LangChain retriever wrapped for adarag; an adarag retriever (or None) as it is."""
+class ConversationRetriever:
+    """A Runnable from ``{"input": question, "chat_history": messages}`` to Documents.
+
+    What ``create_history_aware_retriever`` builds (a prompt and a model condensing the
+    conversation into a search query, then a retriever). It is given the conversation itself;
+    other retrievers get the earlier questions and the question joined as their query.
+    """
+
+    def __init__(self, runnable: Runnable) -> None:
+        self.runnable = runnable
+
+    def inputs(self, question: str, history: list[tuple[str, str]]) -> dict[str, Any]:
+        """The Runnable's input for ``question`` after the turns of ``history``."""
+        messages: list[BaseMessage] = []
+        for asked, answered in history:
+            messages += [HumanMessage(asked), AIMessage(answered)]
+        return {"input": question, "chat_history": messages}
+
+
+Source = Retriever | ConversationRetriever
+
+
+def as_source(retriever: Any) -> Source | None:
+    """A LangChain retriever or Runnable retriever wrapped; an adarag one (or None) as it is."""
+    if isinstance(retriever, ConversationRetriever):
+        return retriever
     if isinstance(retriever, BaseRetriever):
         return LangChainRetriever(retriever)
+    if isinstance(retriever, Runnable):
+        return ConversationRetriever(retriever)
     if retriever is not None and not isinstance(retriever, Retriever):
         raise ConfigError(
-            f"retriever must be a LangChain BaseRetriever or an adarag Retriever, got "
-            f"{type(retriever).__name__}"
+            f"retriever must be a LangChain BaseRetriever, a Runnable returning Documents or an "
+            f"adarag Retriever, got {type(retriever).__name__}"
         )
     return retriever
 
 
-def _source(rag: AdaRAG, source: Retriever | None) -> Retriever:
+def retrieval_query(question: str, history: list[tuple[str, str]]) -> str:
+    """What a plain retriever searches for: the earlier questions and this one (as AdaRAG does)."""
+    return "\n".join([*(asked for asked, _ in history), question])
+
+
+def _source(rag: AdaRAG, source: Source | None) -> Source:
     found = source or rag.retriever
     if found is None:
         raise ConfigError(
@@ -38,15 +71,25 @@ def _source(rag: AdaRAG, source: Retriever | None) -> Retriever:
 
 
 def retrieve(
-    rag: AdaRAG, source: Retriever | None, question: str, k: int, callbacks: CallbackManager
+    rag: AdaRAG,
+    source: Source | None,
+    question: str,
+    history: list[tuple[str, str]],
+    k: int,
+    callbacks: CallbackManager,
 ) -> list[Chunk]:
-    """Candidate chunks, reported as a child retriever run."""
+    """Candidate chunks for ``question`` after ``history``, reported as a child run."""
     found = _source(rag, source)
+    config = {"callbacks": callbacks}
+    if isinstance(found, ConversationRetriever):  # runs as its own child run
+        documents = found.runnable.invoke(found.inputs(question, history), config=config)
+        return chunks_from_documents(list(documents))[:k]
+    query = retrieval_query(question, history)
     if isinstance(found, LangChainRetriever):  # runs as its own child retriever run
-        return found.retrieve(question, k, config={"callbacks": callbacks})
-    run = callbacks.on_retriever_start(None, question, name=RETRIEVER_RUN_NAME)
+        return found.retrieve(query, k, config=config)
+    run = callbacks.on_retriever_start(None, query, name=RETRIEVER_RUN_NAME)
     try:
-        chunks = found.retrieve(question, k)
+        chunks = found.retrieve(query, k)
     except BaseException as err:
         run.on_retriever_error(err)
         raise
@@ -55,15 +98,25 @@ def retrieve(
 
 
 async def aretrieve(
-    rag: AdaRAG, source: Retriever | None, question: str, k: int, callbacks: AsyncCallbackManager
+    rag: AdaRAG,
+    source: Source | None,
+    question: str,
+    history: list[tuple[str, str]],
+    k: int,
+    callbacks: AsyncCallbackManager,
 ) -> list[Chunk]:
     """Async :func:`retrieve`; an adarag retriever runs in a worker thread."""
     found = _source(rag, source)
+    config = {"callbacks": callbacks}
+    if isinstance(found, ConversationRetriever):
+        documents = await found.runnable.ainvoke(found.inputs(question, history), config=config)
+        return chunks_from_documents(list(documents))[:k]
+    query = retrieval_query(question, history)
     if isinstance(found, LangChainRetriever):
-        return await found.aretrieve(question, k, config={"callbacks": callbacks})
-    run = await callbacks.on_retriever_start(None, question, name=RETRIEVER_RUN_NAME)
+        return await found.aretrieve(query, k, config=config)
+    run = await callbacks.on_retriever_start(None, query, name=RETRIEVER_RUN_NAME)
     try:
-        chunks = await asyncio.to_thread(found.retrieve, question, k)
+        chunks = await asyncio.to_thread(found.retrieve, query, k)
     except BaseException as err:
         await run.on_retriever_error(err)
         raise

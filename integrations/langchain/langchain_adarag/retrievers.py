@@ -12,7 +12,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import Field, PrivateAttr
 
-from adarag import AdaRAG, GenerationParams, Retriever
+from adarag import AdaRAG, GenerationParams
 from langchain_adarag import _sources
 from langchain_adarag._convert import document_from_chunk
 
@@ -39,7 +39,7 @@ class AdaptiveCachedRetriever(BaseRetriever):
     k: int | None = Field(default=None, ge=1)
     """Candidate chunks per question; None uses ``retrieval.top_k``."""
     _rag: AdaRAG = PrivateAttr()
-    _source: Retriever | None = PrivateAttr(default=None)
+    _source: _sources.Source | None = PrivateAttr(default=None)
 
     def __init__(self, *, rag: AdaRAG, retriever: Any = None, **kwargs: Any) -> None:
         """Build the retriever.
@@ -57,7 +57,8 @@ class AdaptiveCachedRetriever(BaseRetriever):
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None
     ) -> list[Document]:
         top_k = k or self.k or self._rag.config.retrieval.top_k
-        chunks = _sources.retrieve(self._rag, self._source, query, top_k, run_manager.get_child())
+        callbacks = run_manager.get_child()
+        chunks = _sources.retrieve(self._rag, self._source, query, [], top_k, callbacks)
         if not chunks:
             return []
         stream = self._rag.stream(query, chunks=chunks, params=_PREFILL_ONLY)
@@ -72,7 +73,7 @@ class AdaptiveCachedRetriever(BaseRetriever):
     ) -> list[Document]:
         top_k = k or self.k or self._rag.config.retrieval.top_k
         callbacks = run_manager.get_child()
-        chunks = await _sources.aretrieve(self._rag, self._source, query, top_k, callbacks)
+        chunks = await _sources.aretrieve(self._rag, self._source, query, [], top_k, callbacks)
         if not chunks:
             return []
         stream = await self._rag.astream(query, chunks=chunks, params=_PREFILL_ONLY)

@@ -21,7 +21,6 @@ from adarag import (
     ConfigError,
     GenerationParams,
     InputError,
-    Retriever,
 )
 from langchain_adarag import _sources
 from langchain_adarag._chat_run import AsyncChatRun, ChatRun, run_messages
@@ -94,15 +93,16 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     _rag: AdaRAG = PrivateAttr()
-    _source: Retriever | None = PrivateAttr(default=None)
+    _source: _sources.Source | None = PrivateAttr(default=None)
 
     def __init__(self, *, rag: AdaRAG | None = None, retriever: Any = None, **kwargs: Any) -> None:
         """Build the Runnable.
 
         Args:
             rag: The adarag pipeline (shares its model); built from ``adarag_config`` when None.
-            retriever: A LangChain ``BaseRetriever`` or an adarag ``Retriever``; the pipeline's
-                own retriever when None.
+            retriever: A LangChain ``BaseRetriever``, a Runnable from ``{"input", "chat_history"}``
+                to Documents (``create_history_aware_retriever``'s), or an adarag ``Retriever``;
+                the pipeline's own retriever when None.
             **kwargs: Fields.
 
         Raises:
@@ -211,8 +211,7 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         for input in inputs:
             question, k, history = self._parse(input, k)
             callbacks = run_manager.get_child()
-            query = _retrieval_query(question, history)
-            chunks = _sources.retrieve(self._rag, self._source, query, k, callbacks)
+            chunks = _sources.retrieve(self._rag, self._source, question, history, k, callbacks)
             stream = self._rag.stream(question, chunks=chunks, params=params, history=history)
             for data in _step_events(stream):
                 dispatch_custom_event(STEP_EVENT, data, config=config)
@@ -241,8 +240,9 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         async for input in inputs:
             question, k, history = self._parse(input, k)
             callbacks = run_manager.get_child()
-            query = _retrieval_query(question, history)
-            chunks = await _sources.aretrieve(self._rag, self._source, query, k, callbacks)
+            chunks = await _sources.aretrieve(
+                self._rag, self._source, question, history, k, callbacks
+            )
             stream = await self._rag.astream(
                 question, chunks=chunks, params=params, history=history
             )
@@ -326,11 +326,6 @@ class RAGOutput(BaseModel):
 
 def _question(input: dict[str, Any]) -> Any:
     return input.get("input", input.get("question"))
-
-
-def _retrieval_query(question: str, history: list[tuple[str, str]]) -> str:
-    """What the retriever searches for: the earlier questions and this one (as AdaRAG does)."""
-    return "\n".join([*(asked for asked, _ in history), question])
 
 
 def _head(question: str, stream: AnswerStream) -> AddableDict:
