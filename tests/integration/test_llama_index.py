@@ -288,6 +288,15 @@ def test_prompt_templates_are_exposed_and_updated(kb_rag, knowledge_base):
     assert engine.query(LOTHAIR_QUESTION).response
     with pytest.raises(ConfigError, match="context_str"):
         engine.update_prompts({"text_qa_template": PromptTemplate("Q: {query_str}")})
+    # the key LlamaIndex's guides use for query engines updates the same template
+    terse = PromptTemplate("Notes:\n{context_str}\nShort answer. Q: {query_str}")
+    engine.update_prompts({"response_synthesizer:text_qa_template": terse})
+    assert engine.rag.config.prompt.context_intro == "Notes:\n"
+    assert set(engine.get_prompts()) == {"text_qa_template"}
+    # a refine template would never be used: refused, the QA template kept
+    with pytest.raises(ConfigError, match=r"\['refine_template'\] would not be used"):
+        engine.update_prompts({"refine_template": terse})
+    assert engine.get_prompts()["text_qa_template"].get_template() == terse.get_template()
 
 
 def test_unrelated_question_gets_no_context_and_no_sources(engine):

@@ -24,7 +24,7 @@ from llama_index.core.instrumentation.events.synthesis import (
 )
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.prompts import BasePromptTemplate
-from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
+from llama_index.core.prompts.mixin import PromptDictType, PromptMixin, PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.packs.adarag.chat_engine import AdaptiveChatEngine
 from llama_index.packs.adarag.llm_events import GenerationEvents
@@ -37,12 +37,20 @@ from llama_index.packs.adarag.response import (
 )
 from llama_index.packs.adarag.retriever import AdaRagRetriever
 
-from adarag import AdaRAG, Answer, AnswerStream, AsyncAnswerStream, GenerationParams
+from adarag import (
+    AdaRAG,
+    Answer,
+    AnswerStream,
+    AsyncAnswerStream,
+    ConfigError,
+    GenerationParams,
+)
 from adarag.retrievers import ChromaRetriever, KnowledgeBase, SentenceEmbedder
 
 dispatcher = instrument.get_dispatcher(__name__)
 
 QA_PROMPT_KEY = "text_qa_template"
+SYNTHESIZER_MODULE = "response_synthesizer"
 
 
 class AdaptiveCachedQueryEngine(BaseQueryEngine):
@@ -207,13 +215,20 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         return {QA_PROMPT_KEY: self._qa_template}
 
     def _update_prompts(self, prompts: PromptDictType) -> None:
-        if QA_PROMPT_KEY in prompts:
-            template = prompts[QA_PROMPT_KEY]
+        own = {key: value for key, value in prompts.items() if ":" not in key}
+        unused = sorted(set(own) - {QA_PROMPT_KEY})
+        if unused:
+            raise ConfigError(
+                f"{unused} would not be used: adarag answers in one pass over the chunks it "
+                f"keeps (LlamaIndex's compact mode) with {QA_PROMPT_KEY!r} only; update that one"
+            )
+        if QA_PROMPT_KEY in own:
+            template = own[QA_PROMPT_KEY]
             self._rag = self._base_rag.with_config(prompt=prompt_overrides(template))
             self._qa_template = template
 
     def _get_prompt_modules(self) -> PromptMixinType:
-        return {}
+        return {SYNTHESIZER_MODULE: _SynthesizerPrompts(self)}
 
     # --- retrieve / synthesize
 
@@ -348,3 +363,22 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         async for delta in events.arelay(stream):
             yield delta
         self._record_usage(await stream.answer(), metadata, query_bundle)
+
+
+class _SynthesizerPrompts(PromptMixin):
+    """The QA template under ``response_synthesizer:text_qa_template``.
+
+    The key LlamaIndex's guides use for query engines; listed once, as ``text_qa_template``.
+    """
+
+    def __init__(self, engine: AdaptiveCachedQueryEngine) -> None:
+        self._engine = engine
+
+    def _get_prompts(self) -> PromptDictType:
+        return {}
+
+    def _update_prompts(self, prompts: PromptDictType) -> None:
+        self._engine._update_prompts(prompts)
+
+    def _get_prompt_modules(self) -> PromptMixinType:
+        return {}
