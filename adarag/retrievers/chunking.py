@@ -235,24 +235,44 @@ def read_passages(paths: Iterable[str | Path]) -> list[Chunk]:
 def split_by_tokens(
     text: str, token_spans: TokenSpans, chunk_tokens: int, overlap_tokens: int
 ) -> list[str]:
-    """Windows of ``chunk_tokens`` tokens of ``text``, neighbours sharing ``overlap_tokens``.
+    """Windows of at most ``chunk_tokens`` tokens of ``text``, cut between words.
 
-    Each window is the original text from its first token's start to its last token's end.
+    A window ends before the last token within its budget that starts a word (so "Marta
+    Kowalski" is never cut inside a name); neighbours share about ``overlap_tokens`` tokens,
+    the next window also starting at a word. Only a single word longer than the budget is cut
+    inside. Each window is the original text from its first token's start to its last token's
+    end.
     """
     assert 0 <= overlap_tokens < chunk_tokens, f"overlap {overlap_tokens} >= {chunk_tokens}"
     spans = list(token_spans(text))
     if not spans:
         return [text.strip()] if text.strip() else []
-    stride = chunk_tokens - overlap_tokens
+    starts_word = [idx == 0 or _after_space(text, spans[idx][0]) for idx in range(len(spans))]
+    num_tokens = len(spans)
     chunks: list[str] = []
-    for start_idx in range(0, len(spans), stride):
-        end_idx = min(start_idx + chunk_tokens, len(spans))
-        piece = text[spans[start_idx][0] : spans[end_idx - 1][1]].strip()
+    start = 0
+    while start < num_tokens:
+        end = min(start + chunk_tokens, num_tokens)
+        if end < num_tokens:
+            cut = end
+            while cut > start + 1 and not starts_word[cut]:
+                cut -= 1
+            end = cut if starts_word[cut] else end  # no word boundary: one over-long word
+        piece = text[spans[start][0] : spans[end - 1][1]].strip()
         if piece:
             chunks.append(piece)
-        if end_idx == len(spans):
+        if end == num_tokens:
             break
+        next_start = max(end - overlap_tokens, start + 1)
+        while next_start < end and not starts_word[next_start]:
+            next_start += 1
+        start = next_start
     return chunks
+
+
+def _after_space(text: str, offset: int) -> bool:
+    """Whether a token starting at ``offset`` starts a word (whitespace at or before it)."""
+    return text[offset : offset + 1].isspace() or text[offset - 1 : offset].isspace()
 
 
 def tokenizer_spans(tokenizer: Any) -> TokenSpans:

@@ -6,6 +6,8 @@ import json
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adarag.errors import InputError
 from adarag.retrievers.chunking import expand_paths, read_source_file, split_by_tokens
@@ -35,6 +37,44 @@ def test_window_ends_exactly_at_the_text_end():
     text = " ".join(f"w{i}" for i in range(10))
     chunks = split_by_tokens(text, _word_spans, chunk_tokens=10, overlap_tokens=2)
     assert chunks == [text]
+
+
+def _subword_spans(text):
+    """Tokens of at most 3 characters, as subword tokenizers cut long words."""
+    spans = []
+    for match in re.finditer(r"\S+", text):
+        start, end = match.span()
+        spans += [(idx, min(idx + 3, end)) for idx in range(start, end, 3)]
+    return spans
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    words=st.lists(st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=12), min_size=1),
+    chunk_tokens=st.integers(2, 12),
+    overlap=st.integers(0, 11),
+)
+def test_windows_are_cut_between_words_and_cover_every_word(words, chunk_tokens, overlap):
+    overlap = min(overlap, chunk_tokens - 1)
+    text = " ".join(words)
+    chunks = split_by_tokens(text, _subword_spans, chunk_tokens, overlap)
+    longest = max(-(-len(word) // 3) for word in words)  # tokens of the longest word
+    for chunk in chunks:
+        run = chunk.split()
+        whole_words = any(words[i : i + len(run)] == run for i in range(len(words)))
+        # cut inside a word only when that word alone is longer than the budget
+        assert whole_words or longest > chunk_tokens
+        assert len(_subword_spans(chunk)) <= chunk_tokens
+    if longest <= chunk_tokens:
+        assert {w for chunk in chunks for w in chunk.split()} == set(words)
+    assert chunks[-1].endswith(words[-1][-1])
+
+
+def test_a_name_is_never_split_across_windows():
+    text = "The founder is Marta Kowalski and she lived in Lyon"
+    chunks = split_by_tokens(text, _subword_spans, chunk_tokens=9, overlap_tokens=2)
+    assert all("Marta" in chunk for chunk in chunks if "Kow" in chunk)
+    assert all(chunk.split()[-1] in text.split() for chunk in chunks)
 
 
 def test_jsonl_passages_and_qa_records_become_documents(tmp_path):
