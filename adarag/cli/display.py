@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import TextIO
 
 from adarag.pipeline.stream import AnswerStream
@@ -37,6 +38,26 @@ def describe(answer: Answer) -> list[str]:
 
 
 def _label(chunk: Chunk) -> str:
-    name = chunk.metadata.get("title") or chunk.metadata.get("source") or chunk.chunk_id
+    """Score, then where the chunk is from: file, chunk number in the file, title.
+
+    The file is shown relative to the working directory when under it; the chunk id when
+    nothing else is known.
+    """
+    metadata = chunk.metadata
+    parts = []
+    if metadata.get("source"):
+        parts.append(_shown_path(str(metadata["source"])))
+    if isinstance(metadata.get("chunk_idx"), int) and metadata.get("file_num_chunks"):
+        parts.append(f"chunk {metadata['chunk_idx'] + 1}/{metadata['file_num_chunks']}")
+    if metadata.get("title"):
+        parts.append(repr(str(metadata["title"])))
     score = f"[{chunk.score:.2f}] " if chunk.score is not None else ""
-    return f"{score}{name}"
+    return score + (", ".join(parts) or str(chunk.chunk_id))
+
+
+def _shown_path(source: str) -> str:
+    path = Path(source)
+    try:
+        return str(path.relative_to(Path.cwd())) if path.is_absolute() else source
+    except ValueError:
+        return source

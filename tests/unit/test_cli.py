@@ -40,3 +40,16 @@ def test_every_example_in_the_help_parses():
     for command in commands:
         args = parser.parse_args(shlex.split(command)[1:])
         assert args.command == shlex.split(command)[1]
+
+
+def test_a_source_names_its_file_chunk_and_title(tmp_path, monkeypatch):
+    from adarag.cli.display import _label
+    from adarag.schema import Chunk
+
+    monkeypatch.chdir(tmp_path)
+    metadata = {"source": str(tmp_path / "notes" / "a.md"), "chunk_idx": 2, "file_num_chunks": 7}
+    chunk = Chunk("text", chunk_id="c1", score=0.5, metadata={**metadata, "title": "Lyon"})
+    assert _label(chunk) == "[0.50] notes/a.md, chunk 3/7, 'Lyon'"
+    elsewhere = Chunk("text", chunk_id="c2", metadata={"source": "/elsewhere/b.md"})
+    assert _label(elsewhere) == "/elsewhere/b.md"
+    assert _label(Chunk("text", chunk_id="c3")) == "c3"
