@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 
@@ -15,6 +16,7 @@ from langchain_adarag import (  # noqa: E402
     ChatAdaRag,
 )
 from langchain_core.callbacks import BaseCallbackHandler, UsageMetadataCallbackHandler  # noqa: E402
+from langchain_core.documents import Document  # noqa: E402
 from langchain_core.prompts import ChatPromptTemplate, PromptTemplate  # noqa: E402
 from langchain_core.runnables import (
     ConfigurableField,
@@ -242,6 +244,16 @@ def test_a_history_aware_runnable_retriever_gets_the_conversation(kb_rag):
     assert [m.type for m in inputs["chat_history"]] == ["human", "ai"]
     assert [doc.metadata["source"] for doc in out["context"]] == ["bells"]
     assert chain.as_retriever().invoke("Which river flows through Quenby?")
+
+
+def test_warming_vector_store_documents_caches_their_kv(kb_rag):
+    tag = uuid.uuid4().hex[:8]  # texts no other test has cached
+    documents = [Document(f"The {tag} mill grinds rye for Oster."), Document(f"Oster {tag} fair.")]
+    chain = AdaptiveCachedRAG(rag=kb_rag)
+    ids = [kb_rag.prompts.chunk_ids(doc.page_content) for doc in documents]
+    assert not any(kb_rag.cache.has_independent(i) for i in ids)
+    assert chain.warm(documents) == 2 and chain.warm(documents) == 0
+    assert all(kb_rag.cache.has_independent(i) for i in ids)
 
 
 def test_unrelated_question_gets_no_context(chain):

@@ -227,6 +227,22 @@ def test_the_chat_engine_reports_its_turns_to_the_model(engine):
     assert end.response.message.content == second.response
 
 
+def test_warming_indexed_nodes_makes_their_first_query_a_cache_hit(kb_rag):
+    tag = uuid.uuid4().hex[:8]  # texts no other test has cached
+    documents = [
+        Document(text=f"The {tag} lighthouse stands on Vell island, built in 1871."),
+        Document(text=f"Vell island's {tag} ferry leaves every morning at seven."),
+    ]
+    index = VectorStoreIndex.from_documents(documents, embed_model=AdaRagEmbedding())
+    engine = AdaptiveCachedQueryEngine.from_index(index, kb_rag, similarity_top_k=2)
+    nodes = list(index.docstore.docs.values())
+    assert engine.warm(nodes) == len(nodes) == 2
+    assert engine.warm(nodes) == 0  # already cached
+    response = engine.query(f"When was the {tag} lighthouse built?")
+    tiers = [tier for step in response.metadata["adarag"]["steps"] for tier in step["tiers"]]
+    assert tiers and "miss" not in tiers
+
+
 def test_from_vector_store_index_over_the_adarag_collection(kb_rag, knowledge_base):
     store = ChromaVectorStore(chroma_collection=knowledge_base.collection)
     index = VectorStoreIndex.from_vector_store(store, embed_model=AdaRagEmbedding())

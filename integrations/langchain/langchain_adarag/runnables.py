@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
@@ -131,6 +131,15 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
     def as_retriever(self, k: int | None = None) -> AdaptiveCachedRetriever:
         """A retriever returning the chunks adaptive augmentation keeps for a question."""
         return AdaptiveCachedRetriever(rag=self._rag, retriever=self._source, k=k or self.k)
+
+    def warm(self, documents: Iterable[Document]) -> int:
+        """Precompute the chunk KV of documents; returns how many were new.
+
+        E.g. the documents added to a vector store: a later question that retrieves them
+        finds their KV in the cache instead of computing it in full. Entries go to the disk
+        tier and survive restarts.
+        """
+        return self._rag.warm([d.page_content for d in documents if d.page_content.strip()])
 
     def as_chat_model(self) -> ChatAdaRag:
         """The same model as a LangChain chat model."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Generator, Iterable
 from typing import Any
 
 import llama_index.core.instrumentation as instrument
@@ -25,7 +25,7 @@ from llama_index.core.instrumentation.events.synthesis import (
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixin, PromptMixinType
-from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from llama_index.packs.adarag.chat_engine import AdaptiveChatEngine
 from llama_index.packs.adarag.llm_events import GenerationEvents
 from llama_index.packs.adarag.prompts import prompt_overrides, template_from_config
@@ -196,6 +196,17 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         rag = rag or AdaRAG()
         top_k = similarity_top_k or rag.config.retrieval.top_k
         return cls(AdaRagRetriever(knowledge_base, top_k), rag, **kwargs)
+
+    def warm(self, nodes: Iterable[BaseNode | NodeWithScore]) -> int:
+        """Precompute the chunk KV of nodes indexed by LlamaIndex; returns how many were new.
+
+        The text is the one a query sends (``get_content(metadata_mode=LLM)``), so a later
+        query finds every warmed node in the cache instead of computing it in full. E.g.
+        ``engine.warm(index.docstore.docs.values())`` after ``VectorStoreIndex.from_documents``.
+        Entries go to the disk tier and survive restarts.
+        """
+        scored = [n if isinstance(n, NodeWithScore) else NodeWithScore(node=n) for n in nodes]
+        return self._rag.warm(chunks_from_nodes(scored))
 
     def as_chat_engine(self, max_turns: int = 2) -> AdaptiveChatEngine:
         """A chat engine over this engine, carrying earlier turns as chat turns.
