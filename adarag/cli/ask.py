@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from adarag.cli.display import describe, stream_answer
-from adarag.cli.options import add_model_arguments, build_config
+from adarag.cli.options import add_model_arguments, build_config, positive_int
 from adarag.errors import InputError
 from adarag.pipeline import AdaRAG
 from adarag.retrievers.chunking import read_passages
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: cache.independent.recompute_ratio)",
     )
     parser.add_argument("--full", action="store_true", help="full prefill (no reuse) instead")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=48)
     add_model_arguments(parser)
 
 
@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         cache["independent"] = {"recompute_ratio": args.ratio}
     if args.full:
         cache = {tier: {"enabled": False} for tier in ("hard", "soft", "independent")}
-    config = build_config(args, cache=cache, augment={"enabled": False})
+    flags = {"cache.independent.recompute_ratio": "--ratio"}
+    config = build_config(args, flags, cache=cache, augment={"enabled": False})
     chunks = read_passages(args.chunks)
     if not chunks:
         raise InputError("no chunks given; pass at least one file or passage")

@@ -11,7 +11,7 @@ from pathlib import Path
 from adarag.augment.agreement import fit_agreement
 from adarag.augment.calibrate import CalibrationFit, fit
 from adarag.augment.confidence import ConfidenceParams, LensConfidence
-from adarag.cli.options import add_model_arguments, build_config
+from adarag.cli.options import add_model_arguments, build_config, positive_int
 from adarag.data import demo_corpus, demo_questions
 from adarag.errors import InputError
 from adarag.evaluation.plots import plot_reliability, plot_tradeoff
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: the bundled questions over the bundled corpus",
     )
     parser.add_argument("--offset", type=int, default=0, help="skip this many questions per file")
-    parser.add_argument("--questions", type=int, default=20, help="questions per file")
+    parser.add_argument("--questions", type=positive_int, default=20, help="questions per file")
     parser.add_argument("--chunks", type=int, default=6, help="k, chunks retrieved per question")
     parser.add_argument(
         "--cost-weight", type=float, default=0.3, help="objective: quality - w * cost ratio"
@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the profile's confidence constants (λ, τ, normalisers) and fit only the "
         "agreement rule over them",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=24)
     parser.add_argument("--output", type=Path, help="profile JSON to write (default: the home)")
     parser.add_argument("--plot", type=Path, help="trade-off curve PNG (default: beside it)")
     add_model_arguments(parser)

@@ -6,7 +6,13 @@ import argparse
 import sys
 
 from adarag.cli.display import describe, stream_answer
-from adarag.cli.options import add_knowledge_base_arguments, add_model_arguments, build_config
+from adarag.cli.options import (
+    add_knowledge_base_arguments,
+    add_model_arguments,
+    build_config,
+    non_negative_int,
+    positive_int,
+)
 from adarag.conversation import Conversation
 from adarag.errors import KnowledgeBaseError
 from adarag.pipeline import AdaRAG
@@ -19,8 +25,10 @@ EXIT_WORDS = frozenset({"exit", "quit", ":q"})
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--history-turns", type=int, default=2, help="turns carried forward")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
+    parser.add_argument(
+        "--history-turns", type=non_negative_int, default=2, help="turns carried forward"
+    )
     add_knowledge_base_arguments(parser)
     add_model_arguments(parser)
 

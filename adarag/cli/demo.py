@@ -7,7 +7,12 @@ from importlib import resources
 
 from adarag.cli.display import describe, stream_answer
 from adarag.cli.ingest import ingest_and_warm, warm_chunks
-from adarag.cli.options import add_knowledge_base_arguments, add_model_arguments, build_config
+from adarag.cli.options import (
+    add_knowledge_base_arguments,
+    add_model_arguments,
+    build_config,
+    positive_int,
+)
 from adarag.data import demo_questions
 from adarag.pipeline import AdaRAG
 from adarag.retrievers import KnowledgeBase
@@ -19,8 +24,8 @@ DEMO_COLLECTION = "adarag-demo"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
-    parser.add_argument("--questions", type=int, default=3, help="how many demo questions")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--questions", type=positive_int, default=3, help="how many demo questions")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=32)
     parser.add_argument(
         "--rewarm", action="store_true", help="precompute the KV of chunks stored by earlier runs"
     )

@@ -7,7 +7,29 @@ import json
 from typing import Any
 
 from adarag.config import AdaRagConfig
-from adarag.errors import InputError
+from adarag.errors import ConfigError, InputError
+
+_CONFIG_FIX = "fix the value in the configuration file or the override"
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+    return value
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,16 +39,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="'default' (smollm2-135m), 'qwen2.5-coder-0.5b' or a local Hugging Face checkpoint "
         "directory",
     )
-    parser.add_argument("--threads", type=int, help="CPU threads for torch")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads for torch")
 
 
 def add_knowledge_base_arguments(parser: argparse.ArgumentParser) -> None:
     """--collection, --chroma-dir, --chunk-tokens, --chunk-overlap, --top-k and --where."""
     parser.add_argument("--collection", help="Chroma collection (default: 'adarag')")
     parser.add_argument("--chroma-dir", help="Chroma directory (default: <home>/chroma)")
-    parser.add_argument("--chunk-tokens", type=int, help="model tokens per ingested chunk")
-    parser.add_argument("--chunk-overlap", type=int, help="tokens shared by adjacent chunks")
-    parser.add_argument("--top-k", type=int, help="chunks retrieved per question")
+    parser.add_argument("--chunk-tokens", type=positive_int, help="model tokens per ingested chunk")
+    parser.add_argument(
+        "--chunk-overlap", type=non_negative_int, help="tokens shared by adjacent chunks"
+    )
+    parser.add_argument("--top-k", type=positive_int, help="chunks retrieved per question")
     parser.add_argument(
         "--where",
         action="append",
@@ -45,21 +69,51 @@ _RETRIEVAL_ARGUMENTS = {
 }
 
 
-def build_config(args: argparse.Namespace, **overrides: Any) -> AdaRagConfig:
-    """The configuration from ``--config``, the model and knowledge-base options, and overrides."""
+def build_config(
+    args: argparse.Namespace, flags: dict[str, str] | None = None, **overrides: Any
+) -> AdaRagConfig:
+    """The configuration from ``--config``, the model and knowledge-base options, and overrides.
+
+    Args:
+        args: The parsed command line.
+        flags: Config fields (``"cache.independent.recompute_ratio"``) the command set from an
+            option of its own (``"--ratio"``) through ``overrides``.
+        **overrides: Config sections to override.
+
+    Raises:
+        ConfigError: A value is invalid; a value that came from an option is named by the
+            option.
+    """
     base = AdaRagConfig.from_file(args.config) if getattr(args, "config", None) else None
+    from_flags = dict(flags or {})
     engine: dict[str, Any] = dict(overrides.pop("engine", {}))
     if getattr(args, "model", None):
         engine["model"] = args.model
+        from_flags["engine.model"] = "--model"
     if getattr(args, "threads", None):
         engine["num_threads"] = args.threads
+        from_flags["engine.num_threads"] = "--threads"
     retrieval: dict[str, Any] = dict(overrides.pop("retrieval", {}))
     for option, field in _RETRIEVAL_ARGUMENTS.items():
         if getattr(args, option, None) is not None:
             retrieval[field] = getattr(args, option)
+            from_flags[f"retrieval.{field}"] = "--" + option.replace("_", "-")
     if getattr(args, "where", None):
         retrieval["where"] = dict(_metadata_pair(item) for item in args.where)
-    return AdaRagConfig.build(base, engine=engine, retrieval=retrieval, **overrides)
+    try:
+        return AdaRagConfig.build(base, engine=engine, retrieval=retrieval, **overrides)
+    except ConfigError as err:
+        raise ConfigError(_name_options(str(err), from_flags)) from err
+
+
+def _name_options(message: str, flags: dict[str, str]) -> str:
+    """A config error that names the command-line options behind the bad values."""
+    named = [flag for field, flag in flags.items() if f"{field}:" in message]
+    for field, flag in flags.items():
+        message = message.replace(f"{field}:", f"{flag} (config field {field}):")
+    if named:
+        message = message.replace(_CONFIG_FIX, f"fix {' and '.join(named)}")
+    return message
 
 
 def _metadata_pair(item: str) -> tuple[str, Any]:

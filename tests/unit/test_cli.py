@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from adarag.cli.options import add_knowledge_base_arguments, build_config
-from adarag.errors import InputError
+from adarag.errors import ConfigError, InputError
 
 
 def _parse(argv):
@@ -53,3 +53,32 @@ def test_a_source_names_its_file_chunk_and_title(tmp_path, monkeypatch):
     elsewhere = Chunk("text", chunk_id="c2", metadata={"source": "/elsewhere/b.md"})
     assert _label(elsewhere) == "/elsewhere/b.md"
     assert _label(Chunk("text", chunk_id="c3")) == "c3"
+
+
+def test_a_bad_option_value_is_named_by_its_option():
+    # a value from a command-line option is reported as that option, not as a config field
+    with pytest.raises(ConfigError, match=r"--top-k \(config field retrieval.top_k\).*fix --top-k"):
+        build_config(_parse(["--chunk-overlap", "400", "--top-k", "65"]))
+    args = _parse([])
+    with pytest.raises(ConfigError, match=r"--ratio \(config field .*recompute_ratio\)"):
+        build_config(
+            args,
+            {"cache.independent.recompute_ratio": "--ratio"},
+            cache={"independent": {"recompute_ratio": 2.0}},
+        )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["ask", "q?", "f.txt", "--max-new-tokens", "0"], "--max-new-tokens: must be at least 1"),
+        (["chat", "--history-turns", "-1"], "--history-turns: must be at least 0"),
+        (["chat", "--top-k", "two"], "--top-k: expected a whole number, got 'two'"),
+    ],
+)
+def test_numeric_options_are_checked_when_parsed(argv, message, capsys):
+    from adarag.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
