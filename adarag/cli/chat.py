@@ -11,12 +11,11 @@ from adarag.cli.options import (
     add_model_arguments,
     build_config,
     non_negative_int,
+    open_knowledge_base,
     positive_int,
 )
 from adarag.conversation import Conversation
-from adarag.errors import KnowledgeBaseError
 from adarag.pipeline import AdaRAG
-from adarag.retrievers import KnowledgeBase
 from adarag.schema import GenerationParams
 
 HELP = "chat with the knowledge base; each answer shows its sources, TTFT and cache tiers"
@@ -37,12 +36,7 @@ def run(args: argparse.Namespace) -> int:
     """Read messages until EOF or 'exit'; answer each from the knowledge base."""
     config = build_config(args)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    with KnowledgeBase.from_config(config, create=False) as kb:
-        if kb.count() == 0:
-            raise KnowledgeBaseError(
-                f"the knowledge base (collection {config.retrieval.collection!r}) is empty; "
-                "add documents first with `adarag ingest PATH...` (or run `adarag demo`)"
-            )
+    with open_knowledge_base(config) as kb:
         rag = AdaRAG(config, retriever=kb)
         _ = rag.generator  # load the model before the first prompt
         conversation = Conversation(max_turns=args.history_turns)

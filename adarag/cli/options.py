@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from adarag.config import AdaRagConfig
-from adarag.errors import ConfigError, InputError
+from adarag.errors import ConfigError, InputError, KnowledgeBaseError
+from adarag.retrievers import KnowledgeBase
 
 _CONFIG_FIX = "fix the value in the configuration file or the override"
 
@@ -129,3 +130,19 @@ def _metadata_pair(item: str) -> tuple[str, Any]:
         return key.strip(), json.loads(value)
     except json.JSONDecodeError:
         return key.strip(), value
+
+
+def open_knowledge_base(config: AdaRagConfig) -> KnowledgeBase:
+    """The configured knowledge base, for reading (never created).
+
+    Raises:
+        KnowledgeBaseError: There is no such collection, or it is empty.
+    """
+    kb = KnowledgeBase.from_config(config, create=False)
+    if kb.count() == 0:
+        kb.close()
+        raise KnowledgeBaseError(
+            f"the knowledge base (collection {config.retrieval.collection!r}) is empty; "
+            "add documents first with `adarag ingest PATH...` (or run `adarag demo`)"
+        )
+    return kb

@@ -163,6 +163,12 @@ def test_cli_ingest_then_chat_shows_sources_ttft_and_tiers(
     assert tiers is not None, out
     assert "miss" in tiers[1]  # not warmed (--no-warm): the last chunk added is computed in full
     assert tiers[4] in ("confident", "exhausted", "static")  # static: no calibrated agreement τ
+    # one question without files: answered from the same knowledge base, sources named
+    assert main(["ask", LOTHAIR_QUESTION, "--max-new-tokens", "4", *common]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"source 1: \[0\.\d+\] .*{corpus_path.name}, chunk \d+/\d+", out), out
+    assert main(["ask", LOTHAIR_QUESTION, "--ratio", "0.5", *common]) == 2
+    assert "--ratio and --full apply to given files" in capsys.readouterr().err
 
 
 def test_cli_prune_forgets_deleted_files_and_chat_refuses_a_mistyped_collection(
