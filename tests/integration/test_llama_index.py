@@ -376,6 +376,17 @@ def test_node_postprocessors_choose_the_candidate_chunks(kb_rag, knowledge_base)
     assert not cutoff.query(LOTHAIR_QUESTION).source_nodes  # nothing passes: no context
 
 
+def test_synthesis_options_other_than_one_pass_are_refused(kb_rag, knowledge_base):
+    def build(**kwargs):
+        return AdaptiveCachedQueryEngine.from_knowledge_base(knowledge_base, kb_rag, **kwargs)
+
+    assert build(response_mode="compact").retrieve(QueryBundle(LOTHAIR_QUESTION))
+    with pytest.raises(ConfigError, match="response_mode 'refine' is not supported"):
+        build(response_mode="refine")
+    with pytest.raises(ConfigError, match="response_synthesizer is not supported"):
+        build(response_synthesizer=object())
+
+
 def test_the_engine_serves_as_a_query_engine_tool(engine):
     tool = QueryEngineTool.from_defaults(engine, name="wiki", description="Answers from a wiki.")
     output = tool.call(LOTHAIR_QUESTION)

@@ -51,6 +51,7 @@ dispatcher = instrument.get_dispatcher(__name__)
 
 QA_PROMPT_KEY = "text_qa_template"
 SYNTHESIZER_MODULE = "response_synthesizer"
+ONE_PASS_MODES = ("compact", "simple_summarize")
 
 
 class AdaptiveCachedQueryEngine(BaseQueryEngine):
@@ -96,10 +97,15 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         temperature: Sampling temperature; 0 is greedy.
         node_postprocessors: Applied in order to the retrieved nodes (filters, rerankers);
             what they keep, in their order, are the candidate chunks.
+        response_mode: ``"compact"`` (or ``"simple_summarize"``): one pass over the kept
+            chunks, the only synthesis adarag does; other modes are refused.
         callback_manager: Legacy callbacks; ``Settings.callback_manager`` when None.
+        response_synthesizer: Refused (adarag synthesises itself); accepted as a keyword so
+            code written for ``RetrieverQueryEngine`` gets a clear error.
 
     Raises:
-        ConfigError: The QA template cannot be laid out as adarag segments.
+        ConfigError: The QA template cannot be laid out as adarag segments, or a synthesis
+            option other than one pass is asked for.
     """
 
     def __init__(
@@ -112,8 +118,20 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         max_new_tokens: int = 64,
         temperature: float = 0.0,
         node_postprocessors: list[BaseNodePostprocessor] | None = None,
+        response_mode: str = "compact",
         callback_manager: CallbackManager | None = None,
+        response_synthesizer: Any = None,
     ) -> None:
+        if str(getattr(response_mode, "value", response_mode)) not in ONE_PASS_MODES:
+            raise ConfigError(
+                f"response_mode {response_mode!r} is not supported: adarag answers in one pass "
+                f"over the chunks it keeps ({' / '.join(ONE_PASS_MODES)}); drop the argument"
+            )
+        if response_synthesizer is not None:
+            raise ConfigError(
+                "response_synthesizer is not supported: adarag's own synthesis reuses the "
+                "chunks' KV; set text_qa_template (or update_prompts) to change the prompt"
+            )
         self._retriever = retriever
         self._postprocessors = list(node_postprocessors or [])
         self._base_rag = rag or AdaRAG()
