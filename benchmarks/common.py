@@ -5,13 +5,21 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from adarag.evaluation.machine import machine
 
-__all__ = ["DEFAULT_DATA_DIR", "machine", "load_jsonl", "timed", "summary", "write_results"]
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "machine",
+    "load_jsonl",
+    "musique_prompts",
+    "timed",
+    "summary",
+    "write_results",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data"
@@ -25,6 +33,24 @@ def load_jsonl(name: str, data_dir: Path | None = None, limit: int | None = None
         raise SystemExit(f"data file {path} not found; pass --data-dir")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return rows[:limit] if limit else rows
+
+
+def musique_prompts(
+    rag: Any, data_dir: Path | None, questions: int, passages: int
+) -> Iterator[tuple[dict, Any, Any, list[Any]]]:
+    """Per musique question: its row, prompt, system KV and each chunk's independent KV.
+
+    The prompt holds the question's first ``passages`` passages; the KV is computed as ingest
+    computes it (untimed).
+    """
+    from adarag.evaluation.reuse import independent_chunks
+
+    for row in load_jsonl("musique_dev.jsonl", data_dir, questions):
+        layout = rag.prompts.layout(
+            row["question"], [p["text"] for p in row["passages"][:passages]]
+        )
+        system_kv, chunk_kvs = independent_chunks(rag.generator, layout)
+        yield row, layout, system_kv, chunk_kvs
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

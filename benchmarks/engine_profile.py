@@ -15,12 +15,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from common import load_jsonl, machine, write_results
+from common import machine, musique_prompts, write_results
 from torch.profiler import ProfilerActivity, profile
 
 from adarag import AdaRAG
 from adarag.config import AdaRagConfig
-from adarag.evaluation.reuse import independent_chunks, reuse_sources
+from adarag.evaluation.reuse import reuse_sources
 
 FAMILIES = (
     ("GEMM (projections, MLP, LM head)", ("aten::addmm", "aten::mm", "aten::linear", "aten::bmm")),
@@ -94,14 +94,11 @@ def main() -> None:
 
     rag = AdaRAG(AdaRagConfig.model_validate({"engine": {"dtype": args.dtype}}))
     generator = rag.generator
-    rows = load_jsonl("musique_dev.jsonl", args.data_dir, args.questions)
     results: dict[str, list[tuple[float, dict[str, float], list]]] = defaultdict(list)
     num_tokens = []
-    for row in rows:
-        passages = [p["text"] for p in row["passages"][: args.passages]]
-        layout = rag.prompts.layout(row["question"], passages)
+    prompts = musique_prompts(rag, args.data_dir, args.questions, args.passages)
+    for _, layout, system_kv, chunk_kvs in prompts:
         num_tokens.append(layout.num_tokens)
-        system_kv, chunk_kvs = independent_chunks(generator, layout)
         sources = reuse_sources(system_kv, chunk_kvs, 0.15)
         prefill = generator.prefill(layout, max_new_tokens=args.decode_tokens + 1)
 
@@ -126,7 +123,7 @@ def main() -> None:
             results[f"decode x{args.decode_tokens}"].append(profiled(decode, args.repeats))
 
     lines = [
-        f"Engine op profile ({args.dtype}), {len(rows)} musique questions x {args.passages} "
+        f"Engine op profile ({args.dtype}), {len(num_tokens)} musique questions x {args.passages} "
         f"passages (mean {statistics.fmean(num_tokens):.0f} tokens); self CPU seconds per run.",
         f"Machine: {machine()['cpu']}, {machine()['cores']} cores, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads.",

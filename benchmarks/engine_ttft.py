@@ -31,13 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import load_jsonl, machine, summary, timed, write_results
+from common import machine, musique_prompts, summary, timed, write_results
 from transformers import AutoModelForCausalLM
 
 from adarag import AdaRAG
 from adarag.config import RecomputeConfig
 from adarag.engine.generator import Generator
-from adarag.evaluation.reuse import independent_chunks, reuse_sources
+from adarag.evaluation.reuse import reuse_sources
 
 RATIOS = (0.0, 0.15, 0.3, 1.0)
 
@@ -156,18 +156,15 @@ def main() -> None:
             "vllm_kv_cache_bytes": int(args.kv_cache_gib * 2**30),
         }
         vllm = VLLMTimer(engine, args.decode_tokens)
-    rows = load_jsonl("musique_dev.jsonl", args.data_dir, args.questions)
     fused_names = [f"fused@{r}{rule}" for r in RATIOS for rule in rules]
     times: dict[str, list[float]] = {"hf": [], "full": [], **{name: [] for name in fused_names}}
     decode: dict[str, list[float]] = {"hf": [], "ours": []}
     if vllm is not None:
         times["vllm_full"], decode["vllm"] = [], []
     num_tokens = []
-    for row in rows:
-        passages = [p["text"] for p in row["passages"][: args.passages]]
-        layout = rag.prompts.layout(row["question"], passages)
+    prompts = musique_prompts(rag, args.data_dir, args.questions, args.passages)
+    for row, layout, system_kv, chunk_kvs in prompts:
         num_tokens.append(layout.num_tokens)
-        system_kv, chunk_kvs = independent_chunks(generator, layout)
         token_ids = torch.tensor([layout.token_ids])
         variants = {
             "hf": lambda token_ids=token_ids: hf_model(token_ids, logits_to_keep=1).logits.argmax(),
@@ -213,7 +210,8 @@ def main() -> None:
     info = machine()
     reference = "vllm_full" if "vllm_full" in stats else "full"
     lines = [
-        f"Engine speed ({args.dtype}), {len(rows)} musique questions x {args.passages} passages "
+        f"Engine speed ({args.dtype}), {len(num_tokens)} musique questions x "
+        f"{args.passages} passages "
         f"(mean {statistics.fmean(num_tokens):.0f} tokens), {args.repeats} interleaved runs each"
         f"; selection: {', '.join(args.rules) or 'the default'}.",
         f"Machine: {info['cpu']}, {info['cores']} cores, {info['torch_threads']} torch threads, "

@@ -24,10 +24,10 @@ import uuid
 from pathlib import Path
 
 import torch
-from common import load_jsonl, machine, summary, write_results
+from common import machine, musique_prompts, summary, write_results
 
 from adarag import AdaRAG
-from adarag.evaluation.reuse import independent_chunks, reuse_sources
+from adarag.evaluation.reuse import reuse_sources
 from adarag.schema import GenerationParams
 
 FIRST_TOKEN = GenerationParams(max_new_tokens=1)
@@ -64,18 +64,15 @@ def main() -> None:
     startup = {"vllm_engine_s": vllm.startup_s, "generator_s": time.perf_counter() - started}
     print(f"start-up: vLLM {startup['vllm_engine_s']:.1f} s, all {startup['generator_s']:.1f} s")
 
-    rows = load_jsonl("musique_dev.jsonl", args.data_dir, args.questions)
     connectors = [f"connector@{ratio}" for ratio in args.ratios]
     times: dict[str, list[float]] = {"vllm_full": [], "vllm_prefix_cache": []}
     times |= {name: [] for name in connectors}
     fusion_s: dict[str, list[float]] = {name: [] for name in connectors}
     cached: dict[str, list[int | None]] = {name: [] for name in times}
     num_tokens = []
-    for row in rows:
-        passages = [p["text"] for p in row["passages"][: args.passages]]
-        layout = rag.prompts.layout(row["question"], passages)
+    prompts = musique_prompts(rag, args.data_dir, args.questions, args.passages)
+    for row, layout, system_kv, chunk_kvs in prompts:
         num_tokens.append(layout.num_tokens)
-        system_kv, chunk_kvs = independent_chunks(generator, layout)
         salt = uuid.uuid4().hex
         first_token_s(time.perf_counter(), vllm.generate(layout.token_ids, FIRST_TOKEN, salt))
         for _ in range(args.repeats):
@@ -106,7 +103,7 @@ def main() -> None:
     load_after = os.getloadavg()
     info = machine()
     lines = [
-        f"vLLM TTFT, {len(rows)} musique questions x {args.passages} passages "
+        f"vLLM TTFT, {len(num_tokens)} musique questions x {args.passages} passages "
         f"(mean {statistics.fmean(num_tokens):.0f} tokens), {args.repeats} interleaved runs each; "
         "first generated token.",
         f"Machine: {info['cpu']}, {info['cores']} cores, {info['torch_threads']} torch threads, "
