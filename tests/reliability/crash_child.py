@@ -7,7 +7,9 @@ of work done (``warmed i``, ``answered i``) so the test can pick a moment to ``k
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 from adarag import AdaRAG, AdaRagConfig
 from adarag.cli import main as cli_main
@@ -29,6 +31,21 @@ def questions(count: int) -> list[tuple[str, list[str]]]:
     return [(f"where does river {idx} flow?", texts[idx : idx + 3]) for idx in range(count)]
 
 
+def slow_disk(seconds: float) -> None:
+    """Hold each staged entry for ``seconds`` before it is synced and renamed (a slow disk).
+
+    A small entry is otherwise staged for well under a millisecond, and a loaded machine may
+    finish the whole run before the test sees a staging file to kill the process in.
+    """
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        time.sleep(seconds)
+        real_fsync(fd)
+
+    os.fsync = fsync
+
+
 def _say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -37,6 +54,7 @@ def _say(line: str) -> None:
 def main(mode: str, config_path: str, arg: str | None) -> int:
     if mode == "ingest":
         return cli_main(["--config", config_path, "ingest", str(arg)])
+    slow_disk(0.02)
     rag = AdaRAG(AdaRagConfig.from_file(config_path))
     count = int(arg or 20)
     if mode == "warm":

@@ -216,9 +216,9 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         config: RunnableConfig,
         **options: Any,
     ) -> Iterator[AddableDict]:
-        params, k = self._options(options)
+        params, default_k = self._options(options)
         for input in inputs:
-            question, k, history = self._parse(input, k)
+            question, k, history = self._parse(input, default_k)
             callbacks = run_manager.get_child()
             chunks = _sources.retrieve(self._rag, self._source, question, history, k, callbacks)
             stream = self._rag.stream(question, chunks=chunks, params=params, history=history)
@@ -245,9 +245,9 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         config: RunnableConfig,
         **options: Any,
     ) -> AsyncIterator[AddableDict]:
-        params, k = self._options(options)
+        params, default_k = self._options(options)
         async for input in inputs:
-            question, k, history = self._parse(input, k)
+            question, k, history = self._parse(input, default_k)
             callbacks = run_manager.get_child()
             chunks = await _sources.aretrieve(
                 self._rag, self._source, question, history, k, callbacks
