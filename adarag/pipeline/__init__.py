@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from adarag.pipeline.prompt import retrieval_query
 from adarag.pipeline.rag import AdaRAG, CacheReport
 from adarag.pipeline.stream import NO_CONTEXT_ANSWER, AnswerStream, AsyncAnswerStream
 
-__all__ = ["NO_CONTEXT_ANSWER", "AdaRAG", "AnswerStream", "AsyncAnswerStream", "CacheReport"]
+__all__ = [
+    "NO_CONTEXT_ANSWER",
+    "AdaRAG",
+    "AnswerStream",
+    "AsyncAnswerStream",
+    "CacheReport",
+    "retrieval_query",
+]

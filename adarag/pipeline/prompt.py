@@ -201,6 +201,11 @@ class PromptBuilder:
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
 
+def retrieval_query(question: str, history: Sequence[Turn] = ()) -> str:
+    """What a conversation's question is retrieved with: the earlier questions, then this one."""
+    return "\n".join([*(asked for asked, _ in history), question])
+
+
 def check_text(text: object, what: str) -> None:
     """Raise :class:`InputError` unless ``text`` is a string the tokenizer can encode.
 

@@ -28,7 +28,7 @@ from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
 from adarag.errors import ConfigError, InputError
-from adarag.pipeline.prompt import PromptBuilder, Turn, check_text
+from adarag.pipeline.prompt import PromptBuilder, Turn, check_text, retrieval_query
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.pipeline.stream import (
     AnswerStream,
@@ -330,7 +330,7 @@ class AdaRAG:
         if not question.strip():
             raise InputError("the question is empty; pass a non-empty question")
         if chunks is None:
-            found = self.retrieve("\n".join([*(asked for asked, _ in history), question]), top_k)
+            found = self.retrieve(retrieval_query(question, history), top_k)
         else:
             found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
         retrieval_s = time.perf_counter() - started

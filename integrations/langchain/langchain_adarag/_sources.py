@@ -11,6 +11,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 
 from adarag import AdaRAG, Chunk, ConfigError, Retriever
+from adarag.pipeline import retrieval_query
 from adarag.retrievers import LangChainRetriever, chunks_from_documents
 from langchain_adarag._convert import document_from_chunk
 
@@ -53,11 +54,6 @@ def as_source(retriever: Any) -> Source | None:
             f"adarag Retriever, got {type(retriever).__name__}"
         )
     return retriever
-
-
-def retrieval_query(question: str, history: list[tuple[str, str]]) -> str:
-    """What a plain retriever searches for: the earlier questions and this one (as AdaRAG does)."""
-    return "\n".join([*(asked for asked, _ in history), question])
 
 
 def _source(rag: AdaRAG, source: Source | None) -> Source:

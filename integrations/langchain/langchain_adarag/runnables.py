@@ -92,7 +92,6 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
     """The retriever given (``retriever``), kept on rebuilds likewise."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
-    _rag: AdaRAG = PrivateAttr()
     _source: _sources.Source | None = PrivateAttr(default=None)
 
     def __init__(self, *, rag: AdaRAG | None = None, retriever: Any = None, **kwargs: Any) -> None:
@@ -119,18 +118,17 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
                     "Runnable on rag.with_config(...) instead of configuring adarag_config"
                 )
         super().__init__(pipeline=rag, source=retriever, **kwargs)
-        self._rag = rag or AdaRAG(self.adarag_config)
-        self.pipeline = self._rag
+        self.pipeline = rag or AdaRAG(self.adarag_config)
         self._source = _sources.as_source(retriever)
 
     @property
     def rag(self) -> AdaRAG:
         """The adarag pipeline."""
-        return self._rag
+        return self.pipeline
 
     def as_retriever(self, k: int | None = None) -> AdaptiveCachedRetriever:
         """A retriever returning the chunks adaptive augmentation keeps for a question."""
-        return AdaptiveCachedRetriever(rag=self._rag, retriever=self._source, k=k or self.k)
+        return AdaptiveCachedRetriever(rag=self.rag, retriever=self._source, k=k or self.k)
 
     def warm(self, documents: Iterable[Document]) -> int:
         """Precompute the chunk KV of documents; returns how many were new.
@@ -139,11 +137,11 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         finds their KV in the cache instead of computing it in full. Entries go to the disk
         tier and survive restarts.
         """
-        return self._rag.warm([d.page_content for d in documents if d.page_content.strip()])
+        return self.rag.warm([d.page_content for d in documents if d.page_content.strip()])
 
     def as_chat_model(self) -> ChatAdaRag:
         """The same model as a LangChain chat model."""
-        return ChatAdaRag(rag=self._rag, temperature=self.temperature)
+        return ChatAdaRag(rag=self.rag, temperature=self.temperature)
 
     # --- Runnable
 
@@ -220,13 +218,13 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         for input in inputs:
             question, k, history = self._parse(input, default_k)
             callbacks = run_manager.get_child()
-            chunks = _sources.retrieve(self._rag, self._source, question, history, k, callbacks)
-            stream = self._rag.stream(question, chunks=chunks, params=params, history=history)
+            chunks = _sources.retrieve(self.rag, self._source, question, history, k, callbacks)
+            stream = self.rag.stream(question, chunks=chunks, params=params, history=history)
             for data in _step_events(stream):
                 dispatch_custom_event(STEP_EVENT, data, config=config)
             yield _head(question, stream)
-            messages = run_messages(self._rag, question, history, list(stream.chunks))
-            run = ChatRun.start(callbacks, self._rag, messages, params)
+            messages = run_messages(self.rag, question, history, list(stream.chunks))
+            run = ChatRun.start(callbacks, self.rag, messages, params)
             try:
                 for delta in stream:
                     run.token(delta)
@@ -250,16 +248,14 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
             question, k, history = self._parse(input, default_k)
             callbacks = run_manager.get_child()
             chunks = await _sources.aretrieve(
-                self._rag, self._source, question, history, k, callbacks
+                self.rag, self._source, question, history, k, callbacks
             )
-            stream = await self._rag.astream(
-                question, chunks=chunks, params=params, history=history
-            )
+            stream = await self.rag.astream(question, chunks=chunks, params=params, history=history)
             for data in _step_events(stream.stream):
                 await adispatch_custom_event(STEP_EVENT, data, config=config)
             yield _head(question, stream.stream)
-            messages = run_messages(self._rag, question, history, list(stream.stream.chunks))
-            run = await AsyncChatRun.start(callbacks, self._rag, messages, params)
+            messages = run_messages(self.rag, question, history, list(stream.stream.chunks))
+            run = await AsyncChatRun.start(callbacks, self.rag, messages, params)
             try:
                 async for delta in stream:
                     await run.token(delta)
@@ -309,7 +305,7 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
                 f"unknown call option(s) {sorted(unknown)}; this chain takes "
                 f"{sorted(CALL_OPTIONS)} (e.g. chain.bind(max_new_tokens=32))"
             )
-        k = options.get("k", self.k) or self._rag.config.retrieval.top_k
+        k = options.get("k", self.k) or self.rag.config.retrieval.top_k
         params = GenerationParams(
             max_new_tokens=options.get("max_new_tokens", self.max_new_tokens),
             temperature=options.get("temperature", self.temperature),
