@@ -114,6 +114,25 @@ def test_first_requests_on_a_fresh_pipeline_share_one_cache(make_rag, monkeypatc
     ledger.record("concurrent requests", cases=len(requests))
 
 
+def _serial_and_seeded(make_rag, name, seed_value, count):
+    """A workload, its serial answers, and a seeded pipeline with its hit counts before."""
+    requests = workload(seed_value=seed_value, count=count)
+    expected = serial_results(make_rag("serial"), requests)
+    rag = make_rag(name)
+    seed(rag, PARAMS)
+    return requests, expected, rag, rag.cache_stats().tiers.hits.copy()
+
+
+def _check_against_serial(rag, before, requests, answers, expected, ledger):
+    """Concurrent answers equal the serial ones; the cache's accounting and tiers add up."""
+    got = [Result.of(answer) for answer in answers]
+    differing = sum(g != e for g, e in zip(got, expected, strict=True))
+    ledger.record("concurrent requests", cases=len(requests), wrong_answers=differing)
+    assert got == expected
+    check_accounting(rag, before, answers)
+    check_designed_tiers(requests, answers)
+
+
 def test_sixteen_threads_answer_as_a_serial_run(make_rag, ledger):
     """16 threads, queries and full streams mixed, on one pipeline: the serial run's answers.
 
@@ -121,12 +140,7 @@ def test_sixteen_threads_answer_as_a_serial_run(make_rag, ledger):
     warms chunks, the designed requests hit each tier whatever the order, and the random ones
     (several asked twice, maybe at once) share chunks and prefixes.
     """
-    requests = workload(seed_value=2, count=NUM_THREADS * 3)
-    expected = serial_results(make_rag("serial"), requests)
-
-    rag = make_rag("threads")
-    seed(rag, PARAMS)
-    before = rag.cache_stats().tiers.hits.copy()
+    requests, expected, rag, before = _serial_and_seeded(make_rag, "threads", 2, NUM_THREADS * 3)
     answers: list[object] = [None] * len(requests)
 
     def worker(indices: list[int]) -> None:
@@ -134,24 +148,14 @@ def test_sixteen_threads_answer_as_a_serial_run(make_rag, ledger):
             answers[idx] = ask(rag, requests[idx], PARAMS, stream=idx % 2 == 1)
 
     run_threads([lambda h=h: worker(h) for h in deal(requests, NUM_THREADS)])
-    got = [Result.of(answer) for answer in answers]
-    differing = sum(g != e for g, e in zip(got, expected, strict=True))
-    ledger.record("concurrent requests", cases=len(requests), wrong_answers=differing)
-    assert got == expected
-    check_accounting(rag, before, answers)
-    check_designed_tiers(requests, answers)
+    _check_against_serial(rag, before, requests, answers, expected, ledger)
     hits = Counter(tiers_of(answers))
     assert hits["hard"] and hits["soft"] and hits["independent"]
 
 
 def test_four_asyncio_tasks_answer_as_a_serial_run(make_rag, ledger):
     """4 tasks on one event loop, ``aquery`` and ``astream`` mixed: the serial run's answers."""
-    requests = workload(seed_value=3, count=NUM_TASKS * 5)
-    expected = serial_results(make_rag("serial"), requests)
-
-    rag = make_rag("async")
-    seed(rag, PARAMS)
-    before = rag.cache_stats().tiers.hits.copy()
+    requests, expected, rag, before = _serial_and_seeded(make_rag, "async", 3, NUM_TASKS * 5)
     answers: list[object] = [None] * len(requests)
 
     async def one(idx: int) -> None:
@@ -177,12 +181,7 @@ def test_four_asyncio_tasks_answer_as_a_serial_run(make_rag, ledger):
         await asyncio.gather(*(task(hand) for hand in deal(requests, NUM_TASKS)))
 
     run_async(main)
-    got = [Result.of(answer) for answer in answers]
-    differing = sum(g != e for g, e in zip(got, expected, strict=True))
-    ledger.record("concurrent requests", cases=len(requests), wrong_answers=differing)
-    assert got == expected
-    check_accounting(rag, before, answers)
-    check_designed_tiers(requests, answers)
+    _check_against_serial(rag, before, requests, answers, expected, ledger)
 
 
 REAL_CHUNKS = (
