@@ -144,7 +144,8 @@ class ChatCompletionRequest(_OpenAIBody):
         last = self.messages[-1]
         if last.role != "user":
             raise ValueError(
-                f"the last message must be the user's question, got a {last.role!r} message"
+                f"messages: the last message must be the user's question, got a {last.role!r} "
+                "message"
             )
         talk = [m for m in self.messages[:-1] if m.role in ("user", "assistant")]
         turns = [
