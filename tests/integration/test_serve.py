@@ -36,6 +36,7 @@ from tests.reliability.workload import EXACT_STORE, EXACT_TIERS
 pytestmark = pytest.mark.integration
 API_KEY = "test-key"
 MAX_TOKENS = 8
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"  # the model goes on counting: a long answer
 QUESTIONS = (
     LOTHAIR_QUESTION,
     FILM_QUESTION,
@@ -415,15 +416,18 @@ def test_a_full_queue_answers_429_and_a_closed_stream_frees_its_slot(serve_rag):
 
 
 def test_a_request_past_its_timeout_gets_504_and_frees_its_slot(serve_rag):
-    with running(serve_rag, max_active_requests=1, request_timeout_s=0.5) as slow:
+    with running(serve_rag, max_active_requests=1, request_timeout_s=3.0) as slow:
+        client = slow.client()
         with pytest.raises(openai.APIStatusError) as caught:
-            ask(slow.client(), LOTHAIR_QUESTION, max_tokens=400)
+            client.completions.create(model="adarag", prompt=COUNTING, max_tokens=2000)
         assert caught.value.status_code == 504
         assert caught.value.body["code"] == "request_timeout"
         _wait_for(lambda: slow.health()["active_requests"] == 0)
-        stream = ask(slow.client(), FILM_QUESTION, max_tokens=400, stream=True)
-        with pytest.raises(openai.APIError, match="longer than 0.5 s"):
-            for _ in stream:
+        # streamed: the stream ends with an error event (or a 504, if the prefill alone is late)
+        with pytest.raises(openai.APIError, match=r"longer than 3 s"):
+            for _ in client.completions.create(
+                model="adarag", prompt=COUNTING, max_tokens=2000, stream=True
+            ):
                 pass
         _wait_for(lambda: slow.health()["active_requests"] == 0)
 
@@ -447,7 +451,9 @@ def test_shutdown_finishes_in_flight_refuses_queued_and_flushes_the_cache(serve_
 
 def test_shutdown_cancels_what_outlasts_the_grace_period(serve_rag):
     with running(serve_rag, max_active_requests=1, shutdown_grace_s=0.5) as handle:
-        in_flight = _open_stream(handle, LOTHAIR_QUESTION, max_tokens=1000)
+        in_flight = handle.client().completions.create(
+            model="adarag", prompt=COUNTING, max_tokens=2000, stream=True
+        )
         started = time.monotonic()
         handle.server.handle_exit(signal.SIGTERM, None)
         with pytest.raises((openai.APIError, httpx.HTTPError)):
