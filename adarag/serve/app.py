@@ -127,8 +127,7 @@ def _routes(service: EngineService, check_key: Callable[[Request], None]) -> API
             params=params,
             top_k=body.top_k,
         )
-        answer, _ = await service.answer(start, params)
-        return rag_answer(answer, service.model_id)
+        return rag_answer(await service.answer(start), service.model_id)
 
     return router
 
@@ -142,8 +141,7 @@ async def _respond(
 ) -> Any:
     """The whole completion as JSON, or its stream of events."""
     if not body.stream:
-        answer, _ = await service.answer(start, params)
-        return completion.whole(answer, params)
+        return completion.whole(await service.answer(start), params)
     completion.include_usage = body.include_usage
     events, finish = await service.stream(start, params, completion)
     return EventStreamResponse(events, finish)

@@ -179,7 +179,12 @@ class EngineWorker:
         """Close ``stream`` in a worker thread (waits for its step in flight), holding the slot."""
         if stream.closed:
             return
-        slot.hold(asyncio.get_running_loop().run_in_executor(self._executor, stream.close))
+        try:
+            closing = asyncio.get_running_loop().run_in_executor(self._executor, stream.close)
+        except RuntimeError:  # the pool has shut down (a step outlived the shutdown's wait)
+            stream.close()
+            return
+        slot.hold(closing)
 
     def shutdown(self) -> None:
         """Wait for every thread's work to end (blocking)."""

@@ -76,9 +76,7 @@ class EngineService:
         await asyncio.to_thread(self.rag.close)
         logger.info("KV cache flushed")
 
-    async def answer(
-        self, start: StartAnswer, params: GenerationParams
-    ) -> tuple[Answer, GenerationParams]:
+    async def answer(self, start: StartAnswer) -> Answer:
         """The whole answer of ``start``'s stream, within the request's deadline.
 
         Raises:
@@ -91,7 +89,7 @@ class EngineService:
                 answer = await self.worker.call(slot, deadline, "answering", stream.answer)
             finally:
                 self.worker.close_stream(slot, stream)  # nothing to do once it has ended
-            return answer, params
+            return answer
         finally:
             slot.release()
 
