@@ -25,6 +25,7 @@ from adarag.engine.selection import (
     random_scores,
     reference_deviation,
     scoring_layer,
+    stored_scores,
     value_deviation,
 )
 from adarag.errors import InputError
@@ -115,6 +116,7 @@ class Runner:
             num_processed_tokens=int(plan.processed.numel()),
             segment_attention=self._aggregate(stream, batch) if cu is not None else None,
             lens_logits=head_logits if batch.num_lens_layers > 1 else None,
+            token_attention=_token_attention(stream) if cu is not None else None,
         )
 
     @torch.inference_mode()
@@ -194,6 +196,8 @@ class Runner:
                     "reference; pass reference_kv (benchmarks only)"
                 )
             return reference_deviation(kv, batch.reference_kv, plan.candidates)
+        if rule == "stored_rank":
+            return stored_scores(batch.segments, plan)
         assert rule == "query_attention", f"unknown selection rule {rule!r}"
         return self._query_attention(batch, plan, kv)[plan.candidates]
 
@@ -228,6 +232,9 @@ class Runner:
         """``[first, last)`` layers whose query attention scores (all layers by default)."""
         layers = batch.selection.query_layers
         num_layers = self.spec.num_layers
+        last_layers = batch.selection.query_last_layers
+        if last_layers is not None:
+            layers = (max(num_layers - last_layers, 0), num_layers)
         first, last = (0, num_layers) if layers is None else layers
         if not 0 <= first < last <= num_layers:
             raise InputError(
@@ -313,3 +320,15 @@ class Runner:
             counts = torch.bincount(owner, minlength=num_segments).clamp(min=1)
             layers.append(table / counts[:, None])
         return torch.stack(layers)
+
+
+def _token_attention(stream: _Stream) -> torch.Tensor | None:
+    """[num_layers, num_tokens, num_segments] per-token segment mass, or None.
+
+    None when the layers ran different tokens (a rule scoring inside the loop runs more tokens
+    below its layer).
+    """
+    rows = {mass.shape[0] for mass in stream.segment_attention}
+    if rows != {stream.positions.numel()}:
+        return None
+    return torch.stack([mass.float().cpu() for mass in stream.segment_attention])

@@ -28,6 +28,7 @@ from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
 from adarag.errors import ConfigError, InputError
+from adarag.pipeline.fusion import FusionWarmer
 from adarag.pipeline.prompt import PromptBuilder, Turn, check_text, retrieval_query
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.pipeline.stream import (
@@ -41,6 +42,7 @@ from adarag.pipeline.stream import (
 from adarag.profiles import ModelProfile, find_profile, generic_profile
 from adarag.profiles.model_profile import AgreementCalibration
 from adarag.retrievers.base import Retriever
+from adarag.retrievers.memory import MemoryRetriever
 from adarag.schema import (
     Answer,
     Chunk,
@@ -269,21 +271,44 @@ class AdaRAG:
     def warm(self, chunks: Sequence[Chunk | str]) -> int:
         """Precompute the independent KV of chunks not cached yet; returns how many were new.
 
-        Entries go to the disk tier at once, so they survive restarts.
+        With ``cache.fusion`` on, each chunk's fused KV (computed after its most similar chunks
+        in the retriever, or among ``chunks`` when there is no retriever) is stored too; a chunk
+        counts as new when either entry was computed. Entries go to the disk tier at once, so
+        they survive restarts.
         """
-        generator, cache = self.generator, self.cache
-        system_ids = self.prompts.system_ids
         system_kv = self._ensure_system_kv()
-        computed = 0
-        for chunk in chunks:
-            text = chunk.text if isinstance(chunk, Chunk) else chunk
-            ids = self.prompts.chunk_ids(text)
-            if not cache.has_independent(ids):
-                with self._engine_lock:
-                    kv = generator.compute_chunk(system_ids, ids, system_kv)
-                    cache.put_independent(ids, kv)
-                computed += 1
-        return computed
+        given = [chunk if isinstance(chunk, Chunk) else Chunk(chunk) for chunk in chunks]
+        new = set()
+        for chunk in given:
+            ids = self.prompts.chunk_ids(chunk.text)
+            if not self.cache.has_independent(ids):
+                self._independent_kv(ids)
+                new.add(chunk.text)
+        if self.config.cache.fusion.enabled and given:
+            warmer = FusionWarmer(
+                self.config.cache.fusion,
+                self.generator,
+                self.cache,
+                self.prompts,
+                system_kv,
+                self._independent_kv,
+            )
+            with self._engine_lock:
+                for chunk in given:
+                    if warmer.warm([chunk], self.retriever or MemoryRetriever(given)):
+                        new.add(chunk.text)
+        return len(new)
+
+    def _independent_kv(self, ids: tuple[int, ...]) -> ChunkKV:
+        """A chunk's independent KV, computed and stored when absent."""
+        cache = self.cache
+        with self._engine_lock:
+            kv = cache.independent_kv(ids)
+            if kv is None:
+                system_ids, system_kv = self.prompts.system_ids, self._ensure_system_kv()
+                kv = self.generator.compute_chunk(system_ids, ids, system_kv)
+                cache.put_independent(ids, kv)
+            return kv
 
     # --- answering
 
