@@ -253,6 +253,14 @@ class RecomputeConfig(_Frozen):
         description="Score query_attention with only the model's last n layers (FusionRAG: 1, "
         "the final layer), whatever its depth; None uses query_layers. Set at most one of them.",
     )
+    focus_window: int | None = Field(
+        default=None,
+        ge=1,
+        description="Cache-Craft's focused-chunk early stop: once the chunks the query suffix "
+        "attends to (entropy change point of its cumulative attention per chunk) have stayed "
+        "the same for this many layers, the tokens of the other cached chunks are no longer "
+        "recomputed in the layers above; None: recompute every layer.",
+    )
     budget: Literal["per_chunk", "global"] = Field(
         default="global",
         description="'per_chunk': each cached chunk recomputes ceil(ratio x its tokens); "
@@ -354,6 +362,7 @@ class VariantConfig(_Frozen):
     alpha: float = Field(
         default=1.0, gt=0.0, le=8.0, description="CFO scale alpha (paper's ablation: 0.5-3)."
     )
+
     @property
     def max_variants(self) -> int:
         """The whole budget, N x M variants."""

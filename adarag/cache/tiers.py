@@ -85,6 +85,8 @@ class TieredCache:
         model_fingerprint: Part of every key.
         system_ids: Token ids of the system prefix (part of every key).
         sink_chunk_idx: The profile's sink chunk (0-based), or None.
+        variants: Cache-Craft's variant metadata to share (another cache over the same store);
+            a new index when None.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class TieredCache:
         model_fingerprint: str,
         system_ids: Sequence[int],
         sink_chunk_idx: int | None,
+        variants: VariantIndex | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -101,7 +104,7 @@ class TieredCache:
         self.num_system_tokens = len(system_ids)
         self.sink_chunk_idx = sink_chunk_idx
         self.stats = TierStats()
-        self.variants = VariantIndex(config.variants)
+        self.variants = variants if variants is not None else VariantIndex(config.variants)
 
     def keys(self, chunk_ids: Sequence[Sequence[int]]) -> PromptKeys:
         """Every key of a prompt's chunks."""

@@ -108,9 +108,10 @@ class PrefillOutput:
             query segment to key segment, when requested.
         lens_logits: [num_lens_layers, vocab] float32 logit-lens logits of the last token after
             each of the last layers (the last row is ``logits``), when more than one was asked.
-        token_attention: [num_layers, num_recomputed, num_segments] attention mass of each
-            recomputed token (rows in ``recomputed_positions`` order) onto each segment, mean
-            over heads, when segment attention was collected and every layer ran the same tokens.
+        token_attention: [num_layers, n, num_segments] attention mass of each token that ran
+            through every layer onto each segment, mean over heads, when segment attention was
+            collected.
+        token_attention_positions: [n] ascending positions of ``token_attention``'s rows.
     """
 
     kv: KVCache
@@ -121,6 +122,7 @@ class PrefillOutput:
     segment_attention: torch.Tensor | None = None
     lens_logits: torch.Tensor | None = None
     token_attention: torch.Tensor | None = None
+    token_attention_positions: torch.Tensor | None = None
 
     @property
     def num_recomputed_tokens(self) -> int:

@@ -21,7 +21,9 @@ Related chunk-KV reuse systems, each built from its own mechanism:
 - ``cachecraft`` (Cache-Craft): every chunk computed in full is kept as a variant with its
   attention statistics (N x M = 100 x 5); a later prompt reuses the variant with the lowest
   cache-fix overhead and recomputes ceil(CFO x tokens) of its tokens, ranked when it was stored;
-  the variant with the lowest frequency-reusability score is evicted when the budget is full.
+  the variant with the lowest frequency-reusability score is evicted when the budget is full;
+  the tokens of chunks the question does not focus on stop being recomputed once the focused set
+  has held for 5 layers (the paper gives no window).
 """
 
 from __future__ import annotations
@@ -194,6 +196,6 @@ POLICIES["cachecraft"] = _with_cache(
         soft=False,
         independent=False,
     ),
-    recompute={"selection_policy": "stored_rank", "budget": "per_chunk"},
+    recompute={"selection_policy": "stored_rank", "budget": "per_chunk", "focus_window": 5},
     variants={"enabled": True, "max_chunks": 100, "max_variants_per_chunk": 5, "alpha": 1.0},
 )

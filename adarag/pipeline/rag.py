@@ -25,6 +25,7 @@ from adarag.cache.codec import TokenLayout
 from adarag.cache.entry import ChunkKV
 from adarag.cache.store import StoreStats, TieredKVStore
 from adarag.cache.tiers import TieredCache, TierStats
+from adarag.cache.variants import VariantIndex
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
 from adarag.errors import ConfigError, InputError
@@ -116,6 +117,7 @@ class AdaRAG:
         self._engine_lock = engine_lock or threading.RLock()
         self._warned_static = False
         self._store: TieredKVStore | None = None
+        self._variants: VariantIndex | None = None  # Cache-Craft's metadata, beside the store
         self._cache: TieredCache | None = None
         self._profile: ModelProfile | None = None
 
@@ -173,6 +175,7 @@ class AdaRAG:
                         self.kv_namespace,
                         self.prompts.system_ids,
                         self.profile.sink_chunk_idx,
+                        self._variants,
                     )
         return self._cache
 
@@ -239,6 +242,8 @@ class AdaRAG:
         )
         if clone.config.cache.store == self.config.cache.store:
             clone._store = self._open_store()  # one store per directory: entries and stats shared
+            if clone.config.cache.variants == self.config.cache.variants:
+                clone._variants = self.cache.variants  # the variants whose KV that store holds
         return clone
 
     # --- retrieval and warming
@@ -293,9 +298,10 @@ class AdaRAG:
                 system_kv,
                 self._independent_kv,
             )
+            finder = self.retriever or MemoryRetriever(given)
             with self._engine_lock:
                 for chunk in given:
-                    if warmer.warm([chunk], self.retriever or MemoryRetriever(given)):
+                    if warmer.warm([chunk], finder):
                         new.add(chunk.text)
         return len(new)
 

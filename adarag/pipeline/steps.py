@@ -281,16 +281,16 @@ def _variant_stats(
     layout: PromptLayout, output: PrefillOutput, hits: Sequence[TierHit]
 ) -> list[VariantStats | None]:
     """Cache-Craft statistics of each chunk computed in full (None for the others)."""
-    attention = output.token_attention
+    attention, rows_at = output.token_attention, output.token_attention_positions
     cu = layout.cu_segments
     lengths = [end - start for start, end in itertools.pairwise(cu)]
     stats: list[VariantStats | None] = []
     for idx, hit in enumerate(hits):
-        if hit.tier != "miss" or attention is None:
+        if hit.tier != "miss" or attention is None or rows_at is None:
             stats.append(None)
             continue
         positions = torch.arange(cu[idx + 1], cu[idx + 2])
-        rows = torch.searchsorted(output.recomputed_positions, positions)
+        rows = torch.searchsorted(rows_at, positions)
         stats.append(variant_stats(attention[:, rows], idx + 1, lengths))
     return stats
 

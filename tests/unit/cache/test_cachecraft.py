@@ -17,6 +17,7 @@ from adarag.cache.variants import (
     variant_stats,
 )
 from adarag.config import VariantConfig
+from adarag.engine.focus import FocusTracker, focused_chunks
 from adarag.evaluation.policies import POLICIES
 from adarag.pipeline import AdaRAG
 from tests.unit.engine.helpers import CHUNKS, QUESTION
@@ -170,3 +171,51 @@ def test_cachecraft_computes_something_else_than_cacheblend(craft, tiny_checkpoi
     assert {hit.recompute_ratio for hit in blend_hits} == {0.15}
     assert len({hit.recompute_ratio for hit in craft_hits[1:]}) > 1  # one CFO per variant
     assert not torch.equal(craft_output.recomputed_positions, blend_output.recomputed_positions)
+
+
+def test_focused_chunks_follow_the_entropy_change_point():
+    cumulative = [10.0, 1.0, 0.5, 0.4]
+    gaps = [9.0, 0.5, 0.1]
+    p = [gap / sum(gaps) for gap in gaps]
+    terms = [-x * math.log(x) for x in p]
+    change = terms.index(max(terms))
+    expected = frozenset([0, 1, 2, 3][: change + 1])
+    assert focused_chunks(cumulative) == expected
+    # the same masses in another order: the same chunks, by their indices
+    order = [1, 3, 2, 0]
+    assert focused_chunks([0.4, 10.0, 0.5, 1.0]) == frozenset(order[: change + 1])
+    assert focused_chunks([2.0, 2.0, 2.0]) == frozenset({0, 1, 2})  # no gap: all
+    assert focused_chunks([3.0]) == frozenset({0})
+
+
+def test_focus_tracker_waits_for_a_stable_set():
+    tracker = FocusTracker(window=2, num_chunks=3)
+    assert tracker.update([5.0, 0.1, 0.0]) is None  # one layer only
+    assert tracker.update([5.0, 0.1, 0.0]) == focused_chunks([10.0, 0.2, 0.0])
+
+
+def test_focus_window_stops_recomputing_unfocused_chunks(craft):
+    _prefill_and_keep(craft, [CHUNKS[0], CHUNKS[1], CHUNKS[2]])
+    chunks = [EXTRA, CHUNKS[0], CHUNKS[2], CHUNKS[1]]
+    layout = craft.prompts.layout(QUESTION, chunks)
+    plain, hits, _ = craft._augmented().fused_prefill(layout, 0)
+    assert plain.segment_attention is not None and plain.token_attention_positions is not None
+    assert torch.equal(plain.token_attention_positions, plain.recomputed_positions)
+    # with a window of one layer the set is final after the first layer
+    query_mass = plain.segment_attention[0, -1, 1:-1].tolist()
+    focused = focused_chunks(query_mass)
+    cu = layout.cu_segments
+    dropped = {
+        position
+        for idx, hit in enumerate(hits)
+        if hit.tier == "variant" and idx not in focused
+        for position in plain.recomputed_positions.tolist()
+        if cu[idx + 1] <= position < cu[idx + 2]
+    }
+    assert dropped, "the prompt must leave a recomputed chunk out of focus"
+    windowed = craft.with_config(cache={"recompute": {"focus_window": 1}})
+    output, _, _ = windowed._augmented().fused_prefill(layout, 0)
+    assert torch.equal(output.recomputed_positions, plain.recomputed_positions)
+    final = set(output.token_attention_positions.tolist())
+    assert final == set(plain.recomputed_positions.tolist()) - dropped
+    assert not torch.allclose(output.logits, plain.logits)
