@@ -227,13 +227,16 @@ class RecomputeConfig(_Frozen):
     """How the tokens to recompute are chosen in a fused prefill (travels with each request)."""
 
     selection_policy: Literal[
-        "cross_attention", "kv_deviation", "query_attention", "random", "oracle"
+        "cross_attention", "kv_deviation", "query_attention", "stored_rank", "random", "oracle"
     ] = Field(
         default="kv_deviation",
         description="'kv_deviation' (the default, chosen on the fidelity calibration split): "
         "CacheBlend's value deviation at the check layer; 'cross_attention': AdaCache's "
         "first-layer cross-chunk attention ratio; 'query_attention': "
-        "the query suffix's attention over the cached KV (A3, ProphetKV); 'random' and 'oracle' "
+        "the query suffix's attention over the cached KV (A3, ProphetKV, FusionRAG); "
+        "'stored_rank': the ranking stored with each cached chunk variant (Cache-Craft: its "
+        "tokens' attention to the chunks before it when it was computed; other chunks score "
+        "zero); 'random' and 'oracle' "
         "(deviation from a full prefill, benchmarks only) are controls.",
     )
     deviation_check_layer: int = Field(
@@ -243,6 +246,20 @@ class RecomputeConfig(_Frozen):
         default=None,
         description="[first, last) layers whose query attention ranks tokens (query_attention); "
         "None reads every layer.",
+    )
+    query_last_layers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Score query_attention with only the model's last n layers (FusionRAG: 1, "
+        "the final layer), whatever its depth; None uses query_layers. Set at most one of them.",
+    )
+    focus_window: int | None = Field(
+        default=None,
+        ge=1,
+        description="Cache-Craft's focused-chunk early stop: once the chunks the query suffix "
+        "attends to (entropy change point of its cumulative attention per chunk) have stayed "
+        "the same for this many layers, the tokens of the other cached chunks are no longer "
+        "recomputed in the layers above; None: recompute every layer.",
     )
     budget: Literal["per_chunk", "global"] = Field(
         default="global",
@@ -261,6 +278,11 @@ class RecomputeConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check_layers(self) -> RecomputeConfig:
+        if self.query_layers is not None and self.query_last_layers is not None:
+            raise ValueError(
+                "set query_layers or query_last_layers, not both (query_last_layers counts from "
+                "the model's last layer)"
+            )
         if self.query_layers is not None and not 0 <= self.query_layers[0] < self.query_layers[1]:
             raise ValueError(
                 f"query_layers must be [first, last) with 0 <= first < last, got "
@@ -304,12 +326,62 @@ class StoreConfig(_Frozen):
     )
 
 
+class FusionConfig(_Frozen):
+    """FusionRAG's offline fusion: each chunk's KV computed after its most similar chunks."""
+
+    enabled: bool = Field(
+        default=False,
+        description="At warm, also store each chunk's KV computed after the independent KV of "
+        "its num_neighbors most similar chunks (the retriever's ranking with the chunk as the "
+        "query), one fused entry per chunk; lookups prefer it to the independent entry.",
+    )
+    num_neighbors: int = Field(
+        default=10, ge=1, le=64, description="Similar chunks placed before a chunk (paper: 10)."
+    )
+    recompute_ratio: float = Field(
+        default=0.15, ge=0.0, le=1.0, description="Fraction of a fused hit's tokens recomputed."
+    )
+
+
+class VariantConfig(_Frozen):
+    """Cache-Craft's chunk variants: KV of a chunk under several prefixes, reused by CFO."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Keep each chunk computed in full as a variant (its KV, the chunks before "
+        "it, their attention statistics and its tokens' ranking); a later prompt reuses the "
+        "variant with the lowest cache-fix overhead CFO = alpha x CCI x (1 - beta') and "
+        "recomputes ceil(CFO x tokens) of its best-ranked tokens.",
+    )
+    max_chunks: int = Field(
+        default=100, ge=1, description="N of the N x M variant budget (paper: 100)."
+    )
+    max_variants_per_chunk: int = Field(
+        default=5, ge=1, description="M of the N x M variant budget (paper: 5)."
+    )
+    alpha: float = Field(
+        default=1.0, gt=0.0, le=8.0, description="CFO scale alpha (paper's ablation: 0.5-3)."
+    )
+
+    @property
+    def max_variants(self) -> int:
+        """The whole budget, N x M variants."""
+        return self.max_chunks * self.max_variants_per_chunk
+
+
 class CacheConfig(_Frozen):
     """The three-tier chunk-KV cache (AdaCache section 3.1)."""
 
     hard: TierConfig = Field(default_factory=lambda: TierConfig(recompute_ratio=0.0))
     soft: TierConfig = Field(default_factory=lambda: TierConfig(recompute_ratio=0.1))
     independent: TierConfig = Field(default_factory=lambda: TierConfig(recompute_ratio=0.2))
+    alternative_path: TierConfig = Field(
+        default_factory=lambda: TierConfig(enabled=False, recompute_ratio=0.15),
+        description="FusionRAG's alternative path: a chunk is also found under any shorter run "
+        "of the chunks just before it (the longest first), as stored by an earlier prompt.",
+    )
+    fusion: FusionConfig = Field(default_factory=FusionConfig)
+    variants: VariantConfig = Field(default_factory=VariantConfig)
     recompute: RecomputeConfig = Field(default_factory=RecomputeConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
 

@@ -7,8 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Tier = Literal["hard", "soft", "independent", "miss"]
-"""Where a chunk's KV came from: exact prefix, same effective prefix, alone, or nowhere."""
+Tier = Literal["hard", "soft", "alternative", "variant", "fused", "independent", "miss"]
+"""Where a chunk's KV came from: exact prefix, same effective prefix, a shorter run of the chunks
+before it (FusionRAG's alternative path), a stored variant (Cache-Craft), computed after its
+similar chunks (FusionRAG's fused entry), alone, or nowhere."""
 
 StopReason = Literal["confident", "exhausted", "static", "no_context"]
 """Why augmentation stopped: confidence passed τ, all k chunks used, augmentation was off, or

@@ -97,3 +97,22 @@ def prompt_keys(
     independent = tuple(digest("independent", root, key) for key in chunks)
     alone = tuple(hard_key(root, key) for key in chunks)
     return PromptKeys(root, chunks, tuple(hard), tuple(soft), independent, alone)
+
+
+def fused_key(root: str, chunk: str) -> str:
+    """Key of a chunk's fused KV (computed after its most similar chunks; FusionRAG)."""
+    return digest("fused", root, chunk)
+
+
+def path_keys(root: str, chunks: Sequence[str], idx: int) -> tuple[str, ...]:
+    """Alternative-path keys of chunk ``idx``: the runs ``c_j..c_idx`` for ``j < idx``.
+
+    Longest run first (FusionRAG section 4.1's backtracking); the run of the chunk alone is the
+    independent or fused entry's business, so it is not among them.
+    """
+    return tuple(digest("path", root, *chunks[start : idx + 1]) for start in range(idx))
+
+
+def variant_key(root: str, prefix: Sequence[str], chunk: str) -> str:
+    """Key of the KV of ``chunk`` computed after the chunks ``prefix`` (a Cache-Craft variant)."""
+    return digest("variant", root, *prefix, "|", chunk)

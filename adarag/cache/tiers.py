@@ -5,11 +5,19 @@ For each chunk ``c_i`` of a prompt, in order of accuracy:
 - **hard**: its KV computed after exactly ``system + c_1..c_i`` (key ``H_i``) -- reused as is;
 - **soft**: its KV computed in an earlier prompt with the same effective prefix (predecessor and,
   for chunks after it, the sink chunk) -- reused with ratio α;
+- **alternative** (FusionRAG's alternative path, when enabled): its KV stored by an earlier prompt
+  in which a shorter run ``c_j..c_{i-1}`` of the same chunks came just before it, the longest run
+  first;
+- **variant** (Cache-Craft, when enabled): the stored variant with the lowest cache-fix overhead,
+  recomputing that share of its tokens (see :mod:`adarag.cache.variants`);
+- **fused** (FusionRAG, when enabled): its KV computed at warm after its most similar chunks;
 - **independent**: its KV computed alone after the system prefix -- reused with ratio β;
 - **miss**: computed in full.
 
 After a prefill every chunk's fused KV is stored under its hard and soft keys (Algorithm 1, line
-18), and a chunk that missed every tier is also stored as its independent entry.
+18), and a chunk that missed every tier is also stored as its independent entry (and, with
+variants on, as a variant). With the alternative path on, it is also stored under the runs of the
+chunks before it.
 """
 
 from __future__ import annotations
@@ -20,8 +28,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from adarag.cache.entry import ChunkKV
-from adarag.cache.keys import PromptKeys, prompt_keys, system_key
+from adarag.cache.keys import (
+    PromptKeys,
+    fused_key,
+    path_keys,
+    prompt_keys,
+    system_key,
+    variant_key,
+)
 from adarag.cache.store import KVStore
+from adarag.cache.variants import Variant, VariantIndex, VariantStats
 from adarag.config import CacheConfig
 from adarag.schema import Tier
 
@@ -36,11 +52,14 @@ class TierHit:
         tier: The tier it was found in (``miss`` when none).
         kv: The cached KV, None on a miss.
         recompute_ratio: Fraction of its tokens to recompute (1.0 on a miss).
+        token_ranking: For a variant, its tokens the most contextualised first (recomputed in
+            that order); None otherwise.
     """
 
     tier: Tier
     kv: ChunkKV | None
     recompute_ratio: float
+    token_ranking: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -66,6 +85,8 @@ class TieredCache:
         model_fingerprint: Part of every key.
         system_ids: Token ids of the system prefix (part of every key).
         sink_chunk_idx: The profile's sink chunk (0-based), or None.
+        variants: Cache-Craft's variant metadata to share (another cache over the same store);
+            a new index when None.
     """
 
     def __init__(
@@ -75,6 +96,7 @@ class TieredCache:
         model_fingerprint: str,
         system_ids: Sequence[int],
         sink_chunk_idx: int | None,
+        variants: VariantIndex | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -82,6 +104,7 @@ class TieredCache:
         self.num_system_tokens = len(system_ids)
         self.sink_chunk_idx = sink_chunk_idx
         self.stats = TierStats()
+        self.variants = variants if variants is not None else VariantIndex(config.variants)
 
     def keys(self, chunk_ids: Sequence[Sequence[int]]) -> PromptKeys:
         """Every key of a prompt's chunks."""
@@ -105,7 +128,11 @@ class TieredCache:
         return hits
 
     def write_back(
-        self, chunk_ids: Sequence[Sequence[int]], hits: Sequence[TierHit], fused: Sequence[ChunkKV]
+        self,
+        chunk_ids: Sequence[Sequence[int]],
+        hits: Sequence[TierHit],
+        fused: Sequence[ChunkKV],
+        variant_stats: Sequence[VariantStats | None] | None = None,
     ) -> None:
         """Store each chunk's fused KV under its hard and soft keys after a prefill.
 
@@ -113,21 +140,46 @@ class TieredCache:
             chunk_ids: The prompt's chunks.
             hits: What :meth:`lookup` returned for them.
             fused: Each chunk's KV after the prefill.
+            variant_stats: With variants on, the statistics of each chunk computed in full
+                (None for the others); those chunks become variants.
         """
         keys = self.keys(chunk_ids)
+        config = self.config
         for idx, (hit, kv) in enumerate(zip(hits, fused, strict=True)):
             if hit.tier == "hard":
                 continue  # already stored under this exact prefix
             entry_keys = set()
-            if self.config.hard.enabled:
+            if config.hard.enabled:
                 entry_keys.add(keys.hard[idx])
-            if self.config.soft.enabled:
+            if config.soft.enabled:
                 entry_keys.add(keys.soft[idx])
+            if config.alternative_path.enabled:
+                entry_keys.update(path_keys(keys.root, keys.chunks, idx))
             is_new = hit.tier == "miss" and not self.store.contains(keys.independent[idx])
-            if self.config.independent.enabled and is_new:
+            if config.independent.enabled and is_new:
                 entry_keys.add(keys.independent[idx])
             if entry_keys:
                 self.store.put(sorted(entry_keys), kv)
+            stats = variant_stats[idx] if variant_stats is not None else None
+            if config.variants.enabled and hit.tier == "miss" and stats is not None:
+                self._add_variant(keys, idx, kv, stats)
+
+    def put_fused(self, chunk_ids: Sequence[int], kv: ChunkKV) -> None:
+        """Store a chunk's KV computed after its similar chunks (FusionRAG's offline step)."""
+        root = self.root
+        self.store.put([fused_key(root, self.keys([chunk_ids]).chunks[0])], kv, persist=True)
+
+    def has_fused(self, chunk_ids: Sequence[int]) -> bool:
+        """Whether a chunk's fused KV is stored."""
+        return self.store.contains(fused_key(self.root, self.keys([chunk_ids]).chunks[0]))
+
+    def _add_variant(self, keys: PromptKeys, idx: int, kv: ChunkKV, stats: VariantStats) -> None:
+        prefix = keys.chunks[:idx]
+        key = variant_key(keys.root, prefix, keys.chunks[idx])
+        self.store.put([key], kv)
+        variant = Variant(key, keys.chunks[idx], prefix, stats)
+        for evicted in self.variants.add(variant):
+            self.store.discard(evicted.key)
 
     def put_independent(self, chunk_ids: Sequence[int], kv: ChunkKV) -> None:
         """Store a chunk's KV computed alone after the system prefix (ingest), on disk too.
@@ -136,6 +188,10 @@ class TieredCache:
         """
         keys = self.keys([chunk_ids])
         self.store.put([keys.independent[0], keys.alone[0]], kv, persist=True)
+
+    def independent_kv(self, chunk_ids: Sequence[int]) -> ChunkKV | None:
+        """A chunk's independent KV, or None."""
+        return self._get(self.keys([chunk_ids]).independent[0], len(chunk_ids))
 
     def has_independent(self, chunk_ids: Sequence[int]) -> bool:
         """Whether a chunk's independent KV is stored."""
@@ -152,10 +208,29 @@ class TieredCache:
             return TierHit("hard", kv, 0.0)
         if config.soft.enabled and (kv := self._get(keys.soft[idx], num_tokens)) is not None:
             return TierHit("soft", kv, config.soft.recompute_ratio)
+        if config.alternative_path.enabled:
+            for key in path_keys(keys.root, keys.chunks, idx):  # the longest run first
+                if (kv := self._get(key, num_tokens)) is not None:
+                    return TierHit("alternative", kv, config.alternative_path.recompute_ratio)
+        if config.variants.enabled and (hit := self._variant_hit(keys, idx, num_tokens)):
+            return hit
+        fused = fused_key(keys.root, keys.chunks[idx])
+        if config.fusion.enabled and (kv := self._get(fused, num_tokens)) is not None:
+            return TierHit("fused", kv, config.fusion.recompute_ratio)
         independent = keys.independent[idx]
         if config.independent.enabled and (kv := self._get(independent, num_tokens)) is not None:
             return TierHit("independent", kv, config.independent.recompute_ratio)
         return TierHit("miss", None, 1.0)
+
+    def _variant_hit(self, keys: PromptKeys, idx: int, num_tokens: int) -> TierHit | None:
+        """The lowest-CFO variant of chunk ``idx`` whose KV is still stored, or None."""
+        while (found := self.variants.best(keys.chunks[idx], keys.chunks[:idx])) is not None:
+            variant, cfo = found
+            kv = self._get(variant.key, num_tokens)
+            if kv is not None:
+                return TierHit("variant", kv, cfo, variant.stats.ranking)
+            self.variants.remove(variant)  # its KV was evicted from the store
+        return None
 
     def _get(self, key: str, num_tokens: int) -> ChunkKV | None:
         """The entry under ``key`` if it holds ``num_tokens`` tokens (anything else is a miss)."""

@@ -21,12 +21,15 @@ class SegmentPlan:
         cached: KV computed earlier (re-positioned to ``start`` if stored elsewhere), or None to
             compute the segment in full.
         recompute_ratio: Fraction of the segment's tokens recomputed when ``cached`` is given.
+        token_scores: [num_tokens] float scores stored with the cached KV (higher is recomputed
+            first by the ``stored_rank`` rule), or None.
     """
 
     start: int
     end: int
     cached: ChunkKV | None = None
     recompute_ratio: float = 0.0
+    token_scores: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         assert 0 <= self.start <= self.end, f"negative segment [{self.start}, {self.end})"
@@ -35,6 +38,8 @@ class SegmentPlan:
             assert self.cached.num_tokens == self.end - self.start, (
                 f"cached KV has {self.cached.num_tokens} tokens, segment {self.end - self.start}"
             )
+        if self.token_scores is not None:
+            assert self.token_scores.shape == (self.end - self.start,), "one score per token"
 
     @property
     def num_tokens(self) -> int:
@@ -103,6 +108,10 @@ class PrefillOutput:
             query segment to key segment, when requested.
         lens_logits: [num_lens_layers, vocab] float32 logit-lens logits of the last token after
             each of the last layers (the last row is ``logits``), when more than one was asked.
+        token_attention: [num_layers, n, num_segments] attention mass of each token that ran
+            through every layer onto each segment, mean over heads, when segment attention was
+            collected.
+        token_attention_positions: [n] ascending positions of ``token_attention``'s rows.
     """
 
     kv: KVCache
@@ -112,6 +121,8 @@ class PrefillOutput:
     num_processed_tokens: int
     segment_attention: torch.Tensor | None = None
     lens_logits: torch.Tensor | None = None
+    token_attention: torch.Tensor | None = None
+    token_attention_positions: torch.Tensor | None = None
 
     @property
     def num_recomputed_tokens(self) -> int:
@@ -126,10 +137,12 @@ class SegmentSource:
     Attributes:
         cached: KV computed earlier, or None to compute the segment in full.
         recompute_ratio: Fraction of its tokens to recompute when ``cached`` is given.
+        token_scores: [num_tokens] scores stored with ``cached`` (the ``stored_rank`` rule).
     """
 
     cached: ChunkKV | None = None
     recompute_ratio: float = 0.0
+    token_scores: torch.Tensor | None = None
 
 
 def plan_segments(
@@ -139,6 +152,6 @@ def plan_segments(
     num_segments = len(cu_segments) - 1
     assert len(sources) == num_segments, f"{len(sources)} sources for {num_segments} segments"
     return tuple(
-        SegmentPlan(start, end, source.cached, source.recompute_ratio)
+        SegmentPlan(start, end, source.cached, source.recompute_ratio, source.token_scores)
         for start, end, source in zip(cu_segments, cu_segments[1:], sources, strict=False)
     )

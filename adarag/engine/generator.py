@@ -172,19 +172,35 @@ class Generator:
         return self.runner.blend(batch)
 
     def compute_chunk(
-        self, system_ids: Sequence[int], chunk_ids: Sequence[int], system_kv: ChunkKV | None = None
+        self,
+        system_ids: Sequence[int],
+        chunk_ids: Sequence[int],
+        system_kv: ChunkKV | None = None,
+        before: Sequence[tuple[Sequence[int], ChunkKV]] = (),
     ) -> ChunkKV:
-        """KV of one chunk computed alone after the system prefix (the independent tier's entry).
+        """KV of one chunk computed after the system prefix (and ``before``), every token in full.
+
+        Alone it is the independent tier's entry. With ``before`` (FusionRAG's offline step,
+        Eq. 10) the chunk attends to those chunks' cached KV, re-rotated to consecutive positions
+        after the system prefix, and its KV is returned at the positions it was computed at (a
+        load re-rotates it wherever it goes).
 
         Args:
             system_ids: The system prefix's token ids.
             chunk_ids: The chunk's token ids (with separator).
             system_kv: Cached KV of the system prefix, reused exactly when given.
+            before: Chunks placed between the system prefix and the chunk, as (token ids, cached
+                KV), reused as they are.
         """
-        layout = PromptLayout(tuple(system_ids), (), tuple(chunk_ids))
-        sources = (SegmentSource(system_kv), SegmentSource())
+        context = tuple(tuple(ids) for ids, _ in before)
+        layout = PromptLayout(tuple(system_ids), context, tuple(chunk_ids))
+        sources = (
+            SegmentSource(system_kv),
+            *(SegmentSource(kv, 0.0) for _, kv in before),
+            SegmentSource(),
+        )
         output = self.prefill(layout, sources)
-        return output.kv.segment(len(system_ids), layout.num_tokens)
+        return output.kv.segment(layout.cu_segments[-2], layout.num_tokens)
 
     def lens_signals(
         self, output: PrefillOutput, num_lens_layers: int

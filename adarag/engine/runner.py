@@ -16,6 +16,7 @@ import torch
 from adarag.config import EngineConfig, KernelConfig
 from adarag.engine.adapter import DecoderAdapter
 from adarag.engine.batch import ForwardBatch, PrefillOutput
+from adarag.engine.focus import FocusTracker
 from adarag.engine.kv_cache import KVCache
 from adarag.engine.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from adarag.engine.selection import (
@@ -25,6 +26,7 @@ from adarag.engine.selection import (
     random_scores,
     reference_deviation,
     scoring_layer,
+    stored_scores,
     value_deviation,
 )
 from adarag.errors import InputError
@@ -39,6 +41,7 @@ class _Stream:
     positions: torch.Tensor  # [n] ascending
     last_hidden: list[torch.Tensor]
     segment_attention: list[torch.Tensor]
+    segment_positions: list[torch.Tensor]  # the rows of each segment_attention entry
 
 
 class Runner:
@@ -102,8 +105,19 @@ class Runner:
         recomputed = stream.positions.clone()
         # --- recompute the selected tokens through the remaining layers
         cos_sin = rope_cos_sin(stream.positions, self.inv_freq, self.dtype)
+        window = batch.selection.focus_window
+        focus = None
+        if window is not None and plan.has_candidates:
+            focus = FocusTracker(window, len(batch.segments) - 2)
         for layer_idx in range(first_layer, self.spec.num_layers):
+            query_q = self._query_q(layer_idx, stream, plan, cos_sin) if focus else None
             self._layer_step(layer_idx, stream, kv, cos_sin, cu)
+            if focus is not None and query_q is not None:
+                mass = self._chunk_mass(layer_idx, query_q, plan, kv, batch)
+                focused = focus.update(mass)
+                if focused is not None:  # stable: stop recomputing the other cached chunks
+                    cos_sin = _drop_unfocused(stream, cos_sin, plan, focused)
+                    focus = None
         # --- logits of the last token, and the logit lens of the layers below in the same GEMM
         layer_hidden = torch.stack(stream.last_hidden)
         head_logits = self.model.logits(layer_hidden[-batch.num_lens_layers :])
@@ -115,6 +129,8 @@ class Runner:
             num_processed_tokens=int(plan.processed.numel()),
             segment_attention=self._aggregate(stream, batch) if cu is not None else None,
             lens_logits=head_logits if batch.num_lens_layers > 1 else None,
+            token_attention=_token_attention(stream) if cu is not None else None,
+            token_attention_positions=stream.positions.cpu() if cu is not None else None,
         )
 
     @torch.inference_mode()
@@ -174,6 +190,7 @@ class Runner:
         if collect is not None:
             mass = self._segment_mass(layer_at, q[keep], processed[keep], kv, collect)
             stream.segment_attention.append(mass.mean(dim=1))
+            stream.segment_positions.append(processed[keep])
         stream.hidden = layer.finish(stream.hidden[keep], attn)
         stream.positions = processed[keep]
         stream.last_hidden.append(stream.hidden[-1])
@@ -194,6 +211,8 @@ class Runner:
                     "reference; pass reference_kv (benchmarks only)"
                 )
             return reference_deviation(kv, batch.reference_kv, plan.candidates)
+        if rule == "stored_rank":
+            return stored_scores(batch.segments, plan)
         assert rule == "query_attention", f"unknown selection rule {rule!r}"
         return self._query_attention(batch, plan, kv)[plan.candidates]
 
@@ -228,6 +247,9 @@ class Runner:
         """``[first, last)`` layers whose query attention scores (all layers by default)."""
         layers = batch.selection.query_layers
         num_layers = self.spec.num_layers
+        last_layers = batch.selection.query_last_layers
+        if last_layers is not None:
+            layers = (max(num_layers - last_layers, 0), num_layers)
         first, last = (0, num_layers) if layers is None else layers
         if not 0 <= first < last <= num_layers:
             raise InputError(
@@ -237,12 +259,40 @@ class Runner:
             )
         return first, last
 
+    # --- focused chunks (Cache-Craft Algorithm 1)
+
+    def _query_q(
+        self,
+        layer_idx: int,
+        stream: _Stream,
+        plan: RecomputePlan,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """Queries [n_query, num_heads, head_dim] of the query suffix (the stream's last rows)."""
+        num_query = plan.query.numel()
+        q, _, _ = self.model.decoder_layers[layer_idx].project_qkv(stream.hidden[-num_query:])
+        return apply_rope(q, cos_sin[0][-num_query:], cos_sin[1][-num_query:])
+
+    def _chunk_mass(
+        self,
+        layer_idx: int,
+        query_q: torch.Tensor,
+        plan: RecomputePlan,
+        kv: KVCache,
+        batch: ForwardBatch,
+    ) -> list[float]:
+        """Attention mass the query suffix pays each chunk at ``layer_idx`` (mean over heads)."""
+        positions = plan.query.to(self.device)
+        mass = self._segment_mass(layer_idx, query_q, positions, kv, self._cu_segments(batch))
+        per_segment = mass.sum(dim=0).mean(dim=0)  # [num_segments]
+        return [float(x) for x in per_segment[1:-1]]
+
     # --- layers
 
     def _new_stream(self, token_ids: torch.Tensor, positions: torch.Tensor) -> _Stream:
         """Embed ``token_ids [n]`` standing at ``positions [n]``."""
         hidden = self.model.embed(token_ids.to(self.device)).to(self.dtype)
-        return _Stream(hidden, positions.to(self.device), [], [])
+        return _Stream(hidden, positions.to(self.device), [], [], [])
 
     def _layer_step(
         self,
@@ -261,6 +311,7 @@ class Runner:
         if cu_segments is not None:
             mass = self._segment_mass(layer_idx, q, stream.positions, kv, cu_segments)
             stream.segment_attention.append(mass.mean(dim=1))
+            stream.segment_positions.append(stream.positions)
         stream.hidden = layer.finish(stream.hidden, attn)
         stream.last_hidden.append(stream.hidden[-1])
 
@@ -303,13 +354,45 @@ class Runner:
         bounds = torch.tensor(batch.cu_segments[1:])
         num_segments = len(batch.segments)
         layers = []
-        for layer_mass in stream.segment_attention:  # [n_layer_tokens, num_segments]
-            num_rows = layer_mass.shape[0]
-            positions = stream.positions.cpu() if num_rows == stream.positions.numel() else None
-            assert positions is not None, "segment attention needs the same tokens in every layer"
+        for layer_mass, layer_positions in zip(
+            stream.segment_attention, stream.segment_positions, strict=True
+        ):  # [n_layer_tokens, num_segments]
+            positions = layer_positions.cpu()
             owner = torch.bucketize(positions, bounds, right=True)
             table = torch.zeros(num_segments, num_segments)
             table.index_add_(0, owner, layer_mass.cpu())
             counts = torch.bincount(owner, minlength=num_segments).clamp(min=1)
             layers.append(table / counts[:, None])
         return torch.stack(layers)
+
+
+def _token_attention(stream: _Stream) -> torch.Tensor:
+    """[num_layers, num_tokens, num_segments] segment mass of the tokens of the last layer.
+
+    Every layer ran those tokens (a stream only loses tokens as it goes up), with rows in
+    ascending position order, as ``stream.positions``.
+    """
+    final = stream.positions
+    layers = [
+        mass[torch.isin(positions, final)].float().cpu()
+        for mass, positions in zip(stream.segment_attention, stream.segment_positions, strict=True)
+    ]
+    return torch.stack(layers)
+
+
+def _drop_unfocused(
+    stream: _Stream,
+    cos_sin: tuple[torch.Tensor, torch.Tensor],
+    plan: RecomputePlan,
+    focused: frozenset[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop the recomputed tokens of cached chunks outside ``focused`` from the stream.
+
+    Chunks are numbered from 0 (segment 1). Returns the kept rows' cos/sin.
+    """
+    chunk_of = (plan.candidate_segment - 1).tolist()
+    is_unfocused = torch.tensor([chunk not in focused for chunk in chunk_of], dtype=torch.bool)
+    dropped = plan.candidates[is_unfocused].to(stream.positions.device)
+    keep = ~torch.isin(stream.positions, dropped)
+    stream.hidden, stream.positions = stream.hidden[keep], stream.positions[keep]
+    return cos_sin[0][keep], cos_sin[1][keep]

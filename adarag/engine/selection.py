@@ -14,6 +14,9 @@ best within the budget. The rules (``RecomputeConfig.selection_policy``, chosen 
 - ``query_attention`` (A3, ProphetKV, FusionRAG's online step): the query suffix first runs over
   the re-positioned cached KV; a token's score is the attention the query pays it, averaged over
   heads, query tokens and the chosen layers.
+- ``stored_rank`` (Cache-Craft section 3.3): the ranking stored with each cached chunk variant,
+  computed when the variant was (its tokens' attention to the chunks before it); no pass is
+  needed. Segments without a stored ranking score zero (ties keep the earlier position).
 - ``random``: uniform at the same budget (a control).
 - ``oracle``: the tokens whose cached K/V deviate most from a full prefill of the same prompt
   (a control that needs that reference; no rule can know it).
@@ -185,6 +188,21 @@ def cross_chunk_ratio(
 def value_deviation(v_new: torch.Tensor, v_cached: torch.Tensor) -> torch.Tensor:
     """Squared L2 deviation per token: [num_tokens, heads, dim] x2 -> [num_tokens] float32."""
     return (v_new.float() - v_cached.float()).pow(2).sum(dim=(1, 2))
+
+
+def stored_scores(segments: Sequence[SegmentPlan], plan: RecomputePlan) -> torch.Tensor:
+    """Each candidate's score stored with its segment's KV (``stored_rank``), in candidate order.
+
+    A segment that carries no scores scores zero.
+    """
+    scores = [
+        segment.token_scores.float().cpu()
+        if segment.token_scores is not None
+        else torch.zeros(segment.num_tokens)
+        for segment in segments
+        if is_candidate(segment)
+    ]
+    return torch.cat(scores) if scores else torch.empty(0)
 
 
 def random_scores(num_candidates: int, seed: int) -> torch.Tensor:

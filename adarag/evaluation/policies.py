@@ -11,6 +11,19 @@ Baselines follow the AdaCache paper's comparisons (section 4.1 and Figure 6):
 - ``adacache``: tiers and adaptive context augmentation (the agreement stop rule, the default);
 - ``adacache-confidence``: the same with the lens-confidence stop rule;
 - ``prefix+aca`` and ``cacheblend+aca``: augmentation on top of the two baselines.
+
+Related chunk-KV reuse systems, each built from its own mechanism:
+
+- ``fusionrag`` (FusionRAG): at warm, each chunk's KV computed after its 10 most similar chunks
+  (one fused entry per chunk); exact-prefix hits, then the alternative path (the chunk under a
+  shorter run of the chunks before it), then the fused entry; 15% of the reused tokens recomputed,
+  chosen globally by the question's final-layer attention;
+- ``cachecraft`` (Cache-Craft): every chunk computed in full is kept as a variant with its
+  attention statistics (N x M = 100 x 5); a later prompt reuses the variant with the lowest
+  cache-fix overhead and recomputes ceil(CFO x tokens) of its tokens, ranked when it was stored;
+  the variant with the lowest frequency-reusability score is evicted when the budget is full;
+  the tokens of chunks the question does not focus on stop being recomputed once the focused set
+  has held for 5 layers (the paper gives no window).
 """
 
 from __future__ import annotations
@@ -33,6 +46,11 @@ class Policy:
     def uses_independent_tier(self) -> bool:
         """Whether ingest-time independent KV matters to this policy."""
         return bool(self.overrides["cache"]["independent"]["enabled"])
+
+    @property
+    def uses_fused_tier(self) -> bool:
+        """Whether the policy needs each chunk's fused KV computed at warm (FusionRAG)."""
+        return bool(self.overrides["cache"].get("fusion", {}).get("enabled", False))
 
     @property
     def augments(self) -> bool:
@@ -143,3 +161,41 @@ POLICIES: dict[str, Policy] = {
         ),
     )
 }
+
+
+def _with_cache(policy: Policy, **cache: dict[str, Any]) -> Policy:
+    """``policy`` with more cache sections overridden."""
+    overrides = {**policy.overrides, "cache": {**policy.overrides["cache"], **cache}}
+    return Policy(policy.name, policy.description, overrides, policy.static_twin)
+
+
+POLICIES["fusionrag"] = _with_cache(
+    _policy(
+        "fusionrag",
+        "fused KV (10 similar chunks before each) + alternative path + 15% by final-layer "
+        "query attention",
+        hard=True,
+        soft=False,
+        independent=True,
+        independent_ratio=0.15,
+    ),
+    recompute={
+        "selection_policy": "query_attention",
+        "query_last_layers": 1,
+        "budget": "global",
+    },
+    alternative_path={"enabled": True, "recompute_ratio": 0.15},
+    fusion={"enabled": True, "num_neighbors": 10, "recompute_ratio": 0.15},
+)
+POLICIES["cachecraft"] = _with_cache(
+    _policy(
+        "cachecraft",
+        "chunk variants (100 x 5) reused by lowest CFO, ceil(CFO x tokens) recomputed by "
+        "stored rank, frequency-reusability eviction",
+        hard=False,
+        soft=False,
+        independent=False,
+    ),
+    recompute={"selection_policy": "stored_rank", "budget": "per_chunk", "focus_window": 5},
+    variants={"enabled": True, "max_chunks": 100, "max_variants_per_chunk": 5, "alpha": 1.0},
+)

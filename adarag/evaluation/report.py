@@ -147,6 +147,9 @@ def markdown_table(summaries: Sequence[PolicySummary]) -> str:
     ]
     for s in summaries:
         hits = "/".join(str(s.tier_hits.get(t, 0)) for t in ("hard", "soft", "independent", "miss"))
+        for tier in ("alternative", "variant", "fused"):  # tiers of FusionRAG and Cache-Craft
+            if s.tier_hits.get(tier):
+                hits += f" +{tier} {s.tier_hits[tier]}"
         agreement = "-" if s.agreement_f1 is None else f"{s.agreement_f1:.1f}"
         cold = "-" if s.ttft_cold is None else f"{s.ttft_cold.mean:.2f}"
         warm = "-" if s.ttft_warm is None else f"{s.ttft_warm.mean:.2f}"

@@ -25,9 +25,11 @@ from adarag.cache.codec import TokenLayout
 from adarag.cache.entry import ChunkKV
 from adarag.cache.store import StoreStats, TieredKVStore
 from adarag.cache.tiers import TieredCache, TierStats
+from adarag.cache.variants import VariantIndex
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
 from adarag.errors import ConfigError, InputError
+from adarag.pipeline.fusion import FusionWarmer
 from adarag.pipeline.prompt import PromptBuilder, Turn, check_text, retrieval_query
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.pipeline.stream import (
@@ -41,6 +43,7 @@ from adarag.pipeline.stream import (
 from adarag.profiles import ModelProfile, find_profile, generic_profile
 from adarag.profiles.model_profile import AgreementCalibration
 from adarag.retrievers.base import Retriever
+from adarag.retrievers.memory import MemoryRetriever
 from adarag.schema import (
     Answer,
     Chunk,
@@ -114,6 +117,7 @@ class AdaRAG:
         self._engine_lock = engine_lock or threading.RLock()
         self._warned_static = False
         self._store: TieredKVStore | None = None
+        self._variants: VariantIndex | None = None  # Cache-Craft's metadata, beside the store
         self._cache: TieredCache | None = None
         self._profile: ModelProfile | None = None
 
@@ -171,6 +175,7 @@ class AdaRAG:
                         self.kv_namespace,
                         self.prompts.system_ids,
                         self.profile.sink_chunk_idx,
+                        self._variants,
                     )
         return self._cache
 
@@ -237,6 +242,8 @@ class AdaRAG:
         )
         if clone.config.cache.store == self.config.cache.store:
             clone._store = self._open_store()  # one store per directory: entries and stats shared
+            if clone.config.cache.variants == self.config.cache.variants:
+                clone._variants = self.cache.variants  # the variants whose KV that store holds
         return clone
 
     # --- retrieval and warming
@@ -269,21 +276,45 @@ class AdaRAG:
     def warm(self, chunks: Sequence[Chunk | str]) -> int:
         """Precompute the independent KV of chunks not cached yet; returns how many were new.
 
-        Entries go to the disk tier at once, so they survive restarts.
+        With ``cache.fusion`` on, each chunk's fused KV (computed after its most similar chunks
+        in the retriever, or among ``chunks`` when there is no retriever) is stored too; a chunk
+        counts as new when either entry was computed. Entries go to the disk tier at once, so
+        they survive restarts.
         """
-        generator, cache = self.generator, self.cache
-        system_ids = self.prompts.system_ids
         system_kv = self._ensure_system_kv()
-        computed = 0
-        for chunk in chunks:
-            text = chunk.text if isinstance(chunk, Chunk) else chunk
-            ids = self.prompts.chunk_ids(text)
-            if not cache.has_independent(ids):
-                with self._engine_lock:
-                    kv = generator.compute_chunk(system_ids, ids, system_kv)
-                    cache.put_independent(ids, kv)
-                computed += 1
-        return computed
+        given = [chunk if isinstance(chunk, Chunk) else Chunk(chunk) for chunk in chunks]
+        new = set()
+        for chunk in given:
+            ids = self.prompts.chunk_ids(chunk.text)
+            if not self.cache.has_independent(ids):
+                self._independent_kv(ids)
+                new.add(chunk.text)
+        if self.config.cache.fusion.enabled and given:
+            warmer = FusionWarmer(
+                self.config.cache.fusion,
+                self.generator,
+                self.cache,
+                self.prompts,
+                system_kv,
+                self._independent_kv,
+            )
+            finder = self.retriever or MemoryRetriever(given)
+            with self._engine_lock:
+                for chunk in given:
+                    if warmer.warm([chunk], finder):
+                        new.add(chunk.text)
+        return len(new)
+
+    def _independent_kv(self, ids: tuple[int, ...]) -> ChunkKV:
+        """A chunk's independent KV, computed and stored when absent."""
+        cache = self.cache
+        with self._engine_lock:
+            kv = cache.independent_kv(ids)
+            if kv is None:
+                system_ids, system_kv = self.prompts.system_ids, self._ensure_system_kv()
+                kv = self.generator.compute_chunk(system_ids, ids, system_kv)
+                cache.put_independent(ids, kv)
+            return kv
 
     # --- answering
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from adarag.augment.confidence import mean
 from adarag.augment.prior import chunks_before_gap
 from adarag.cache.entry import ChunkKV
 from adarag.cache.tiers import TieredCache, TierHit
+from adarag.cache.variants import VariantStats, variant_stats
 from adarag.config import AugmentConfig, CacheConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.generator import Generator
@@ -190,12 +192,23 @@ class AugmentedPrefill:
         With every tier disabled this is a full recomputation, the system prefix included.
         """
         tiers = self._cache_config
-        reuse = tiers.hard.enabled or tiers.soft.enabled or tiers.independent.enabled
+        reuse = any(
+            (
+                tiers.hard.enabled,
+                tiers.soft.enabled,
+                tiers.independent.enabled,
+                tiers.alternative_path.enabled,
+                tiers.variants.enabled,
+                tiers.fusion.enabled,
+            )
+        )
         system = SegmentSource(self._system_kv()) if reuse else SegmentSource()
         with self._engine_lock:  # the tiers' counters are shared by concurrent requests too
             hits = self._cache.lookup(layout.chunk_ids)
-            sources = [system, *(SegmentSource(hit.kv, hit.recompute_ratio) for hit in hits)]
+            sources = [system, *(_source(hit) for hit in hits)]
             sources.append(SegmentSource())
+            # Cache-Craft keeps the attention statistics of every chunk computed in full
+            collect = tiers.variants.enabled and any(hit.tier == "miss" for hit in hits)
             started = time.perf_counter()
             output = self._generator.prefill(
                 layout,
@@ -203,6 +216,7 @@ class AugmentedPrefill:
                 max_new_tokens=max_new_tokens,
                 selection=tiers.recompute,
                 num_lens_layers=self._augment_config.num_lens_layers,
+                collect_segment_attention=collect,
             )
             self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
         return output, hits, time.perf_counter() - started
@@ -240,7 +254,9 @@ class AugmentedPrefill:
         """Store every chunk of ``layout`` under its hard and soft keys (Algorithm 1, line 18)."""
         cu = layout.cu_segments
         fused = [output.kv.segment(cu[i + 1], cu[i + 2]) for i in range(len(layout.chunk_ids))]
-        self._cache.write_back(layout.chunk_ids, hits, fused)
+        with_variants = self._cache_config.variants.enabled
+        stats = _variant_stats(layout, output, hits) if with_variants else None
+        self._cache.write_back(layout.chunk_ids, hits, fused, stats)
 
     def _keep(self, step: _Step) -> None:
         self.write_back(step.layout, step.output, step.hits)
@@ -249,6 +265,34 @@ class AugmentedPrefill:
         """:meth:`_keep` under the engine lock (the answer stream runs it after the answer)."""
         with self._engine_lock:
             self._keep(step)
+
+
+def _source(hit: TierHit) -> SegmentSource:
+    """A chunk's segment source; a variant's ranking becomes its tokens' scores (best highest)."""
+    if hit.token_ranking is None:
+        return SegmentSource(hit.kv, hit.recompute_ratio)
+    num_tokens = len(hit.token_ranking)
+    scores = torch.empty(num_tokens)
+    scores[torch.tensor(hit.token_ranking)] = torch.arange(num_tokens, 0, -1, dtype=torch.float32)
+    return SegmentSource(hit.kv, hit.recompute_ratio, scores)
+
+
+def _variant_stats(
+    layout: PromptLayout, output: PrefillOutput, hits: Sequence[TierHit]
+) -> list[VariantStats | None]:
+    """Cache-Craft statistics of each chunk computed in full (None for the others)."""
+    attention, rows_at = output.token_attention, output.token_attention_positions
+    cu = layout.cu_segments
+    lengths = [end - start for start, end in itertools.pairwise(cu)]
+    stats: list[VariantStats | None] = []
+    for idx, hit in enumerate(hits):
+        if hit.tier != "miss" or attention is None or rows_at is None:
+            stats.append(None)
+            continue
+        positions = torch.arange(cu[idx + 1], cu[idx + 2])
+        rows = torch.searchsorted(rows_at, positions)
+        stats.append(variant_stats(attention[:, rows], idx + 1, lengths))
+    return stats
 
 
 def _step_trace(step: ScoredStep, tiers: tuple[Tier, ...], tokenizer: Any) -> StepTrace:

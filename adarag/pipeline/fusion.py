@@ -1,0 +1,94 @@
+"""FusionRAG's offline step: each chunk's KV computed after its most similar chunks.
+
+For every warmed chunk the retriever is asked with the chunk's own text as the query (the
+knowledge base's own embeddings, or BM25 over the warmed chunks when the pipeline has no
+retriever); the chunk itself is dropped from the answer and the top ``num_neighbors`` remain, in
+the retriever's order. The chunk is then computed in full after the system prefix and those
+chunks' independent KV (re-rotated to consecutive positions, reused as is), so its KV holds part of
+the cross-chunk attention a prompt with those chunks would give it (FusionRAG section 3.1, Eq.
+10). One fused entry is stored per chunk, keyed by the chunk alone, and a lookup re-rotates it to
+wherever the chunk stands.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from adarag.cache.entry import ChunkKV
+from adarag.cache.tiers import TieredCache
+from adarag.config import FusionConfig
+from adarag.engine.generator import Generator
+from adarag.pipeline.prompt import PromptBuilder
+from adarag.retrievers.base import Retriever
+from adarag.retrievers.memory import MemoryRetriever
+from adarag.schema import Chunk
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FusionWarmer:
+    """Computes and stores the fused KV of chunks.
+
+    Args:
+        config: How many neighbours.
+        generator: The model.
+        cache: Where the independent and fused entries live.
+        prompts: Tokenizes chunks as prompts hold them.
+        system_kv: The system prefix's KV.
+        independent_kv: The independent KV of a chunk's token ids (computed and stored if absent).
+    """
+
+    config: FusionConfig
+    generator: Generator
+    cache: TieredCache
+    prompts: PromptBuilder
+    system_kv: ChunkKV
+    independent_kv: Callable[[tuple[int, ...]], ChunkKV]
+
+    def warm(self, chunks: Sequence[Chunk], retriever: Retriever | None) -> int:
+        """Store the fused KV of every chunk that has none; returns how many were computed."""
+        finder = retriever if retriever is not None else MemoryRetriever(list(chunks))
+        computed = 0
+        for chunk in chunks:
+            ids = self.prompts.chunk_ids(chunk.text)
+            if self.cache.has_fused(ids):
+                continue
+            neighbours = self.neighbours(chunk, finder)
+            self.cache.put_fused(ids, self.fused_kv(ids, neighbours))
+            computed += 1
+        return computed
+
+    def neighbours(self, chunk: Chunk, retriever: Retriever) -> list[tuple[int, ...]]:
+        """Token ids of the chunk's most similar chunks, the retriever's best first."""
+        wanted = self.config.num_neighbors
+        own_ids = self.prompts.chunk_ids(chunk.text)
+        found: list[tuple[int, ...]] = []
+        for other in retriever.retrieve(chunk.text, wanted + 1):
+            ids = self.prompts.chunk_ids(other.text)
+            if ids != own_ids and ids not in found:
+                found.append(ids)
+        return found[:wanted]
+
+    def fused_kv(
+        self, chunk_ids: tuple[int, ...], neighbours: Sequence[tuple[int, ...]]
+    ) -> ChunkKV:
+        """The chunk's KV after the system prefix and ``neighbours`` (those that fit)."""
+        room = self.generator.max_context_tokens - len(self.prompts.system_ids) - len(chunk_ids)
+        before = []
+        for ids in neighbours:
+            if len(ids) > room:
+                break
+            room -= len(ids)
+            before.append((ids, self.independent_kv(ids)))
+        if len(before) < len(neighbours):
+            logger.warning(
+                "fused a chunk after %d of its %d neighbours (the rest exceed the context)",
+                len(before),
+                len(neighbours),
+            )
+        return self.generator.compute_chunk(
+            self.prompts.system_ids, chunk_ids, self.system_kv, before
+        )

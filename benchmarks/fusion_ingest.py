@@ -1,0 +1,111 @@
+"""FusionRAG's ingest cost: warming fused chunk KV against warming independent KV only.
+
+The first ``--chunks`` passages of the 2Wiki corpus go into a Chroma knowledge base (the default
+embedding model); then one pipeline warms them plainly (each chunk's independent KV) and another,
+in its own home, with ``cache.fusion`` on (independent KV, then each chunk computed after its
+``--neighbors`` most similar chunks, found by the knowledge base's own retrieval). Reported: warm
+seconds per chunk, of which the neighbour search, and the bytes the KV store holds afterwards.
+
+    python benchmarks/fusion_ingest.py --model ~/.cache/adarag/models/SmolLM2-135M-Instruct \
+        --chunks 16 --neighbors 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import load_jsonl, machine, write_results
+
+from adarag import AdaRAG, AdaRagConfig
+from adarag.evaluation.machine import describe_machine
+from adarag.retrievers import KnowledgeBase
+from adarag.schema import Chunk
+
+
+class _TimedRetriever:
+    """The knowledge base's retrieval, its seconds summed."""
+
+    def __init__(self, kb: KnowledgeBase) -> None:
+        self.kb, self.seconds = kb, 0.0
+
+    def retrieve(self, query: str, top_k: int) -> list[Chunk]:
+        started = time.perf_counter()
+        found = self.kb.retrieve(query, top_k)
+        self.seconds += time.perf_counter() - started
+        return found
+
+
+def _warm(home: Path, model: str, chunks: list[Chunk], kb: KnowledgeBase, **cache: Any) -> dict:
+    config = AdaRagConfig.build(home=home, engine={"model": model}, cache=cache)
+    retriever = _TimedRetriever(kb)
+    rag = AdaRAG(config, retriever=retriever)
+    rag.warm([])  # the model and the system prefix, untimed
+    started = time.perf_counter()
+    rag.warm(chunks)
+    seconds = time.perf_counter() - started
+    stats = rag.cache_stats().store
+    return {
+        "warm_s_per_chunk": seconds / len(chunks),
+        "search_s_per_chunk": retriever.seconds / len(chunks),
+        "disk_bytes": stats.disk_bytes,
+        "entries": stats.disk_entries,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--chunks", type=int, default=40)
+    parser.add_argument("--neighbors", type=int, default=10)
+    parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--name", default="fusion_ingest")
+    args = parser.parse_args()
+    measured_on = machine()  # the load average before the runs
+    rows = load_jsonl("2wikimqa_corpus.jsonl", args.data_dir, limit=args.chunks)
+    chunks = [Chunk(f"{row['title']}\n{row['text']}") for row in rows]
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        retrieval = AdaRagConfig.build(home=root / "kb", retrieval={"min_top_score": None})
+        with KnowledgeBase.from_config(retrieval) as kb:
+            stored = kb.add_chunks(chunks)
+            plain = _warm(root / "plain", args.model, stored, kb)
+            fusion = {"enabled": True, "num_neighbors": args.neighbors}
+            fused = _warm(root / "fused", args.model, stored, kb, fusion=fusion)
+    lines = [
+        f"# FusionRAG ingest cost ({Path(args.model).name}, {len(chunks)} 2Wiki passages, "
+        f"{args.neighbors} neighbours)",
+        "",
+        describe_machine(measured_on) + " Shared with other jobs: timings are indicative.",
+        "",
+        "| warm | s/chunk | of which neighbour search | KV on disk (MB) | entries |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, row in (("independent KV only", plain), ("independent + fused KV", fused)):
+        lines.append(
+            f"| {label} | {row['warm_s_per_chunk']:.3f} | {row['search_s_per_chunk']:.3f} "
+            f"| {row['disk_bytes'] / 2**20:.1f} | {row['entries']} |"
+        )
+    ratio_s = fused["warm_s_per_chunk"] / plain["warm_s_per_chunk"]
+    ratio_bytes = fused["disk_bytes"] / plain["disk_bytes"]
+    lines += ["", f"Fused warm: {ratio_s:.1f}x the time and {ratio_bytes:.2f}x the bytes."]
+    table = "\n".join(lines)
+    print(table)  # noqa: T201
+    write_results(
+        args.name,
+        {
+            "machine": measured_on,
+            "chunks": len(chunks),
+            "neighbors": args.neighbors,
+            "plain": plain,
+            "fused": fused,
+        },
+        table,
+    )
+
+
+if __name__ == "__main__":
+    main()
