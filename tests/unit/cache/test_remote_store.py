@@ -223,3 +223,11 @@ def test_tls_files_need_a_tls_url():
         AdaRagConfig.build(
             cache={"store": {"remote_url": "redis://h:6379/0", "remote_tls_ca_file": "/ca.pem"}}
         )
+
+
+def test_the_password_is_kept_through_overrides_but_never_shown():
+    store = {"remote_url": "redis://h:6379/0", "remote_password": "hunter2"}
+    config = AdaRagConfig.build(cache={"store": store})
+    rebuilt = AdaRagConfig.build(config, retrieval={"top_k": 3})
+    assert rebuilt.cache.store.remote_password.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(rebuilt) and "hunter2" not in str(rebuilt)
