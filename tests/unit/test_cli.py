@@ -36,7 +36,7 @@ def test_every_example_in_the_help_parses():
     parser = build_parser()
     commands = [line.split("  ")[1].strip() for line in EXAMPLES.splitlines()[1:] if "  " in line]
     commands = [c for c in commands if c.startswith("adarag ")]
-    assert len(commands) == 5
+    assert len(commands) == 6
     for command in commands:
         args = parser.parse_args(shlex.split(command)[1:])
         assert args.command == shlex.split(command)[1]
@@ -82,3 +82,11 @@ def test_numeric_options_are_checked_when_parsed(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_bad_serve_option_is_named_before_anything_loads(capsys):
+    from adarag.cli import main
+
+    assert main(["serve", "--timeout", "0", "--max-queued", "5"]) == 2
+    error = capsys.readouterr().err
+    assert "--timeout (config field serve.request_timeout_s)" in error and "fix --timeout" in error

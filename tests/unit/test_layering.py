@@ -28,6 +28,7 @@ SERVING = {
     "pipeline",
     "conversation",
     "data",
+    "serve",
 }
 TOOLING = {"profile_tools", "evaluation", "cli"}
 TOOL_MODULES = {"profiles.sinks": "profile_tools", "profiles.calibration": "profile_tools"}
@@ -46,7 +47,8 @@ ALLOWED = {
     "profiles": {"errors", "profiles"},
     "conversation": set(),
     "data": {"schema", "retrievers"},
-    "pipeline": SERVING - {"conversation", "data"},
+    "pipeline": SERVING - {"conversation", "data", "serve"},
+    "serve": SERVING,
     "profile_tools": SERVING | {"evaluation", "profile_tools"},
     "evaluation": SERVING | {"evaluation", "profile_tools"},
     "cli": SERVING | TOOLING,

@@ -1,0 +1,115 @@
+"""``adarag serve``: the OpenAI-compatible HTTP server over the knowledge base."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+from adarag.cli.options import (
+    add_knowledge_base_arguments,
+    add_model_arguments,
+    build_config,
+    non_negative_int,
+    open_knowledge_base,
+    positive_int,
+)
+from adarag.config import ServeConfig
+from adarag.pipeline import AdaRAG
+
+HELP = (
+    "serve the knowledge base over an OpenAI-compatible HTTP API (chat and text completions "
+    "with streaming, /v1/rag/query); many apps share one model and one KV cache"
+)
+
+# option -> ServeConfig field
+_SERVE_OPTIONS = {
+    "host": "host",
+    "port": "port",
+    "max_active": "max_active_requests",
+    "max_queued": "max_queued_requests",
+    "timeout": "request_timeout_s",
+    "shutdown_grace": "shutdown_grace_s",
+    "model_name": "model_name",
+    "history_turns": "history_turns",
+}
+
+
+def _default(field: str) -> str:
+    """``(default: X)`` of a ServeConfig field, for the help text."""
+    return f"(default: {ServeConfig.model_fields[field].default})"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the command's options."""
+    parser.add_argument("--host", help=f"interface to listen on {_default('host')}")
+    parser.add_argument(
+        "--port", type=non_negative_int, help=f"TCP port; 0 picks a free one {_default('port')}"
+    )
+    parser.add_argument(
+        "--max-active",
+        type=positive_int,
+        help=f"requests the engine works on at once {_default('max_active_requests')}",
+    )
+    parser.add_argument(
+        "--max-queued",
+        type=non_negative_int,
+        help="requests that may wait for the engine; more get 429 "
+        f"{_default('max_queued_requests')}",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        help=f"seconds a request may take, queue included {_default('request_timeout_s')}",
+    )
+    parser.add_argument(
+        "--shutdown-grace",
+        type=float,
+        help="seconds in-flight requests get to finish on SIGTERM/SIGINT "
+        f"{_default('shutdown_grace_s')}",
+    )
+    parser.add_argument("--model-name", help="model id to list (default: the checkpoint name)")
+    parser.add_argument(
+        "--history-turns",
+        type=non_negative_int,
+        help=f"earlier chat turns carried {_default('history_turns')}",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (info logs each request)",
+    )
+    add_knowledge_base_arguments(parser)
+    add_model_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Open the knowledge base, load the model and serve until SIGTERM or SIGINT."""
+    serve: dict[str, Any] = {
+        field: getattr(args, option)
+        for option, field in _SERVE_OPTIONS.items()
+        if getattr(args, option) is not None
+    }
+    flags = {
+        f"serve.{field}": "--" + option.replace("_", "-")
+        for option, field in _SERVE_OPTIONS.items()
+    }
+    config = build_config(args, flags, serve=serve)
+    api_key = os.environ.get(config.serve.api_key_env) or None
+    from adarag.serve import AdaRagServer, create_app
+
+    logging.getLogger("adarag").setLevel(logging.INFO)
+    with open_knowledge_base(config) as kb:
+        rag = AdaRAG(config, retriever=kb)
+        app = create_app(rag, config.serve, api_key=api_key)
+        server = AdaRagServer(app, config.serve, log_level=args.log_level)
+        key = f"API key from ${config.serve.api_key_env}" if api_key else "no API key"
+        print(
+            f"serving {kb.count()} chunks of {config.retrieval.collection!r} as "
+            f"{app.state.service.model_id!r} ({key}); SIGTERM or Ctrl-C stops",
+            flush=True,
+        )
+        server.run()
+    return 0

@@ -1,0 +1,217 @@
+"""The FastAPI application: OpenAI's chat, completions and models routes, and the RAG query."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from adarag.config import ServeConfig
+from adarag.errors import AdaRagError
+from adarag.pipeline import AdaRAG
+from adarag.schema import GenerationParams
+from adarag.serve.errors import APIError, invalid_request, unauthorized
+from adarag.serve.protocol import ChatCompletionRequest, CompletionRequest, RagQueryRequest
+from adarag.serve.responses import Completion, rag_answer
+from adarag.serve.service import EngineService, StartAnswer, api_error
+
+logger = logging.getLogger(__name__)
+
+
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events whose clean-up runs however the response ends."""
+
+    def __init__(self, events: AsyncIterator[str], finish: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.headers["Cache-Control"] = "no-cache"
+        self._finish = finish
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send the events, then clean up (also when the client went away)."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._finish()
+
+
+def create_app(
+    rag: AdaRAG, config: ServeConfig | None = None, *, api_key: str | None = None
+) -> FastAPI:
+    """The OpenAI-compatible application over ``rag`` (its retriever is the knowledge base).
+
+    Args:
+        rag: The pipeline; the model loads when the application starts.
+        config: Server settings; ``rag.config.serve`` when None.
+        api_key: The key clients must send as ``Authorization: Bearer KEY``; None or empty:
+            no key is required.
+    """
+    config = config or rag.config.serve
+    service = EngineService(rag, config, config.model_name or _checkpoint_name(rag))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        logger.info("serving %s", service.model_id)
+        yield
+        await service.stop()
+
+    app = FastAPI(title="adarag", summary="OpenAI-compatible RAG server", lifespan=lifespan)
+    app.state.service = service
+    _add_error_handlers(app)
+    app.include_router(_routes(service, _key_check(api_key)))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return service.health()
+
+    return app
+
+
+def _routes(service: EngineService, check_key: Callable[[Request], None]) -> APIRouter:
+    config = service.config
+    rag = service.rag
+    router = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
+
+    @router.get("/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {"id": service.model_id, "object": "model", "created": 0, "owned_by": "adarag"}
+            ],
+        }
+
+    @router.post("/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest) -> Any:
+        params = body.params(config.default_max_tokens)
+        if body.rag:
+            try:
+                question, history = body.conversation(config.history_turns)
+            except ValueError as err:
+                raise invalid_request(str(err), "messages") from err
+            start: StartAnswer = partial(
+                rag.stream, question, history=history, params=params, top_k=body.top_k
+            )
+        else:
+            start = partial(rag.generate, body.chat_messages(), params=params)
+        return await _respond(service, start, params, Completion("chat", service.model_id), body)
+
+    @router.post("/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> Any:
+        params = body.params(config.default_max_tokens)
+        if body.rag:
+            start: StartAnswer = partial(
+                rag.stream, body.prompt_text, params=params, top_k=body.top_k
+            )
+        else:
+            start = partial(rag.generate, body.prompt_text, params=params)
+        return await _respond(service, start, params, Completion("text", service.model_id), body)
+
+    @router.post("/rag/query")
+    async def rag_query(body: RagQueryRequest) -> dict[str, Any]:
+        params = body.params()
+        start = partial(
+            rag.stream,
+            body.question,
+            chunks=body.chunks,
+            history=body.history,
+            params=params,
+            top_k=body.top_k,
+        )
+        return rag_answer(await service.answer(start), service.model_id)
+
+    return router
+
+
+async def _respond(
+    service: EngineService,
+    start: StartAnswer,
+    params: GenerationParams,
+    completion: Completion,
+    body: ChatCompletionRequest | CompletionRequest,
+) -> Any:
+    """The whole completion as JSON, or its stream of events."""
+    if not body.stream:
+        return completion.whole(await service.answer(start), params)
+    completion.include_usage = body.include_usage
+    events, finish = await service.stream(start, params, completion)
+    return EventStreamResponse(events, finish)
+
+
+def _key_check(api_key: str | None) -> Callable[[Request], None]:
+    """A dependency refusing requests without ``Authorization: Bearer <api_key>``."""
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
+    def check_key(request: Request) -> None:
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise unauthorized()
+
+    return check_key
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, err: APIError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    @app.exception_handler(AdaRagError)
+    async def on_adarag_error(request: Request, err: AdaRagError) -> JSONResponse:
+        failure = api_error(err)
+        return JSONResponse(failure.body(), status_code=failure.status)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, err: Exception) -> JSONResponse:
+        logger.exception("request failed")
+        failure = APIError(500, f"internal error: {type(err).__name__}", error_type="server_error")
+        return JSONResponse(failure.body(), status_code=500)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid_body(request: Request, err: RequestValidationError) -> JSONResponse:
+        failure = _describe_invalid(err)
+        return JSONResponse(failure.body(), status_code=failure.status)
+
+
+def _describe_invalid(err: RequestValidationError) -> APIError:
+    """The first problem of an invalid body, naming its field (``messages.0.role``)."""
+    errors = err.errors()
+    if not errors:
+        return invalid_request("the request body is invalid")
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # a union member's name (``str``, ``list[...]``) says nothing to the client
+    field = ".".join(p for p in location if p not in ("str", "int", "list") and "[" not in p)
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "json_invalid":
+        return invalid_request(f"the request body is not valid JSON ({message})")
+    if not field and first.get("type") in ("missing", "model_attributes_type", "dict_type"):
+        return invalid_request("the request body must be a JSON object")
+    value = first.get("input")
+    if first.get("type") not in ("missing", "extra_forbidden") and isinstance(
+        value, str | int | float | bool
+    ):
+        shown = repr(value)
+        message += f" (got {shown[:60] + '...' if len(shown) > 60 else shown})"
+    if first.get("type") == "extra_forbidden":
+        message = "unknown field (check its spelling)"
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return invalid_request(f"{field or 'body'}: {message}{more}", field or None)
+
+
+def _checkpoint_name(rag: AdaRAG) -> str:
+    """The model id to list: the loaded checkpoint's name (loads the model)."""
+    started = time.perf_counter()
+    name = str(rag.generator.checkpoint.name)
+    logger.info("model %s ready in %.1f s", name, time.perf_counter() - started)
+    return name

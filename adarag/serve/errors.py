@@ -1,0 +1,104 @@
+"""Errors of the HTTP server, in OpenAI's format: ``{"error": {message, type, param, code}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class APIError(Exception):
+    """A request answered with an HTTP error status and an OpenAI-style error body.
+
+    Args:
+        status: The HTTP status.
+        message: What went wrong and how to fix it.
+        error_type: OpenAI's ``type`` (``invalid_request_error``, ``server_error``, ...).
+        code: A short machine-readable code, or None.
+        param: The request field at fault, or None.
+        headers: Extra response headers (``Retry-After``, ``WWW-Authenticate``).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        error_type: str,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_type = error_type
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def invalid_request(message: str, param: str | None = None) -> APIError:
+    """400: the body names a bad field or value."""
+    return APIError(400, message, error_type="invalid_request_error", param=param, code="invalid")
+
+
+def unauthorized() -> APIError:
+    """401: the API key is missing or wrong."""
+    return APIError(
+        401,
+        "invalid or missing API key; send it as 'Authorization: Bearer KEY' (the key the server "
+        "was started with, from its API key environment variable)",
+        error_type="invalid_request_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+class QueueFullError(APIError):
+    """429: every active slot is busy and the wait queue is full."""
+
+    def __init__(self, max_active: int, max_queued: int) -> None:
+        super().__init__(
+            429,
+            f"the server is busy: {max_active} requests are running and {max_queued} are "
+            "waiting (serve.max_queued_requests); retry later",
+            error_type="rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": "1"},
+        )
+
+
+class ShuttingDownError(APIError):
+    """503: the server is shutting down and takes no more work."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            503,
+            "the server is shutting down; retry against another instance or after it restarts",
+            error_type="server_error",
+            code="shutting_down",
+            headers={"Retry-After": "5"},
+        )
+
+
+class RequestTimeoutError(APIError):
+    """504: the request ran past ``serve.request_timeout_s`` and was cancelled."""
+
+    def __init__(self, timeout_s: float, where: str) -> None:
+        super().__init__(
+            504,
+            f"the request took longer than {timeout_s:g} s (serve.request_timeout_s) {where} "
+            "and was cancelled; ask for fewer tokens or raise the timeout",
+            error_type="timeout_error",
+            code="request_timeout",
+        )

@@ -1,0 +1,172 @@
+"""The engine behind the routes: one pipeline, its slots and threads, answers whole or streamed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from adarag.config import ServeConfig
+from adarag.errors import AdaRagError, ConfigError, InputError
+from adarag.pipeline import AdaRAG, AnswerStream
+from adarag.schema import Answer, GenerationParams
+from adarag.serve.errors import APIError, invalid_request
+from adarag.serve.responses import DONE, Completion, sse_event
+from adarag.serve.scheduler import EngineSlots, EngineWorker, Slot
+
+logger = logging.getLogger(__name__)
+
+StartAnswer = Callable[[], AnswerStream]
+"""Retrieves and prefills (in a worker thread); returns the answer's stream."""
+
+
+def api_error(err: AdaRagError) -> APIError:
+    """An adarag error as an HTTP error: bad input 400, anything else 500."""
+    if isinstance(err, InputError | ConfigError):
+        return invalid_request(str(err))
+    return APIError(500, str(err), error_type="server_error", code=type(err).__name__)
+
+
+class EngineService:
+    """Serves requests from one :class:`AdaRAG`, at most ``config.max_active_requests`` at once.
+
+    Args:
+        rag: The pipeline (its retriever is the knowledge base chat requests answer from).
+        config: The server settings.
+        model_id: The id listed by ``/v1/models``.
+    """
+
+    def __init__(self, rag: AdaRAG, config: ServeConfig, model_id: str) -> None:
+        self.rag = rag
+        self.config = config
+        self.model_id = model_id
+        self.slots = EngineSlots(config.max_active_requests, config.max_queued_requests)
+        self.worker = EngineWorker(config.max_active_requests, config.request_timeout_s)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        """Load the model (and open the cache) before the first request."""
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(lambda: self.rag.cache)
+
+    def begin_shutdown_threadsafe(self) -> None:
+        """From any thread (a signal handler): refuse new and queued requests from now on."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._begin_shutdown)
+
+    def _begin_shutdown(self) -> None:
+        if not self.slots.is_closing:
+            refused = self.slots.close()
+            logger.info(
+                "shutting down: %d active requests finish, %d queued refused",
+                self.slots.num_active,
+                refused,
+            )
+
+    async def stop(self) -> None:
+        """Refuse new work, wait for engine work to end, then flush the KV cache to disk."""
+        self._begin_shutdown()
+        try:
+            async with asyncio.timeout(self.config.shutdown_grace_s + 5.0):
+                await self.slots.wait_idle()
+        except TimeoutError:
+            logger.warning("engine work still running at shutdown; flushing after it ends")
+        await asyncio.to_thread(self.worker.shutdown)
+        await asyncio.to_thread(self.rag.close)
+        logger.info("KV cache flushed")
+
+    async def answer(self, start: StartAnswer) -> Answer:
+        """The whole answer of ``start``'s stream, within the request's deadline.
+
+        Raises:
+            APIError: 429 queue full, 503 shutting down, 504 timed out, 400 bad input.
+        """
+        slot, deadline = await self._admit()
+        try:
+            stream = await self._start(slot, deadline, start)
+            try:
+                answer = await self.worker.call(slot, deadline, "answering", stream.answer)
+            finally:
+                self.worker.close_stream(slot, stream)  # nothing to do once it has ended
+            return answer
+        finally:
+            slot.release()
+
+    async def stream(
+        self, start: StartAnswer, params: GenerationParams, completion: Completion
+    ) -> tuple[AsyncIterator[str], Callable[[], None]]:
+        """Admit and prefill now (errors become HTTP statuses); return the events to stream.
+
+        Returns:
+            The events, and the clean-up to run when the response ends however it ends (also
+            when the events were never iterated): it closes the stream and frees the slot.
+
+        Raises:
+            APIError: 429 queue full, 503 shutting down, 504 timed out, 400 bad input.
+        """
+        slot, deadline = await self._admit()
+        try:
+            stream = await self._start(slot, deadline, start)
+        except BaseException:
+            slot.release()
+            raise
+
+        def finish() -> None:
+            self.worker.close_stream(slot, stream)
+            slot.release()
+
+        return self._events(slot, deadline, stream, params, completion, finish), finish
+
+    async def _events(
+        self,
+        slot: Slot,
+        deadline: float,
+        stream: AnswerStream,
+        params: GenerationParams,
+        completion: Completion,
+        finish: Callable[[], None],
+    ) -> AsyncIterator[str]:
+        """The stream's events; a failure mid-stream ends it with an error event.
+
+        The client going away (or the server's grace period running out) cancels the task:
+        the stream is then closed in a worker thread and its slot freed once it is.
+        """
+        try:
+            yield completion.first_chunk(stream.chunks, stream.trace)
+            while True:
+                delta = await self.worker.call(slot, deadline, "streaming", next, stream, None)
+                if delta is None:
+                    break
+                yield completion.delta_chunk(delta)
+            for event in completion.last_chunks(stream.answer(), params):
+                yield event
+        except APIError as err:
+            logger.info("stream ended early: %s", err.message)
+            yield sse_event(err.body())
+            yield DONE
+        except AdaRagError as err:
+            yield sse_event(api_error(err).body())
+            yield DONE
+        finally:
+            finish()
+
+    async def _admit(self) -> tuple[Slot, float]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_s
+        return await self.slots.acquire(deadline, self.config.request_timeout_s), deadline
+
+    async def _start(self, slot: Slot, deadline: float, start: StartAnswer) -> AnswerStream:
+        try:
+            return await self.worker.call(slot, deadline, "before its first token", start)
+        except AdaRagError as err:
+            raise api_error(err) from err
+
+    def health(self) -> dict[str, Any]:
+        """The server's state and load."""
+        return {
+            "status": "shutting_down" if self.slots.is_closing else "ok",
+            "model": self.model_id,
+            "active_requests": self.slots.num_active,
+            "queued_requests": self.slots.num_queued,
+        }
