@@ -13,11 +13,13 @@ import stat
 import typing
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -324,6 +326,121 @@ class StoreConfig(_Frozen):
     eviction_policy: Literal["lru", "lfu"] = Field(
         default="lru", description="'lru' or frequency-aware 'lfu' (with recency tie-break)."
     )
+    remote_url: str | None = Field(
+        default=None,
+        description="A third tier under memory and disk, shared by processes and machines: a "
+        "Redis-protocol server (Redis, Valkey) as 'redis://host:port/db', 'rediss://host:port/db' "
+        "(TLS) or 'unix:///path/to.sock?db=0'; None: the local tiers only. Needs the `remote` "
+        "extra. A local miss is looked up there before it is recomputed; an unreachable server "
+        "leaves the local tiers serving alone.",
+    )
+    remote_username: str | None = Field(
+        default=None, description="User name for the server's AUTH (ACL users); None: none."
+    )
+    remote_password: SecretStr | None = Field(
+        default=None, description="Password for the server's AUTH; None: none (or the URL's)."
+    )
+    remote_tls_ca_file: Path | None = Field(
+        default=None,
+        description="CA bundle that verifies the server's certificate (rediss:// only); None: "
+        "the system's CAs.",
+    )
+    remote_tls_cert_file: Path | None = Field(
+        default=None, description="Client certificate for mutual TLS (rediss:// only)."
+    )
+    remote_tls_key_file: Path | None = Field(
+        default=None, description="Private key of remote_tls_cert_file (rediss:// only)."
+    )
+    remote_ttl_seconds: int | None = Field(
+        default=7 * 24 * 3600,
+        ge=1,
+        description="Seconds an entry lives on the server after it is written; None: until the "
+        "server evicts it. The server's own maxmemory (with maxmemory-policy allkeys-lru) caps "
+        "its size.",
+    )
+    remote_timeout_s: float = Field(
+        default=2.0, gt=0.0, le=60.0, description="Connect and reply timeout of each request."
+    )
+    remote_retry_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        le=3600.0,
+        description="After the server fails a request, seconds the local tiers serve alone "
+        "before it is tried again.",
+    )
+    remote_key_prefix: str = Field(
+        default="adarag",
+        min_length=1,
+        max_length=64,
+        description="First part of every key on the server (the entry format and the model "
+        "namespace follow); deployments sharing one server database may each take their own.",
+    )
+
+    @field_validator("remote_url")
+    @classmethod
+    def _check_remote_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        reason = _remote_url_problem(value)
+        if reason is not None:
+            shown = redact_url(value)
+            raise ValueError(
+                f"remote_url must be a Redis URL such as 'redis://localhost:6379/0', "
+                f"'rediss://host:6380/0' or 'unix:///run/valkey.sock?db=0' ({reason}), got "
+                f"{shown!r}"
+            )
+        return value
+
+    @field_validator("remote_key_prefix")
+    @classmethod
+    def _check_remote_key_prefix(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", value):
+            raise ValueError(
+                f"remote_key_prefix must be letters, digits, '.', '_' or '-', got {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_remote_tls(self) -> StoreConfig:
+        tls_files = [
+            name
+            for name in ("remote_tls_ca_file", "remote_tls_cert_file", "remote_tls_key_file")
+            if getattr(self, name) is not None
+        ]
+        if tls_files and not (self.remote_url or "").startswith("rediss://"):
+            raise ValueError(
+                f"{', '.join(tls_files)} apply to TLS connections only; make remote_url a "
+                "rediss:// URL or drop them"
+            )
+        if (self.remote_tls_key_file is None) != (self.remote_tls_cert_file is None):
+            raise ValueError("remote_tls_cert_file and remote_tls_key_file go together; set both")
+        return self
+
+
+def _remote_url_problem(url: str) -> str | None:
+    """Why ``url`` is not a Redis URL the client can open, or None when it is."""
+    try:
+        parsed = urlsplit(url)
+        port = parsed.port
+    except ValueError as err:
+        return str(err)
+    if parsed.scheme not in ("redis", "rediss", "unix"):
+        return f"unknown scheme {parsed.scheme + ':' if parsed.scheme else 'none'}"
+    if parsed.scheme == "unix":
+        return None if parsed.path else "no socket path"
+    if not parsed.hostname:
+        return "no host"
+    if port == 0:
+        return "port 0"
+    database = parsed.path.strip("/")
+    if database and not database.isdigit():
+        return f"database {database!r} is not a number"
+    return None
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages and logs)."""
+    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
 
 
 class FusionConfig(_Frozen):

@@ -1,8 +1,9 @@
 """On-disk chunk-KV entries: one safetensors file each, verified before it is served.
 
-A file holds tensors ``k`` and ``v`` and string metadata: the format tag, the model namespace,
-the keys the entry answers to, its start position and a BLAKE2b checksum over all of that and
-the tensor bytes, shapes and dtypes. The file name is the digest of the entry's keys, so a file
+A file holds one entry's bytes (:mod:`adarag.cache.entry_format`): its tensors and string
+metadata -- the format tag, the model namespace, the keys the entry answers to, its start
+position and a BLAKE2b checksum over all of that and the tensor bytes, shapes and dtypes. The
+file name is the digest of the entry's keys, so a file
 renamed, swapped or edited is detected. Reading checks, before an entry is served: the header
 parses, the format and namespace are this store's, the keys hash to the file name, the tensors
 have the store's dtype and the model's layer/head layout, and the checksum matches. A damaged
@@ -16,8 +17,6 @@ pickled.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import stat
@@ -26,23 +25,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load, save
-
-from adarag.cache.codec import InvalidEntry, KVCodec, StoredKV
+from adarag.cache.codec import KVCodec, StoredKV
+from adarag.cache.entry_format import (
+    MAX_HEADER_BYTES,
+    RejectedEntry,
+    check_metadata,
+    decode_entry,
+    encode_entry,
+    header_metadata,
+)
 from adarag.cache.keys import digest
 from adarag.errors import CacheError
 from adarag.files import process_running
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "adarag-kv-2"
-OUTDATED_FORMATS = frozenset({"adarag-kv-1"})  # written by earlier adarag versions: deleted
 SUFFIX = ".kv.safetensors"
 STAGING_PREFIX = ".tmp-"
 QUARANTINE = "quarantine"
-_MAX_HEADER = 1 << 20  # an entry's header (a few keys) is far smaller
 
 
 @dataclass(frozen=True)
@@ -53,15 +53,6 @@ class DiskHeader:
     keys: tuple[str, ...]
     nbytes: int
     created_ns: int
-
-
-class _Rejected(Exception):
-    """A file that must not be served; ``foreign`` files are quarantined, others deleted."""
-
-    def __init__(self, reason: str, *, foreign: bool = False, outdated: bool = False) -> None:
-        super().__init__(reason)
-        self.foreign = foreign
-        self.outdated = outdated
 
 
 class DiskTier:
@@ -128,17 +119,8 @@ class DiskTier:
         ``created_ns`` is when the entry was stored: of two files claiming a key, the newer
         entry wins it on restart, whichever was written first.
         """
-        tensors = {name: t.contiguous() for name, t in stored.tensors.items()}
-        metadata = {
-            "format": FORMAT,
-            "model": self.model_fingerprint,
-            "keys": json.dumps(list(keys)),
-            "start_position": str(stored.start_position),
-            "created_ns": str(created_ns),
-        }
-        metadata["checksum"] = _checksum(metadata, tensors)
         assert entry_id == digest(*sorted(keys)), "an entry's id is the digest of its keys"
-        return save(tensors, metadata=metadata)
+        return encode_entry(self.model_fingerprint, keys, stored, created_ns)
 
     def write(self, entry_id: str, data: bytes) -> int:
         """Write encoded entry bytes atomically (staged, synced, renamed); returns the size."""
@@ -163,24 +145,15 @@ class DiskTier:
                 data = handle.read()
         except FileNotFoundError:
             return None  # evicted meanwhile (by another process sharing the directory)
-        except (OSError, _Rejected) as err:
-            self._set_aside(path, err if isinstance(err, _Rejected) else _Rejected(str(err)))
+        except (OSError, RejectedEntry) as err:
+            self._set_aside(
+                path, err if isinstance(err, RejectedEntry) else RejectedEntry(str(err))
+            )
             return None
         try:
-            metadata = _header_metadata(data)
-            self._check_metadata(path, metadata)
-            tensors = load(data)
-            stored = StoredKV(tensors, int(metadata["start_position"]))
-            self.codec.check(stored)
-            if metadata.get("checksum") != _checksum(metadata, tensors):
-                raise _Rejected("checksum mismatch")
-            return stored
-        except _Rejected as rejected:
+            return decode_entry(data, entry_id, self.model_fingerprint, self.codec)[1]
+        except RejectedEntry as rejected:
             self._set_aside(path, rejected, inode)
-        except InvalidEntry as invalid:
-            self._set_aside(path, _Rejected(str(invalid)), inode)
-        except (SafetensorError, ValueError, KeyError, RuntimeError) as err:
-            self._set_aside(path, _Rejected(f"unreadable ({err})"), inode)
         return None
 
     def remove(self, entry_id: str) -> None:
@@ -193,43 +166,26 @@ class DiskTier:
                 inode = os.fstat(handle.fileno()).st_ino
                 size = os.fstat(handle.fileno()).st_size
                 prefix = handle.read(8)
-                prefix += handle.read(min(int.from_bytes(prefix[:8], "little"), _MAX_HEADER))
+                prefix += handle.read(min(int.from_bytes(prefix[:8], "little"), MAX_HEADER_BYTES))
         except FileNotFoundError:
             return None
-        except (OSError, _Rejected) as err:
-            self._set_aside(path, err if isinstance(err, _Rejected) else _Rejected(str(err)))
+        except (OSError, RejectedEntry) as err:
+            self._set_aside(
+                path, err if isinstance(err, RejectedEntry) else RejectedEntry(str(err))
+            )
             return None
         try:
-            metadata = _header_metadata(prefix)
-            keys = self._check_metadata(path, metadata)
+            metadata = header_metadata(prefix)
+            keys = check_metadata(metadata, path.name.removesuffix(SUFFIX), self.model_fingerprint)
             created_ns = int(metadata.get("created_ns", "0"))
             return DiskHeader(path.name.removesuffix(SUFFIX), keys, size, created_ns)
-        except _Rejected as rejected:
+        except RejectedEntry as rejected:
             self._set_aside(path, rejected, inode)
         except ValueError as err:
-            self._set_aside(path, _Rejected(f"unreadable header ({err})"), inode)
+            self._set_aside(path, RejectedEntry(f"unreadable header ({err})"), inode)
         return None
 
-    def _check_metadata(self, path: Path, metadata: dict[str, str]) -> tuple[str, ...]:
-        """The entry's keys, once format, namespace and file name are checked."""
-        if metadata.get("format") != FORMAT:
-            found = metadata.get("format")
-            if found in OUTDATED_FORMATS:
-                raise _Rejected(f"outdated format {found}", outdated=True)
-            raise _Rejected(f"format {found!r}, not {FORMAT}", foreign=True)
-        if metadata.get("model") != self.model_fingerprint:
-            raise _Rejected(f"written for model {metadata.get('model')!r}", foreign=True)
-        try:
-            keys = json.loads(metadata["keys"])
-        except (KeyError, json.JSONDecodeError) as err:
-            raise _Rejected(f"unreadable key list ({err})") from err
-        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
-            raise _Rejected("the key list is not a list of strings")
-        if path.name.removesuffix(SUFFIX) != digest(*sorted(keys)):
-            raise _Rejected("its keys do not match its file name (renamed, swapped or edited)")
-        return tuple(keys)
-
-    def _set_aside(self, path: Path, rejected: _Rejected, inode: int | None = None) -> None:
+    def _set_aside(self, path: Path, rejected: RejectedEntry, inode: int | None = None) -> None:
         """Quarantine a foreign file (or anything but a regular file); delete a damaged one.
 
         ``inode`` is the file that was read: if another process has since replaced it, the new
@@ -263,53 +219,23 @@ class DiskTier:
             logger.warning("cannot delete %s (%s); it is skipped", path, err)
 
 
-def _checksum(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> str:
-    """BLAKE2b of the metadata (but the checksum) and each tensor's name, dtype, shape, bytes."""
-    hasher = hashlib.blake2b(digest_size=16)
-    signed = {name: value for name, value in metadata.items() if name != "checksum"}
-    hasher.update(json.dumps(signed, sort_keys=True).encode())
-    for name in sorted(tensors):
-        tensor = tensors[name]
-        hasher.update(f"{name}:{tensor.dtype}{tuple(tensor.shape)}".encode())
-        hasher.update(tensor.contiguous().view(torch.uint8).numpy().data)
-    return hasher.hexdigest()
-
-
 def _open_regular(path: Path) -> BinaryIO:
     """Open a regular file for reading without following a link or blocking on a FIFO.
 
     Raises:
         FileNotFoundError: Nothing is there.
-        _Rejected: A link, a directory, a FIFO or a device is there.
+        RejectedEntry: A link, a directory, a FIFO or a device is there.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         raise
     except OSError as err:
-        raise _Rejected(f"not a readable regular file ({err.strerror})") from err
+        raise RejectedEntry(f"not a readable regular file ({err.strerror})") from err
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise _Rejected("not a regular file")
+        raise RejectedEntry("not a regular file")
     return os.fdopen(fd, "rb")
-
-
-def _header_metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors header at the start of ``data``.
-
-    Raises:
-        ValueError: The header is cut short, not JSON, or its metadata is not strings.
-    """
-    if len(data) < 8:
-        raise ValueError("shorter than a safetensors header")
-    length = int.from_bytes(data[:8], "little")
-    if length > min(len(data) - 8, _MAX_HEADER):
-        raise ValueError(f"header of {length} bytes runs past the file")
-    header = json.loads(data[8 : 8 + length])
-    metadata = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise ValueError("no string metadata in the header")
-    return metadata
 
 
 def _remove_orphaned_staging(directory: Path) -> None:

@@ -1,8 +1,11 @@
-"""Chunk-KV storage: a byte-capped memory tier that spills to a byte-capped disk tier.
+"""Chunk-KV storage: a byte-capped memory tier spilling to a byte-capped disk tier (and more).
 
+Under them an optional shared tier lives on a Redis-protocol server (:mod:`adarag.cache.remote`).
 An entry is one chunk's KV; several keys may point at it (a chunk's hard and soft keys share one
-copy). Entries evicted from memory are written to disk (if they are not there already); entries
-put with ``persist=True`` are written through at once; :meth:`TieredKVStore.flush` writes the rest.
+copy). Entries evicted from memory are written to disk and to the shared tier (where they are not
+already); entries put with ``persist=True`` are written through at once;
+:meth:`TieredKVStore.flush` writes the rest. A key missing locally is looked up in the shared
+tier; a verified hit there is promoted into memory (and reaches the disk when it is spilled).
 Every method takes one lock, so threads of one process may share a store; entries are immutable
 once stored, so readers never see a torn entry.
 """
@@ -20,8 +23,10 @@ from typing import Protocol
 from adarag.cache.codec import KVCodec, StoredKV, TokenLayout
 from adarag.cache.disk import DiskTier
 from adarag.cache.entry import ChunkKV
+from adarag.cache.entry_format import encode_entry
 from adarag.cache.eviction import EntryUsage, make_policy
 from adarag.cache.keys import digest
+from adarag.cache.remote import RemoteHit, RemoteTier
 from adarag.config import StoreConfig
 
 logger = logging.getLogger(__name__)
@@ -35,7 +40,7 @@ class KVStore(Protocol):
         ...
 
     def contains(self, key: str) -> bool:
-        """Whether ``key`` is stored (in memory or on disk)."""
+        """Whether ``key`` is stored (in memory, on disk or in a shared tier)."""
         ...
 
     def put(self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False) -> None:
@@ -59,6 +64,13 @@ class StoreStats:
     disk_evictions: int = 0
     disk_reads: int = 0
     disk_writes: int = 0
+    remote_hits: int = 0
+    remote_misses: int = 0
+    remote_writes: int = 0
+    remote_read_bytes: int = 0
+    remote_write_bytes: int = 0
+    remote_dropped: int = 0
+    remote_failures: int = 0
 
 
 @dataclass
@@ -69,6 +81,7 @@ class _Entry:
     stored: StoredKV | None = None  # None: on disk only
     memory_bytes: int = 0
     disk_bytes: int = 0  # 0: not on disk
+    remote: bool = False  # sent to (or read from) the shared tier
 
 
 @dataclass
@@ -83,15 +96,17 @@ class TieredKVStore:
     Args:
         config: Capacities, storage dtype, eviction policy.
         directory: The disk tier's directory for this model, or None for memory only.
-        model_fingerprint: Tells this model's disk entries from any other's.
+        model_fingerprint: Tells this model's disk and shared entries from any other's.
         layout: The model's per-token KV layout; disk entries of another shape are never
             served (unchecked when None).
 
-    Both tiers stay within their byte caps at every moment: room is made before an entry is
-    written, and an entry larger than a tier's cap is not kept in that tier.
+    Both local tiers stay within their byte caps at every moment: room is made before an entry
+    is written, and an entry larger than a tier's cap is not kept in that tier. With
+    ``config.remote_url`` a shared tier sits under them (its size is the server's to cap).
 
     Raises:
         CacheError: The disk directory is not writable.
+        MissingDependencyError: ``remote_url`` is set and the ``redis`` package is missing.
     """
 
     def __init__(
@@ -102,6 +117,7 @@ class TieredKVStore:
         layout: TokenLayout | None = None,
     ) -> None:
         self.config = config
+        self.model_fingerprint = model_fingerprint
         self.codec = KVCodec(config.storage_dtype, layout)
         self.policy = make_policy(config.eviction_policy)
         self.stats = StoreStats()
@@ -122,9 +138,23 @@ class TieredKVStore:
                 )
                 self.stats.disk_bytes += header.nbytes
             self._evict_disk()
+        self.remote: RemoteTier | None = None
+        if config.remote_url is not None:
+            self.remote = RemoteTier(config, model_fingerprint, self.codec)
 
     def get(self, key: str) -> ChunkKV | None:
-        """The entry under ``key`` (loaded from disk into memory if needed), or None."""
+        """The entry under ``key`` (loaded from disk or the shared tier if needed), or None."""
+        stored = self._get_local(key)
+        if stored is None and self.remote is not None:
+            hit = self.remote.fetch(key)  # outside the lock: other threads go on meanwhile
+            if hit is not None:
+                with self._lock:
+                    self._promote(hit)
+                stored = hit.stored
+        return None if stored is None else self.codec.decode(stored)
+
+    def _get_local(self, key: str) -> StoredKV | None:
+        """The stored entry under ``key`` in memory or on disk (read into memory), or None."""
         with self._lock:
             entry_id = self._index.key_to_entry.get(key)
             if entry_id is None:
@@ -142,12 +172,14 @@ class TieredKVStore:
                 entry.stored, entry.memory_bytes = stored, stored.nbytes
                 self.stats.memory_bytes += stored.nbytes
                 self._evict_memory(keep=entry_id)
-        return self.codec.decode(stored)
+            return stored
 
     def contains(self, key: str) -> bool:
         """Whether ``key`` is stored in either tier."""
         with self._lock:
-            return key in self._index.key_to_entry
+            if key in self._index.key_to_entry:
+                return True
+        return self.remote is not None and self.remote.exists(key)
 
     def put(self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False) -> None:
         """Store ``kv`` (encoded in the storage format) under ``keys``.
@@ -159,32 +191,22 @@ class TieredKVStore:
         """
         assert keys, "an entry needs at least one key"
         stored = self.codec.encode(kv)
-        entry_id = digest(*sorted(keys))
         with self._lock:
-            for key in keys:
-                self._unlink_key(key)
-            if entry_id in self._index.entries:
-                self._forget(entry_id)
-            now = time.time()
-            usage = EntryUsage(0, now, now)
-            entry = _Entry(set(keys), usage, tuple(sorted(keys)), stored, stored.nbytes)
-            self._link(entry_id, entry)
-            self.stats.memory_bytes += stored.nbytes
-            if persist:
-                self._write_disk(entry_id, entry)
-            self._evict_memory(keep=entry_id)
+            self._insert(keys, stored, persist=persist)
 
     def discard(self, key: str) -> None:
-        """Forget ``key``; its entry (and file) is deleted once no key points at it."""
+        """Forget ``key`` (also in the shared tier); its entry goes once no key points at it."""
         with self._lock:
             self._unlink_key(key)
+        if self.remote is not None:
+            self.remote.forget(key)
 
     def flush(self) -> None:
-        """Write every memory-only entry to disk (call before the process exits)."""
+        """Write every memory-only entry to disk and the shared tier (call before exiting)."""
         with self._lock:
             for entry_id, entry in list(self._index.entries.items()):
-                if entry.stored is not None and not entry.disk_bytes:
-                    self._write_disk(entry_id, entry)
+                if entry.stored is not None:
+                    self._spill(entry_id, entry)
 
     def snapshot(self) -> StoreStats:
         """A copy of the current statistics."""
@@ -192,9 +214,50 @@ class TieredKVStore:
             entries = self._index.entries.values()
             self.stats.memory_entries = sum(1 for e in entries if e.stored is not None)
             self.stats.disk_entries = sum(1 for e in entries if e.disk_bytes)
+            if self.remote is not None:
+                for name, value in vars(self.remote.snapshot()).items():
+                    setattr(self.stats, f"remote_{name}", value)
             return StoreStats(**vars(self.stats))
 
     # --- internals (called with the lock held)
+
+    def _insert(
+        self, keys: Sequence[str], stored: StoredKV, *, persist: bool, on_remote: bool = False
+    ) -> _Entry:
+        entry_id = digest(*sorted(keys))
+        for key in keys:
+            self._unlink_key(key)
+        if entry_id in self._index.entries:
+            self._forget(entry_id)
+        now = time.time()
+        usage = EntryUsage(0, now, now)
+        entry = _Entry(set(keys), usage, tuple(sorted(keys)), stored, stored.nbytes)
+        entry.remote = on_remote
+        self._link(entry_id, entry)
+        self.stats.memory_bytes += stored.nbytes
+        if persist:
+            self._spill(entry_id, entry)
+        self._evict_memory(keep=entry_id)
+        return entry
+
+    def _promote(self, hit: RemoteHit) -> None:
+        """Keep an entry read from the shared tier in memory (it reaches disk when spilled)."""
+        entry = self._insert(hit.keys, hit.stored, persist=False, on_remote=True)
+        entry.usage.num_hits += 1
+
+    def _spill(self, entry_id: str, entry: _Entry) -> None:
+        """Write an entry to the tiers under memory that lack it (one encoding for both)."""
+        stored = entry.stored
+        to_disk = self.disk is not None and not entry.disk_bytes
+        to_remote = self.remote is not None and not entry.remote
+        if stored is None or not (to_disk or to_remote):
+            return
+        created_ns = int(entry.usage.inserted * 1e9)
+        data = encode_entry(self.model_fingerprint, entry.created_keys, stored, created_ns)
+        if to_disk:
+            self._write_disk(entry_id, entry, data)
+        if self.remote is not None and to_remote:
+            entry.remote = self.remote.write(entry_id, entry.created_keys, data)
 
     def _link(self, entry_id: str, entry: _Entry) -> None:
         self._index.entries[entry_id] = entry
@@ -221,12 +284,9 @@ class TieredKVStore:
             self.disk.remove(entry_id)
             self.stats.disk_bytes -= entry.disk_bytes
 
-    def _write_disk(self, entry_id: str, entry: _Entry) -> None:
-        stored = entry.stored
-        if self.disk is None or stored is None:
+    def _write_disk(self, entry_id: str, entry: _Entry, data: bytes) -> None:
+        if self.disk is None or entry.stored is None:
             return
-        created_ns = int(entry.usage.inserted * 1e9)
-        data = self.disk.encode(entry_id, entry.created_keys, stored, created_ns)
         if entry.disk_bytes:  # replaced below (or dropped when it no longer fits)
             self.stats.disk_bytes -= entry.disk_bytes
             entry.disk_bytes = 0
@@ -248,8 +308,7 @@ class TieredKVStore:
             resident = [(i, e) for i, e in self._index.entries.items() if e.stored is not None]
             candidates = [(i, e) for i, e in resident if i != keep] or resident
             victim_id, victim = min(candidates, key=self._priority)
-            if self.disk is not None and not victim.disk_bytes:
-                self._write_disk(victim_id, victim)
+            self._spill(victim_id, victim)
             self.stats.memory_bytes -= victim.memory_bytes
             self.stats.memory_evictions += 1
             victim.stored, victim.memory_bytes = None, 0
