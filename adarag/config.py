@@ -41,7 +41,7 @@ MAX_CONFIG_FILE_BYTES = 1 << 20
 """A configuration file larger than this is refused (it is never a configuration)."""
 
 _DEVICE = re.compile(r"^(cpu|cuda|mps|xpu|hpu|npu|meta)(:[0-9]+)?$")
-_RESERVED_PROMPT_CHARACTERS = ("\x00", "\x01")  # the prompt builder's own markers
+_RESERVED_PROMPT_CHARACTERS = ("\x00", "\x01", "\x02")  # the prompt builder's own markers
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -200,6 +200,27 @@ class PromptConfig(_Frozen):
         default="Question: {question}",
         description="Text after the chunks; must contain '{question}'.",
     )
+    enable_turn_reuse: bool = Field(
+        default=True,
+        description="Lay each earlier turn of a conversation out as a segment of its own after "
+        "the chunks, cached and reused like a chunk, so a follow-up computes only the turn it "
+        "adds and its question; off: the earlier turns are part of the query suffix and "
+        "recomputed every turn.",
+    )
+    citations: bool = Field(
+        default=False,
+        description="Number the passages ([1], [2], ...) and ask the model to cite them; each "
+        "number is a segment of its own before its chunk, so chunk KV is reused as without "
+        "citations.",
+    )
+    citation_label: str = Field(
+        default="[{number}] ",
+        description="The label before each passage with citations; must contain '{number}'.",
+    )
+    citation_instruction: str = Field(
+        default="Cite the passages you use by their numbers, e.g. [1].",
+        description="Added after the question (in the query suffix) with citations.",
+    )
 
     @model_validator(mode="after")
     def _check_template(self) -> PromptConfig:
@@ -214,10 +235,22 @@ class PromptConfig(_Frozen):
                 f"question_template may hold no placeholder but '{{question}}' (write '{{{{' and "
                 f"'}}}}' for literal braces), got {self.question_template!r}"
             ) from err
-        for name in ("system_prompt", "context_intro", "chunk_separator", "question_template"):
+        if "{number}" not in self.citation_label:
+            raise ValueError(
+                f"citation_label must contain '{{number}}', got {self.citation_label!r}"
+            )
+        names = (
+            "system_prompt",
+            "context_intro",
+            "chunk_separator",
+            "question_template",
+            "citation_label",
+            "citation_instruction",
+        )
+        for name in names:
             if any(char in getattr(self, name) for char in _RESERVED_PROMPT_CHARACTERS):
                 raise ValueError(
-                    f"{name} must not contain the characters \\x00 or \\x01 (reserved for the "
+                    f"{name} must not contain the characters \\x00 to \\x02 (reserved for the "
                     "prompt layout); remove them"
                 )
         return self

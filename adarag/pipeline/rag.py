@@ -368,16 +368,20 @@ class AdaRAG:
                 raise InputError(f"chunk {idx} is not text; pass its text as a string")
             if not chunk.text.strip():
                 raise InputError(f"chunk {idx} is empty; drop it or pass its text")
-        system_ids, query_ids = prompts.system_ids, prompts.query_ids(question, history)
+        system_ids = prompts.system_ids
+        history_ids, query_ids = prompts.query_segments(question, history)
         room = self.generator.max_context_tokens - params.max_new_tokens
-        alone = len(system_ids) + len(query_ids)
+        alone = len(system_ids) + sum(map(len, history_ids)) + len(query_ids)
         used = alone
         fitting: list[tuple[int, ...]] = []
         for chunk in chunks:
             ids = prompts.chunk_ids(chunk.text)
-            if used + len(ids) > room:
+            num_tokens = len(ids)
+            if prompts.config.citations:  # its citation label
+                num_tokens += len(prompts.chunk_label_ids(len(fitting) + 1))
+            if used + num_tokens > room:
                 break  # this chunk and every lower-ranked one are left out, untokenized
-            used += len(ids)
+            used += num_tokens
             fitting.append(ids)
         keep = len(fitting)
         if keep < len(chunks):
@@ -396,8 +400,9 @@ class AdaRAG:
                 params.max_new_tokens,
                 self.generator.max_context_tokens,
             )
-        layout = PromptLayout(system_ids, tuple(fitting), query_ids) if keep else None
-        return layout, list(chunks[:keep])
+        labels = prompts.chunk_labels(keep)
+        layout = PromptLayout(system_ids, tuple(fitting), query_ids, history_ids, labels)
+        return (layout if keep else None), list(chunks[:keep])
 
     def answer_each_step(
         self,
