@@ -20,6 +20,8 @@ from adarag.schema import PromptLayout
 
 _CHUNKS_MARKER = "\x00ADARAG_CHUNKS\x00"
 _TURN_MARKER = "\x02"  # where an earlier turn ends and the next one starts
+CITATION_KEY = "citation_number"
+"""Metadata key of a source's citation number (1-based) in an answer with citations."""
 _CITATION = re.compile(r"\[(\d{1,4})\]")
 
 Turn = tuple[str, str]

@@ -28,7 +28,13 @@ from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
 from adarag.errors import ConfigError, InputError
-from adarag.pipeline.prompt import PromptBuilder, Turn, check_text, retrieval_query
+from adarag.pipeline.prompt import (
+    CITATION_KEY,
+    PromptBuilder,
+    Turn,
+    check_text,
+    retrieval_query,
+)
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.pipeline.stream import (
     AnswerStream,
@@ -343,6 +349,8 @@ class AdaRAG:
             prepared = self._augmented().run(layout, fitting, params, started, retrieval_s)
         if dropped:
             prepared.trace = dataclasses.replace(prepared.trace, num_dropped_chunks=dropped)
+        if self.config.prompt.citations:
+            prepared.chunks = numbered(prepared.chunks)
         return AnswerStream(prepared, self._decoder(params))
 
     def _fit_context(
@@ -608,6 +616,14 @@ class AdaRAG:
             close = getattr(tokens, "close", None)
             if close is not None:
                 close()  # ends a backend request the caller stopped early
+
+
+def numbered(chunks: Sequence[Chunk]) -> tuple[Chunk, ...]:
+    """The chunks with their citation numbers (1 for the first) in their metadata."""
+    return tuple(
+        dataclasses.replace(chunk, metadata={**chunk.metadata, CITATION_KEY: idx + 1})
+        for idx, chunk in enumerate(chunks)
+    )
 
 
 def _locked_steps(
