@@ -403,6 +403,14 @@ class RetrievalConfig(_Frozen):
     )
     chunk_tokens: int = Field(default=256, ge=16, description="Tokens per ingested chunk.")
     chunk_overlap_tokens: int = Field(default=32, ge=0, description="Overlap of adjacent chunks.")
+    splitter: Literal["tokens", "sentences", "markdown"] = Field(
+        default="markdown",
+        description="How ingest cuts documents into chunks of at most chunk_tokens model tokens: "
+        "'tokens' (windows cut between words), 'sentences' (whole sentences; only a sentence "
+        "over the budget is cut), or 'markdown' (a .md file section by section at its "
+        "headings, each chunk recording its heading path; other files as 'sentences'). A file "
+        "ingested with another splitter is re-split on the next ingest.",
+    )
     collection: str = Field(
         default="adarag",
         min_length=3,

@@ -216,7 +216,8 @@ class PromptBuilder:
             for idx in range(len(chunks))
         ]
         context = config.context_intro + "".join(
-            label + text + config.chunk_separator for label, text in zip(labels, chunks, strict=True)
+            label + text + config.chunk_separator
+            for label, text in zip(labels, chunks, strict=True)
         )
         return self._turn_messages([*history, (self._cited(question), None)], context)
 

@@ -36,7 +36,9 @@ def test_the_llama_index_engine_numbers_its_sources_and_reuses_chunk_kv(kb_rag, 
     texts = [node.node.get_content() for node in response.source_nodes]
     context = engine.rag.prompts.messages(LOTHAIR_QUESTION, texts)[1]["content"]
     assert all(f"[{idx + 1}] {text}" in context for idx, text in enumerate(texts))
-    plain = AdaptiveCachedQueryEngine.from_knowledge_base(knowledge_base, kb_rag, similarity_top_k=3)
+    plain = AdaptiveCachedQueryEngine.from_knowledge_base(
+        knowledge_base, kb_rag, similarity_top_k=3
+    )
     assert not plain.rag.config.prompt.citations  # the shared pipeline is left as it was
 
 

@@ -17,7 +17,9 @@ PARAMS = GenerationParams(max_new_tokens=4)
 @pytest.fixture()
 def make_rag(tiny_checkpoints, tiny_config):
     def make(**overrides):
-        return AdaRAG(tiny_config(tiny_checkpoints["llama"], augment={"enabled": False}, **overrides))
+        return AdaRAG(
+            tiny_config(tiny_checkpoints["llama"], augment={"enabled": False}, **overrides)
+        )
 
     return make
 
