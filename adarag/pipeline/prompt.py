@@ -276,6 +276,15 @@ class PromptBuilder:
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
 
+def condense_prompt(template: str, question: str, history: Sequence[Turn]) -> str:
+    """The prompt asking the model to rewrite ``question`` after ``history`` as a standalone one.
+
+    ``template`` holds ``{chat_history}`` (Human/Assistant lines) and ``{question}``.
+    """
+    lines = [f"{who}: {text}" for turn in history for who, text in zip(("Human", "Assistant"), turn)]
+    return template.replace("{chat_history}", "\n".join(lines)).replace("{question}", question)
+
+
 def cited_numbers(text: str) -> list[int]:
     """The passage numbers an answer cites (``[2]`` gives 2), in order of first citation."""
     return list(dict.fromkeys(int(found) for found in _CITATION.findall(text)))

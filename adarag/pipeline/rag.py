@@ -33,6 +33,7 @@ from adarag.pipeline.prompt import (
     PromptBuilder,
     Turn,
     check_text,
+    condense_prompt,
     retrieval_query,
 )
 from adarag.pipeline.steps import AugmentedPrefill
@@ -272,6 +273,27 @@ class AdaRAG:
             )
         return list(self.retriever.retrieve(question, k))
 
+    def standalone_question(self, question: str, history: Sequence[Turn] = ()) -> str:
+        """What a conversation's ``question`` is retrieved with (``chat.standalone_question``).
+
+        ``"concatenate"``: the earlier questions, then this one (:func:`retrieval_query`);
+        ``"condense"``: the model's rewrite of the question and the earlier turns as one
+        standalone question (greedy, at most ``chat.max_condense_tokens`` tokens; its first
+        line), or the concatenation when the rewrite comes out empty. Without history it is
+        ``question`` itself.
+        """
+        chat = self.config.chat
+        if not history or chat.standalone_question == "concatenate":
+            return retrieval_query(question, history)
+        prompt = condense_prompt(chat.condense_prompt, question, history)
+        params = GenerationParams(max_new_tokens=chat.max_condense_tokens)
+        rewrite = self.generate([{"role": "user", "content": prompt}], params=params).answer()
+        lines = [line.strip() for line in rewrite.text.strip().splitlines() if line.strip()]
+        if not lines:
+            logger.warning("the condensed question came out empty; retrieving with the turns")
+            return retrieval_query(question, history)
+        return lines[0]
+
     def warm(self, chunks: Sequence[Chunk | str]) -> int:
         """Precompute the independent KV of chunks not cached yet; returns how many were new.
 
@@ -336,7 +358,7 @@ class AdaRAG:
         if not question.strip():
             raise InputError("the question is empty; pass a non-empty question")
         if chunks is None:
-            found = self.retrieve(retrieval_query(question, history), top_k)
+            found = self.retrieve(self.standalone_question(question, history), top_k)
         else:
             found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
         retrieval_s = time.perf_counter() - started
