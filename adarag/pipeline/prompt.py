@@ -281,7 +281,7 @@ def condense_prompt(template: str, question: str, history: Sequence[Turn]) -> st
 
     ``template`` holds ``{chat_history}`` (Human/Assistant lines) and ``{question}``.
     """
-    lines = [f"{who}: {text}" for turn in history for who, text in zip(("Human", "Assistant"), turn)]
+    lines = [f"Human: {asked}\nAssistant: {answered}" for asked, answered in history]
     return template.replace("{chat_history}", "\n".join(lines)).replace("{question}", question)
 
 
