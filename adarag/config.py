@@ -43,7 +43,7 @@ MAX_CONFIG_FILE_BYTES = 1 << 20
 """A configuration file larger than this is refused (it is never a configuration)."""
 
 _DEVICE = re.compile(r"^(cpu|cuda|mps|xpu|hpu|npu|meta)(:[0-9]+)?$")
-_RESERVED_PROMPT_CHARACTERS = ("\x00", "\x01")  # the prompt builder's own markers
+_RESERVED_PROMPT_CHARACTERS = ("\x00", "\x01", "\x02")  # the prompt builder's own markers
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -202,6 +202,27 @@ class PromptConfig(_Frozen):
         default="Question: {question}",
         description="Text after the chunks; must contain '{question}'.",
     )
+    enable_turn_reuse: bool = Field(
+        default=True,
+        description="Lay each earlier turn of a conversation out as a segment of its own after "
+        "the chunks, cached and reused like a chunk, so a follow-up computes only the turn it "
+        "adds and its question; off: the earlier turns are part of the query suffix and "
+        "recomputed every turn.",
+    )
+    citations: bool = Field(
+        default=False,
+        description="Number the passages ([1], [2], ...) and ask the model to cite them; each "
+        "number is a segment of its own before its chunk, so chunk KV is reused as without "
+        "citations.",
+    )
+    citation_label: str = Field(
+        default="[{number}] ",
+        description="The label before each passage with citations; must contain '{number}'.",
+    )
+    citation_instruction: str = Field(
+        default="Cite the passages you use by their numbers, e.g. [1].",
+        description="Added after the question (in the query suffix) with citations.",
+    )
 
     @model_validator(mode="after")
     def _check_template(self) -> PromptConfig:
@@ -216,10 +237,22 @@ class PromptConfig(_Frozen):
                 f"question_template may hold no placeholder but '{{question}}' (write '{{{{' and "
                 f"'}}}}' for literal braces), got {self.question_template!r}"
             ) from err
-        for name in ("system_prompt", "context_intro", "chunk_separator", "question_template"):
+        if "{number}" not in self.citation_label:
+            raise ValueError(
+                f"citation_label must contain '{{number}}', got {self.citation_label!r}"
+            )
+        names = (
+            "system_prompt",
+            "context_intro",
+            "chunk_separator",
+            "question_template",
+            "citation_label",
+            "citation_instruction",
+        )
+        for name in names:
             if any(char in getattr(self, name) for char in _RESERVED_PROMPT_CHARACTERS):
                 raise ValueError(
-                    f"{name} must not contain the characters \\x00 or \\x01 (reserved for the "
+                    f"{name} must not contain the characters \\x00 to \\x02 (reserved for the "
                     "prompt layout); remove them"
                 )
         return self
@@ -559,6 +592,14 @@ class RetrievalConfig(_Frozen):
     )
     chunk_tokens: int = Field(default=256, ge=16, description="Tokens per ingested chunk.")
     chunk_overlap_tokens: int = Field(default=32, ge=0, description="Overlap of adjacent chunks.")
+    splitter: Literal["tokens", "sentences", "markdown"] = Field(
+        default="markdown",
+        description="How ingest cuts documents into chunks of at most chunk_tokens model tokens: "
+        "'tokens' (windows cut between words), 'sentences' (whole sentences; only a sentence "
+        "over the budget is cut), or 'markdown' (a .md file section by section at its "
+        "headings, each chunk recording its heading path; other files as 'sentences'). A file "
+        "ingested with another splitter is re-split on the next ingest.",
+    )
     collection: str = Field(
         default="adarag",
         min_length=3,
@@ -696,6 +737,46 @@ class ServeConfig(_Frozen):
     )
 
 
+CONDENSE_PROMPT = (
+    "Given a conversation (between Human and Assistant) and a follow up message from Human, "
+    "rewrite the message to be a standalone question that captures all relevant context from "
+    "the conversation.\n\n<Chat History>\n{chat_history}\n\n<Follow Up Message>\n{question}\n\n"
+    "<Standalone question>\n"
+)
+"""LlamaIndex's ``CondenseQuestionChatEngine`` prompt."""
+
+
+class ChatConfig(_Frozen):
+    """How a conversation's follow-up question is retrieved for."""
+
+    standalone_question: Literal["concatenate", "condense"] = Field(
+        default="concatenate",
+        description="What a follow-up is retrieved with: 'concatenate' (the earlier questions, "
+        "then the follow-up; no model call) or 'condense' (the model rewrites the follow-up "
+        "and the earlier turns into a standalone question, as LlamaIndex's "
+        "CondenseQuestionChatEngine does). 'concatenate' is the default because in "
+        "benchmarks/standalone_question.py (2WikiMultihopQA follow-ups, SmolLM2-135M) condensing "
+        "found the follow-up's gold passage in the top 4 no more often, lowered answer F1, and "
+        "added a model call (tens of seconds on a small CPU); a small model's rewrite repeats "
+        "its first answer, wrong or not.",
+    )
+    condense_prompt: str = Field(
+        default=CONDENSE_PROMPT,
+        description="The condensing prompt (a user message); must contain '{chat_history}' and "
+        "'{question}'.",
+    )
+    max_condense_tokens: int = Field(
+        default=48, ge=4, le=512, description="Tokens the standalone question may take."
+    )
+
+    @model_validator(mode="after")
+    def _check_prompt(self) -> ChatConfig:
+        for name in ("{chat_history}", "{question}"):
+            if name not in self.condense_prompt:
+                raise ValueError(f"condense_prompt must contain '{name}'")
+        return self
+
+
 class AdaRagConfig(_Frozen):
     """The root configuration."""
 
@@ -710,6 +791,7 @@ class AdaRagConfig(_Frozen):
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    chat: ChatConfig = Field(default_factory=ChatConfig)
 
     @field_validator("home", mode="before")
     @classmethod

@@ -38,17 +38,56 @@ class Chunk:
 class PromptLayout:
     """A prompt as token segments: ``[system prefix][chunk 1]...[chunk k][query suffix]``.
 
-    Each segment is tokenized on its own, so a chunk's ids never depend on its neighbours.
+    Each segment is tokenized on its own, so a chunk's ids never depend on its neighbours. In
+    a conversation the earlier turns follow the chunks as segments of their own (one per turn),
+    so their KV is cached and reused like a chunk's; with citations each chunk is preceded by
+    its number label (``[1] ``), a segment of its own so the chunk's ids stay those of its text.
+
+    Attributes:
+        system_ids: The system prefix.
+        chunk_ids: Each chunk with its separator, best first.
+        query_ids: The question and the template tail (assistant turn start).
+        history_ids: Each earlier turn of a conversation, oldest first.
+        chunk_labels: Each chunk's citation label, or empty without citations.
     """
 
     system_ids: tuple[int, ...]
     chunk_ids: tuple[tuple[int, ...], ...]
     query_ids: tuple[int, ...]
+    history_ids: tuple[tuple[int, ...], ...] = ()
+    chunk_labels: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        assert not self.chunk_labels or len(self.chunk_labels) == len(self.chunk_ids), (
+            f"{len(self.chunk_labels)} labels for {len(self.chunk_ids)} chunks"
+        )
+
+    @property
+    def cached_segments(self) -> tuple[tuple[int, ...], ...]:
+        """The segments between the system prefix and the query suffix, whose KV is cached.
+
+        Each chunk (after its label, with citations), then each earlier turn.
+        """
+        if self.chunk_labels:
+            labelled = tuple(
+                segment
+                for label, chunk in zip(self.chunk_labels, self.chunk_ids, strict=True)
+                for segment in (label, chunk)
+            )
+        else:
+            labelled = self.chunk_ids
+        return (*labelled, *self.history_ids)
+
+    @property
+    def chunk_segment_idx(self) -> tuple[int, ...]:
+        """The index in :attr:`cached_segments` of each chunk."""
+        stride = 2 if self.chunk_labels else 1
+        return tuple(idx * stride + stride - 1 for idx in range(len(self.chunk_ids)))
 
     @property
     def segments(self) -> tuple[tuple[int, ...], ...]:
         """All segments in prompt order."""
-        return (self.system_ids, *self.chunk_ids, self.query_ids)
+        return (self.system_ids, *self.cached_segments, self.query_ids)
 
     @property
     def token_ids(self) -> list[int]:
@@ -69,8 +108,14 @@ class PromptLayout:
         return self.cu_segments[-1]
 
     def with_chunks(self, num_chunks: int) -> PromptLayout:
-        """The same prompt keeping only the first ``num_chunks`` chunks."""
-        return PromptLayout(self.system_ids, self.chunk_ids[:num_chunks], self.query_ids)
+        """The same prompt keeping only the first ``num_chunks`` chunks (and every turn)."""
+        return PromptLayout(
+            self.system_ids,
+            self.chunk_ids[:num_chunks],
+            self.query_ids,
+            self.history_ids,
+            self.chunk_labels[:num_chunks],
+        )
 
 
 class GenerationParams(BaseModel):

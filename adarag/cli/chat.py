@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from adarag.cli.display import describe, stream_answer
 from adarag.cli.options import (
@@ -28,13 +29,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--history-turns", type=non_negative_int, default=2, help="turns carried forward"
     )
+    parser.add_argument(
+        "--condense",
+        action="store_true",
+        help="retrieve for a follow-up with the model's standalone rewrite of it "
+        "(chat.standalone_question='condense') instead of the questions concatenated",
+    )
+    parser.add_argument(
+        "--citations", action="store_true", help="number the passages and cite them as [1], [2]"
+    )
     add_knowledge_base_arguments(parser)
     add_model_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Read messages until EOF or 'exit'; answer each from the knowledge base."""
-    config = build_config(args)
+    overrides: dict[str, Any] = {}
+    if args.condense:
+        overrides["chat"] = {"standalone_question": "condense"}
+    if args.citations:
+        overrides["prompt"] = {"citations": True}
+    config = build_config(args, **overrides)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     with open_knowledge_base(config) as kb:
         rag = AdaRAG(config, retriever=kb)

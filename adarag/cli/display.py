@@ -38,7 +38,7 @@ def describe(answer: Answer) -> list[str]:
 
 
 def _label(chunk: Chunk) -> str:
-    """Score, then where the chunk is from: file, chunk number in the file, title.
+    """Score, then where the chunk is from: file, chunk number in the file, title, heading.
 
     The file is shown relative to the working directory when under it; the chunk id when
     nothing else is known.
@@ -51,6 +51,8 @@ def _label(chunk: Chunk) -> str:
         parts.append(f"chunk {metadata['chunk_idx'] + 1}/{metadata['file_num_chunks']}")
     if metadata.get("title"):
         parts.append(repr(str(metadata["title"])))
+    if metadata.get("heading"):
+        parts.append(f"§ {metadata['heading']}")
     score = f"[{chunk.score:.2f}] " if chunk.score is not None else ""
     return score + (", ".join(parts) or str(chunk.chunk_id))
 

@@ -44,12 +44,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_knowledge_base_arguments(parser: argparse.ArgumentParser) -> None:
-    """--collection, --chroma-dir, --chunk-tokens, --chunk-overlap, --top-k and --where."""
+    """--collection, --chroma-dir, --chunk-tokens, --chunk-overlap, --splitter, --top-k, --where."""
     parser.add_argument("--collection", help="Chroma collection (default: 'adarag')")
     parser.add_argument("--chroma-dir", help="Chroma directory (default: <home>/chroma)")
     parser.add_argument("--chunk-tokens", type=positive_int, help="model tokens per ingested chunk")
     parser.add_argument(
         "--chunk-overlap", type=non_negative_int, help="tokens shared by adjacent chunks"
+    )
+    parser.add_argument(
+        "--splitter",
+        choices=("tokens", "sentences", "markdown"),
+        help="how ingest cuts documents: token windows, whole sentences, or markdown sections "
+        "then sentences (default: markdown)",
     )
     parser.add_argument("--top-k", type=positive_int, help="chunks retrieved per question")
     parser.add_argument(
@@ -66,6 +72,7 @@ _RETRIEVAL_ARGUMENTS = {
     "chroma_dir": "chroma_directory",
     "chunk_tokens": "chunk_tokens",
     "chunk_overlap": "chunk_overlap_tokens",
+    "splitter": "splitter",
     "top_k": "top_k",
 }
 

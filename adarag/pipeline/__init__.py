@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from adarag.pipeline.prompt import retrieval_query
+from adarag.pipeline.prompt import CITATION_KEY, cited_numbers, retrieval_query
 from adarag.pipeline.rag import AdaRAG, CacheReport
 from adarag.pipeline.stream import NO_CONTEXT_ANSWER, AnswerStream, AsyncAnswerStream
 
 __all__ = [
+    "CITATION_KEY",
     "NO_CONTEXT_ANSWER",
     "AdaRAG",
     "AnswerStream",
     "AsyncAnswerStream",
     "CacheReport",
+    "cited_numbers",
     "retrieval_query",
 ]

@@ -19,6 +19,10 @@ from adarag.errors import InputError, MissingDependencyError
 from adarag.schema import PromptLayout
 
 _CHUNKS_MARKER = "\x00ADARAG_CHUNKS\x00"
+_TURN_MARKER = "\x02"  # where an earlier turn ends and the next one starts
+CITATION_KEY = "citation_number"
+"""Metadata key of a source's citation number (1-based) in an answer with citations."""
+_CITATION = re.compile(r"\[(\d{1,4})\]")
 
 Turn = tuple[str, str]
 """An earlier turn of a conversation: (the user's message, the answer)."""
@@ -71,6 +75,45 @@ class PromptBuilder:
         """
         check_text(text, "the chunk")
         return self._encode(text + self.config.chunk_separator)
+
+    def chunk_label_ids(self, number: int) -> tuple[int, ...]:
+        """Token ids of the citation label of passage ``number`` (1-based), e.g. ``[1] ``."""
+        return self._encode(self.config.citation_label.replace("{number}", str(number)))
+
+    def query_segments(
+        self, question: str, history: Sequence[Turn] = ()
+    ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        """The earlier turns as segments of their own, and the query suffix.
+
+        With ``prompt.enable_turn_reuse`` each earlier turn is one segment (its question, its
+        answer and the next turn's start), cut at the same places in every later prompt, so its
+        ids -- and its cache key -- stay the same from turn to turn; the query suffix holds only
+        the new question. Without it, the turns are part of the query suffix
+        (:meth:`query_ids`). With ``prompt.citations`` the question carries the citation
+        instruction.
+
+        Raises:
+            InputError: The question or a turn is not a string, holds a lone surrogate or the
+                reserved character U+0002.
+        """
+        question = self._cited(question)
+        if not history or not self.config.enable_turn_reuse:
+            return (), self.query_ids(question, history)
+        check_text(question, "the question")
+        for idx, (asked, answered) in enumerate(history):
+            check_text(asked, f"turn {idx}'s question")
+            check_text(answered, f"turn {idx}'s answer")
+        for idx, text in enumerate([question, *(t for turn in history for t in turn)]):
+            if _TURN_MARKER in text:
+                raise InputError(
+                    f"text {idx} of the conversation holds the control character U+0002, which "
+                    "the prompt layout reserves; remove it"
+                )
+        pieces = self._render_after_chunks([*history, (question, None)], mark_turns=True).split(
+            _TURN_MARKER
+        )
+        assert len(pieces) == len(history) + 1, f"{len(pieces)} pieces for {len(history)} turns"
+        return tuple(self._encode(piece) for piece in pieces[:-1]), self._encode(pieces[-1])
 
     def query_ids(self, question: str, history: Sequence[Turn] = ()) -> tuple[int, ...]:
         """Token ids of the question and the template tail (assistant turn start).
@@ -143,11 +186,20 @@ class PromptBuilder:
             check_text(text, f"chunk {idx}")
             if not text.strip():
                 raise InputError(f"chunk {idx} is empty; drop it or pass its text")
+        history_ids, query_ids = self.query_segments(question, history)
         return PromptLayout(
             self.system_ids,
             tuple(self.chunk_ids(text) for text in chunks),
-            self.query_ids(question, history),
+            query_ids,
+            history_ids,
+            self.chunk_labels(len(chunks)),
         )
+
+    def chunk_labels(self, num_chunks: int) -> tuple[tuple[int, ...], ...]:
+        """The citation labels of ``num_chunks`` passages; none without citations."""
+        if not self.config.citations:
+            return ()
+        return tuple(self.chunk_label_ids(idx + 1) for idx in range(num_chunks))
 
     def messages(
         self, question: str, chunks: Sequence[str], history: Sequence[Turn] = ()
@@ -158,33 +210,56 @@ class PromptBuilder:
         intro and each chunk with its separator) opening the first user turn, earlier turns, and
         the question.
         """
-        separator = self.config.chunk_separator
-        context = self.config.context_intro + "".join(text + separator for text in chunks)
-        return self._turn_messages([*history, (question, None)], context)
+        config = self.config
+        labels = [
+            config.citation_label.replace("{number}", str(idx + 1)) if config.citations else ""
+            for idx in range(len(chunks))
+        ]
+        context = config.context_intro + "".join(
+            label + text + config.chunk_separator
+            for label, text in zip(labels, chunks, strict=True)
+        )
+        return self._turn_messages([*history, (self._cited(question), None)], context)
+
+    def _cited(self, question: str) -> str:
+        """The question with the citation instruction after it, with citations."""
+        if not self.config.citations or not isinstance(question, str):
+            return question
+        return f"{question}\n{self.config.citation_instruction}"
 
     def _turn_messages(
-        self, turns: Sequence[tuple[str, str | None]], context: str
+        self, turns: Sequence[tuple[str, str | None]], context: str, mark_turns: bool = False
     ) -> list[dict[str, str]]:
-        """System message, then each turn (``context`` opening the first user message)."""
+        """System message, then each turn (``context`` opening the first user message).
+
+        ``mark_turns`` puts the turn marker where each later turn's text starts.
+        """
         config = self.config
         messages = [{"role": "system", "content": config.system_prompt}]
         for idx, (asked, answered) in enumerate(turns):
             text = config.question_template.format(question=asked)
-            messages.append({"role": "user", "content": (context if idx == 0 else "") + text})
+            opening = context if idx == 0 else (_TURN_MARKER if mark_turns else "")
+            messages.append({"role": "user", "content": opening + text})
             if answered is not None:
                 messages.append({"role": "assistant", "content": answered})
         return messages
 
-    def _render_after_chunks(self, turns: Sequence[tuple[str, str | None]]) -> str:
-        """The prompt text after the chunks for ``turns`` (the last one unanswered)."""
+    def _render_after_chunks(
+        self, turns: Sequence[tuple[str, str | None]], mark_turns: bool = False
+    ) -> str:
+        """The prompt text after the chunks for ``turns`` (the last one unanswered).
+
+        ``mark_turns`` puts the turn marker where each turn after the first starts.
+        """
         config = self.config
         if not getattr(self.tokenizer, "chat_template", None):
-            return "\n".join(
+            return ("\n" + (_TURN_MARKER if mark_turns else "")).join(
                 f"{config.question_template.format(question=asked)}\nAnswer:"
                 + ("" if answered is None else f" {answered}")
                 for asked, answered in turns
             )
-        messages = self._turn_messages(turns, config.context_intro + _CHUNKS_MARKER)
+        context = config.context_intro + _CHUNKS_MARKER
+        messages = self._turn_messages(turns, context, mark_turns)
         rendered = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )
@@ -199,6 +274,20 @@ class PromptBuilder:
 
     def _encode(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def condense_prompt(template: str, question: str, history: Sequence[Turn]) -> str:
+    """The prompt asking the model to rewrite ``question`` after ``history`` as a standalone one.
+
+    ``template`` holds ``{chat_history}`` (Human/Assistant lines) and ``{question}``.
+    """
+    lines = [f"Human: {asked}\nAssistant: {answered}" for asked, answered in history]
+    return template.replace("{chat_history}", "\n".join(lines)).replace("{question}", question)
+
+
+def cited_numbers(text: str) -> list[int]:
+    """The passage numbers an answer cites (``[2]`` gives 2), in order of first citation."""
+    return list(dict.fromkeys(int(found) for found in _CITATION.findall(text)))
 
 
 def retrieval_query(question: str, history: Sequence[Turn] = ()) -> str:

@@ -30,7 +30,14 @@ from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
 from adarag.errors import ConfigError, InputError
 from adarag.pipeline.fusion import FusionWarmer
-from adarag.pipeline.prompt import PromptBuilder, Turn, check_text, retrieval_query
+from adarag.pipeline.prompt import (
+    CITATION_KEY,
+    PromptBuilder,
+    Turn,
+    check_text,
+    condense_prompt,
+    retrieval_query,
+)
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.pipeline.stream import (
     AnswerStream,
@@ -273,6 +280,27 @@ class AdaRAG:
             )
         return list(self.retriever.retrieve(question, k))
 
+    def standalone_question(self, question: str, history: Sequence[Turn] = ()) -> str:
+        """What a conversation's ``question`` is retrieved with (``chat.standalone_question``).
+
+        ``"concatenate"``: the earlier questions, then this one (:func:`retrieval_query`);
+        ``"condense"``: the model's rewrite of the question and the earlier turns as one
+        standalone question (greedy, at most ``chat.max_condense_tokens`` tokens; its first
+        line), or the concatenation when the rewrite comes out empty. Without history it is
+        ``question`` itself.
+        """
+        chat = self.config.chat
+        if not history or chat.standalone_question == "concatenate":
+            return retrieval_query(question, history)
+        prompt = condense_prompt(chat.condense_prompt, question, history)
+        params = GenerationParams(max_new_tokens=chat.max_condense_tokens)
+        rewrite = self.generate([{"role": "user", "content": prompt}], params=params).answer()
+        lines = [line.strip() for line in rewrite.text.strip().splitlines() if line.strip()]
+        if not lines:
+            logger.warning("the condensed question came out empty; retrieving with the turns")
+            return retrieval_query(question, history)
+        return lines[0]
+
     def warm(self, chunks: Sequence[Chunk | str]) -> int:
         """Precompute the independent KV of chunks not cached yet; returns how many were new.
 
@@ -361,7 +389,7 @@ class AdaRAG:
         if not question.strip():
             raise InputError("the question is empty; pass a non-empty question")
         if chunks is None:
-            found = self.retrieve(retrieval_query(question, history), top_k)
+            found = self.retrieve(self.standalone_question(question, history), top_k)
         else:
             found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
         retrieval_s = time.perf_counter() - started
@@ -374,6 +402,8 @@ class AdaRAG:
             prepared = self._augmented().run(layout, fitting, params, started, retrieval_s)
         if dropped:
             prepared.trace = dataclasses.replace(prepared.trace, num_dropped_chunks=dropped)
+        if self.config.prompt.citations:
+            prepared.chunks = numbered(prepared.chunks)
         return AnswerStream(prepared, self._decoder(params))
 
     def _fit_context(
@@ -399,16 +429,20 @@ class AdaRAG:
                 raise InputError(f"chunk {idx} is not text; pass its text as a string")
             if not chunk.text.strip():
                 raise InputError(f"chunk {idx} is empty; drop it or pass its text")
-        system_ids, query_ids = prompts.system_ids, prompts.query_ids(question, history)
+        system_ids = prompts.system_ids
+        history_ids, query_ids = prompts.query_segments(question, history)
         room = self.generator.max_context_tokens - params.max_new_tokens
-        alone = len(system_ids) + len(query_ids)
+        alone = len(system_ids) + sum(map(len, history_ids)) + len(query_ids)
         used = alone
         fitting: list[tuple[int, ...]] = []
         for chunk in chunks:
             ids = prompts.chunk_ids(chunk.text)
-            if used + len(ids) > room:
+            num_tokens = len(ids)
+            if prompts.config.citations:  # its citation label
+                num_tokens += len(prompts.chunk_label_ids(len(fitting) + 1))
+            if used + num_tokens > room:
                 break  # this chunk and every lower-ranked one are left out, untokenized
-            used += len(ids)
+            used += num_tokens
             fitting.append(ids)
         keep = len(fitting)
         if keep < len(chunks):
@@ -427,8 +461,9 @@ class AdaRAG:
                 params.max_new_tokens,
                 self.generator.max_context_tokens,
             )
-        layout = PromptLayout(system_ids, tuple(fitting), query_ids) if keep else None
-        return layout, list(chunks[:keep])
+        labels = prompts.chunk_labels(keep)
+        layout = PromptLayout(system_ids, tuple(fitting), query_ids, history_ids, labels)
+        return (layout if keep else None), list(chunks[:keep])
 
     def answer_each_step(
         self,
@@ -634,6 +669,14 @@ class AdaRAG:
             close = getattr(tokens, "close", None)
             if close is not None:
                 close()  # ends a backend request the caller stopped early
+
+
+def numbered(chunks: Sequence[Chunk]) -> tuple[Chunk, ...]:
+    """The chunks with their citation numbers (1 for the first) in their metadata."""
+    return tuple(
+        dataclasses.replace(chunk, metadata={**chunk.metadata, CITATION_KEY: idx + 1})
+        for idx, chunk in enumerate(chunks)
+    )
 
 
 def _locked_steps(

@@ -63,8 +63,8 @@ class _Step:
 
     @property
     def tiers(self) -> tuple[Tier, ...]:
-        """Where each chunk's KV came from."""
-        return tuple(hit.tier for hit in self.hits)
+        """Where each chunk's KV came from (labels and earlier turns left out)."""
+        return tuple(self.hits[idx].tier for idx in self.layout.chunk_segment_idx)
 
 
 class AugmentedPrefill:
@@ -187,9 +187,11 @@ class AugmentedPrefill:
     def fused_prefill(
         self, layout: PromptLayout, max_new_tokens: int
     ) -> tuple[PrefillOutput, list[TierHit], float]:
-        """Look the chunks up in the tiers and run the fused prefill; returns its wall time.
+        """Look the cached segments up in the tiers and run the fused prefill; returns its time.
 
-        With every tier disabled this is a full recomputation, the system prefix included.
+        The cached segments are the chunks (after their labels, with citations) and the earlier
+        turns of a conversation: one hit each. With every tier disabled this is a full
+        recomputation, the system prefix included.
         """
         tiers = self._cache_config
         reuse = any(
@@ -204,7 +206,7 @@ class AugmentedPrefill:
         )
         system = SegmentSource(self._system_kv()) if reuse else SegmentSource()
         with self._engine_lock:  # the tiers' counters are shared by concurrent requests too
-            hits = self._cache.lookup(layout.chunk_ids)
+            hits = self._cache.lookup(layout.cached_segments)
             sources = [system, *(_source(hit) for hit in hits)]
             sources.append(SegmentSource())
             # Cache-Craft keeps the attention statistics of every chunk computed in full
@@ -251,12 +253,13 @@ class AugmentedPrefill:
             return tuple(self._generator.decode_tokens(layout, output, greedy))
 
     def write_back(self, layout: PromptLayout, output: PrefillOutput, hits: list[TierHit]) -> None:
-        """Store every chunk of ``layout`` under its hard and soft keys (Algorithm 1, line 18)."""
+        """Store each cached segment under its hard and soft keys (Algorithm 1, line 18)."""
         cu = layout.cu_segments
-        fused = [output.kv.segment(cu[i + 1], cu[i + 2]) for i in range(len(layout.chunk_ids))]
+        segments = layout.cached_segments
+        fused = [output.kv.segment(cu[i + 1], cu[i + 2]) for i in range(len(segments))]
         with_variants = self._cache_config.variants.enabled
         stats = _variant_stats(layout, output, hits) if with_variants else None
-        self._cache.write_back(layout.chunk_ids, hits, fused, stats)
+        self._cache.write_back(segments, hits, fused, stats)
 
     def _keep(self, step: _Step) -> None:
         self.write_back(step.layout, step.output, step.hits)

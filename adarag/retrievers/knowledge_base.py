@@ -32,10 +32,10 @@ from adarag.retrievers.chunking import (
     expand_paths,
     passage_text,
     read_source_file,
-    split_by_tokens,
     tokenizer_spans,
 )
 from adarag.retrievers.embedding import Embedder, SentenceEmbedder, as_embedder
+from adarag.retrievers.splitting import split_document
 from adarag.schema import Chunk
 
 logger = logging.getLogger(__name__)
@@ -319,23 +319,29 @@ class KnowledgeBase:
         if not metadatas:
             return not source.documents
         expected = metadatas[0].get("file_num_chunks")
-        same_version = all(m.get("file_sha256") == source.sha256 for m in metadatas)
+        same_version = all(
+            m.get("file_sha256") == source.sha256
+            and m.get("splitter", "tokens") == self.config.splitter  # else re-split it
+            for m in metadatas
+        )
         return same_version and expected == len(metadatas)
 
     def _chunk_file(self, source: SourceFile, spans: Any) -> list[Chunk]:
         config = self.config
-        pieces: list[tuple[str, str, str | None]] = []  # (key, text, title)
+        pieces: list[tuple[str, str, str | None, str | None]] = []  # (key, text, title, heading)
         for document in source.documents:
             budget = config.chunk_tokens
             if document.title:
                 budget = max(budget - len(spans(document.title + "\n")), 16)
             overlap = min(config.chunk_overlap_tokens, budget - 1)
-            for text in split_by_tokens(document.text, spans, budget, overlap):
+            for heading, text in split_document(
+                document.text, source.path, config.splitter, spans, budget, overlap
+            ):
                 full = passage_text(text, document.title)
-                pieces.append((document.key, full, document.title))
+                pieces.append((document.key, full, document.title, heading))
         counts: Counter[tuple[str, str]] = Counter()
         chunks = []
-        for chunk_idx, (key, text, title) in enumerate(pieces):
+        for chunk_idx, (key, text, title, heading) in enumerate(pieces):
             counts[(key, text)] += 1
             metadata: dict[str, Any] = {
                 "source": str(source.path),
@@ -343,9 +349,12 @@ class KnowledgeBase:
                 "file_num_chunks": len(pieces),
                 "chunk_idx": chunk_idx,
                 "document_key": key,
+                "splitter": config.splitter,
             }
             if title:
                 metadata["title"] = title
+            if heading:
+                metadata["heading"] = heading
             chunk_id = _chunk_id(str(source.path), key, counts[(key, text)], text)
             chunks.append(Chunk(text, chunk_id=chunk_id, metadata=metadata))
         return chunks

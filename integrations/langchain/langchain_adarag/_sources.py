@@ -11,7 +11,6 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 
 from adarag import AdaRAG, Chunk, ConfigError, Retriever
-from adarag.pipeline import retrieval_query
 from adarag.retrievers import LangChainRetriever, chunks_from_documents
 from langchain_adarag._convert import document_from_chunk
 
@@ -80,7 +79,7 @@ def retrieve(
     if isinstance(found, ConversationRetriever):  # runs as its own child run
         documents = found.runnable.invoke(found.inputs(question, history), config=config)
         return chunks_from_documents(list(documents))[:k]
-    query = retrieval_query(question, history)
+    query = rag.standalone_question(question, history)
     if isinstance(found, LangChainRetriever):  # runs as its own child retriever run
         return found.retrieve(query, k, config=config)
     run = callbacks.on_retriever_start(None, query, name=RETRIEVER_RUN_NAME)
@@ -107,7 +106,7 @@ async def aretrieve(
     if isinstance(found, ConversationRetriever):
         documents = await found.runnable.ainvoke(found.inputs(question, history), config=config)
         return chunks_from_documents(list(documents))[:k]
-    query = retrieval_query(question, history)
+    query = await asyncio.to_thread(rag.standalone_question, question, history)
     if isinstance(found, LangChainRetriever):
         return await found.aretrieve(query, k, config=config)
     run = await callbacks.on_retriever_start(None, query, name=RETRIEVER_RUN_NAME)

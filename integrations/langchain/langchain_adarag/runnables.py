@@ -84,6 +84,9 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
     """Answer length cap."""
     temperature: float = Field(default=0.0, ge=0.0)
     """Sampling temperature; 0 is greedy."""
+    citations: bool = False
+    """Answer citing the passages as [1], [2]: the prompt numbers them (``prompt.citations``)
+    and each ``context`` Document's metadata holds its number under ``"citation_number"``."""
     name: str | None = "adarag"
     pipeline: Any = Field(default=None, exclude=True, repr=False)
     """The adarag pipeline (``rag``), kept when LangChain rebuilds the Runnable with configured
@@ -119,6 +122,9 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
                 )
         super().__init__(pipeline=rag, source=retriever, **kwargs)
         self.pipeline = rag or AdaRAG(self.adarag_config)
+        if self.citations and not self.pipeline.config.prompt.citations:
+            self.pipeline = self.pipeline.with_config(prompt={"citations": True})
+            self.adarag_config = self.pipeline.config  # what a rebuild checks the pipeline by
         self._source = _sources.as_source(retriever)
 
     @property

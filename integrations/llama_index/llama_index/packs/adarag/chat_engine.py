@@ -25,7 +25,6 @@ from llama_index.packs.adarag.llm_events import GenerationEvents
 from llama_index.packs.adarag.response import chunks_from_nodes, describe
 
 from adarag import AnswerStream
-from adarag.pipeline import retrieval_query
 
 if TYPE_CHECKING:
     from llama_index.packs.adarag.query_engine import AdaptiveCachedQueryEngine
@@ -109,7 +108,7 @@ class AdaptiveChatEngine(BaseChatEngine):
         if chat_history is not None:
             self._messages = list(chat_history)
         turns = self._turns()
-        query = retrieval_query(message, turns)
+        query = self._engine.rag.standalone_question(message, turns)
         nodes = self._engine.retrieve(QueryBundle(query))
         stream = self._engine.rag.stream(
             message, chunks=chunks_from_nodes(nodes), params=self._engine.params, history=turns

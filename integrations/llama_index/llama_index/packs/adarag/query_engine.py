@@ -100,6 +100,9 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         response_mode: ``"compact"`` (or ``"simple_summarize"``): one pass over the kept
             chunks, the only synthesis adarag does; other modes are refused.
         callback_manager: Legacy callbacks; ``Settings.callback_manager`` when None.
+        citation_mode: Answer citing the passages as [1], [2] (LlamaIndex's
+            ``CitationQueryEngine``): the prompt numbers the passages (``prompt.citations``)
+            and each source node's metadata holds its number under ``"citation_number"``.
         response_synthesizer: Refused (adarag synthesises itself); accepted as a keyword so
             code written for ``RetrieverQueryEngine`` gets a clear error.
 
@@ -120,6 +123,7 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         node_postprocessors: list[BaseNodePostprocessor] | None = None,
         response_mode: str = "compact",
         callback_manager: CallbackManager | None = None,
+        citation_mode: bool = False,
         response_synthesizer: Any = None,
     ) -> None:
         if str(getattr(response_mode, "value", response_mode)) not in ONE_PASS_MODES:
@@ -135,6 +139,8 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         self._retriever = retriever
         self._postprocessors = list(node_postprocessors or [])
         self._base_rag = rag or AdaRAG()
+        if citation_mode and not self._base_rag.config.prompt.citations:
+            self._base_rag = self._base_rag.with_config(prompt={"citations": True})
         self._rag = self._base_rag
         self._qa_template: BasePromptTemplate = template_from_config(self._base_rag.config.prompt)
         self.streaming = streaming

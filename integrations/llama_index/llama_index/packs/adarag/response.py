@@ -9,6 +9,7 @@ from llama_index.core.schema import MetadataMode, NodeWithScore
 from llama_index.packs.adarag.events import AdaptiveStepEvent, AdaptiveStopEvent
 
 from adarag import Answer, AnswerStream, Chunk
+from adarag.pipeline import CITATION_KEY
 from adarag.schema import QueryTrace
 
 dispatcher = instrument.get_dispatcher(__name__)
@@ -21,7 +22,7 @@ def describe(
 ) -> tuple[list[NodeWithScore], dict[str, Any]]:
     """The nodes used, the response metadata, and the trace events (before any token)."""
     by_id = {node.node_id: node for node in nodes}
-    used = [by_id[str(chunk.chunk_id)] for chunk in stream.chunks]
+    used = [_numbered(by_id[str(chunk.chunk_id)], chunk) for chunk in stream.chunks]
     used_ids = [node.node_id for node in used]
     unused_ids = [node.node_id for node in nodes if node.node_id not in set(used_ids)]
     trace = stream.trace
@@ -51,6 +52,15 @@ def describe(
     metadata: dict[str, Any] = {node.node_id: node.metadata for node in used}
     metadata[METADATA_KEY] = _trace_metadata(trace, unused_ids)
     return used, metadata
+
+
+def _numbered(node: NodeWithScore, chunk: Chunk) -> NodeWithScore:
+    """``node``, with a copy of its node holding the chunk's citation number when it has one."""
+    number = chunk.metadata.get(CITATION_KEY)
+    if number is None:
+        return node
+    metadata = {**node.node.metadata, CITATION_KEY: number}
+    return NodeWithScore(node=node.node.model_copy(update={"metadata": metadata}), score=node.score)
 
 
 def token_usage(answer: Answer) -> dict[str, int]:

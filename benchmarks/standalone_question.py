@@ -1,0 +1,152 @@
+"""Standalone question for a follow-up: concatenating the questions vs condensing with the model.
+
+Two-turn conversations from 2WikiMultihopQA (``followups.py``): the model answers the first
+question from the top-k passages of the 6,119-passage corpus (MiniLM cosine search), then the
+follow-up ("Where was this person born?") is retrieved for with each ``chat.standalone_question``
+method and answered with the first turn as history. Reported per method: recall of the
+follow-up's gold passage in the top 4 and top 10, answer F1 / EM against the original
+question's answers, and the seconds spent making the retrieval text (the condensing call).
+"The follow-up alone" is retrieval without the conversation, for reference (recall only).
+
+    python benchmarks/standalone_question.py --model default --questions 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import load_jsonl, machine, timed, write_results  # noqa: E402
+from followups import DenseIndex, build_followups  # noqa: E402
+
+from adarag import AdaRAG  # noqa: E402
+from adarag.evaluation.metrics import best_exact_match, best_f1  # noqa: E402
+from adarag.schema import GenerationParams  # noqa: E402
+
+METHODS = ("follow-up alone", "concatenate", "condense")
+TOP_K = 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--questions", type=int, default=20)
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/adarag-standalone-question"))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    followups = build_followups(load_jsonl("2wikimqa_dev.jsonl", args.data_dir), args.questions)
+    index = DenseIndex(
+        load_jsonl("2wikimqa_corpus.jsonl", args.data_dir), args.work_dir / "corpus.npy"
+    )
+    rag = AdaRAG(
+        engine={"model": args.model},
+        augment={"enabled": False},
+        cache={"store": {"directory": str(args.work_dir / "kv")}},
+    )
+    params = GenerationParams(max_new_tokens=24, stop=("\n",))
+    pipelines = {
+        method: rag.with_config(chat={"standalone_question": method})
+        for method in ("concatenate", "condense")
+    }
+    rows = []
+    for item in followups:
+        first = rag.query(item.first, chunks=index.search(item.first, TOP_K), params=params)
+        history = [(item.first, first.text)]
+        row = {
+            "first": item.first,
+            "first_answer": first.text,
+            "follow_up": item.follow_up,
+            "gold_title": item.gold_title,
+            "answers": list(item.answers),
+            "methods": {},
+        }
+        for method in METHODS:
+            if method == "follow-up alone":
+                seconds, query = 0.0, item.follow_up
+                pipeline = pipelines["concatenate"]
+            else:
+                pipeline = pipelines[method]
+                seconds, query = timed(
+                    lambda p=pipeline, h=history, q=item.follow_up: p.standalone_question(q, h)
+                )
+            found = index.search(query, 10)
+            titles = [chunk.metadata["title"] for chunk in found]
+            if method == "follow-up alone":  # for its recall only
+                row["methods"][method] = {
+                    "query": query,
+                    "standalone_s": seconds,
+                    "recall_at_4": item.gold_title in titles[:TOP_K],
+                    "recall_at_10": item.gold_title in titles,
+                }
+                continue
+            answer = pipeline.query(
+                item.follow_up, chunks=found[:TOP_K], params=params, history=history
+            )
+            row["methods"][method] = {
+                "query": query,
+                "standalone_s": seconds,
+                "recall_at_4": item.gold_title in titles[:TOP_K],
+                "recall_at_10": item.gold_title in titles,
+                "answer": answer.text,
+                "f1": best_f1(answer.text, item.answers),
+                "em": best_exact_match(answer.text, item.answers),
+            }
+        rows.append(row)
+        print(f"{len(rows)}/{len(followups)} {row['methods']['condense']['query']!r}", flush=True)  # noqa: T201
+
+    summary = {}
+    for method in METHODS:
+        per = [row["methods"][method] for row in rows]
+        summary[method] = {
+            "recall_at_4": statistics.fmean(float(p["recall_at_4"]) for p in per),
+            "recall_at_10": statistics.fmean(float(p["recall_at_10"]) for p in per),
+            "f1": statistics.fmean(p["f1"] for p in per) if "f1" in per[0] else None,
+            "em": statistics.fmean(p["em"] for p in per) if "em" in per[0] else None,
+            "standalone_s_mean": statistics.fmean(p["standalone_s"] for p in per),
+            "standalone_s_p50": statistics.median(p["standalone_s"] for p in per),
+        }
+    model = rag.generator.checkpoint.name
+    host = machine()
+    lines = [
+        f"# Standalone question for follow-ups: {model}",
+        "",
+        f"{len(rows)} two-turn conversations from 2WikiMultihopQA compositional questions "
+        "(benchmarks/followups.py); retrieval: MiniLM cosine over the 6,119-passage corpus; "
+        f"answers from the top {TOP_K} with the first turn as history, greedy, 24 tokens. "
+        f"Machine: {host['cpu']}, {host['cores']} cores, shared with other jobs (times are "
+        "indicative).",
+        "",
+        "| method | gold passage in top 4 | in top 10 | answer F1 | EM "
+        "| making the query, mean s | p50 s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method, s in summary.items():
+        lines.append(
+            f"| {method} | {s['recall_at_4']:.0%} | {s['recall_at_10']:.0%} | "
+            f"{_figure(s['f1'], '.3f')} | {_figure(s['em'], '.2f')} | "
+            f"{s['standalone_s_mean']:.2f} | {s['standalone_s_p50']:.2f} |"
+        )
+    lines += ["", "Condensed questions (first 6):", ""]
+    lines += [
+        f"- {row['follow_up']!r} after {row['first']!r} (answered {row['first_answer']!r}) -> "
+        f"{row['methods']['condense']['query']!r}"
+        for row in rows[:6]
+    ]
+    payload = {"model": model, "machine": host, "top_k": TOP_K, "summary": summary, "rows": rows}
+    write_results(f"standalone_question_{model}", payload, "\n".join(lines))
+    print("\n".join(lines))  # noqa: T201
+
+
+def _figure(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+if __name__ == "__main__":
+    main()
