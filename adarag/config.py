@@ -380,6 +380,13 @@ class RetrievalConfig(_Frozen):
     chroma_directory: Path | None = Field(
         default=None, description="Chroma's on-disk path; None uses <home>/chroma."
     )
+    chroma_url: str | None = Field(
+        default=None,
+        description="URL of a Chroma server (e.g. 'http://127.0.0.1:8000', started with "
+        "`chroma run --path DIR --port 8000`) used instead of an embedded on-disk Chroma; several "
+        "processes may share it. None (the default): embedded Chroma in chroma_directory. Not "
+        "combined with chroma_directory.",
+    )
     embedding_model: str = Field(
         default=DEFAULT_MODEL,
         min_length=1,
@@ -430,6 +437,25 @@ class RetrievalConfig(_Frozen):
     @classmethod
     def _check_chroma_directory(cls, value: Any) -> Any:
         return _check_path(value, "chroma_directory")
+
+    @field_validator("chroma_url")
+    @classmethod
+    def _check_chroma_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^/\s:]+(:[0-9]{1,5})?/?", value):
+            raise ValueError(
+                f"chroma_url must be http(s)://HOST[:PORT], e.g. 'http://127.0.0.1:8000', "
+                f"got {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_chroma_location(self) -> RetrievalConfig:
+        if self.chroma_url is not None and self.chroma_directory is not None:
+            raise ValueError(
+                f"chroma_url ({self.chroma_url}) and chroma_directory ({self.chroma_directory}) "
+                "are both set; set one: a Chroma server's URL or an embedded Chroma's directory"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_top_k(self) -> RetrievalConfig:
