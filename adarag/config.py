@@ -302,6 +302,22 @@ class StoreConfig(_Frozen):
     eviction_policy: Literal["lru", "lfu"] = Field(
         default="lru", description="'lru' or frequency-aware 'lfu' (with recency tie-break)."
     )
+    admission: Literal["always", "frequency"] = Field(
+        default="frequency",
+        description="Which chunk KV written back after a prompt lasts. 'frequency': a chunk's "
+        "KV lasts once the chunk (or its prefix) has been written back admission_threshold times "
+        "(counted in an aging count-min sketch); until then it is kept on probation (readable, "
+        "evicted first, not spilled to disk), so novel queries do not evict the popular chunks' "
+        "KV. "
+        "'always': every write-back lasts.",
+    )
+    admission_threshold: int = Field(
+        default=2,
+        ge=1,
+        le=1000,
+        description="Write-backs of a chunk or prefix, the current one included, before its KV "
+        "lasts ('frequency' admission); 1 behaves as 'always'.",
+    )
 
 
 class CacheConfig(_Frozen):

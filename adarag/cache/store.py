@@ -3,6 +3,9 @@
 An entry is one chunk's KV; several keys may point at it (a chunk's hard and soft keys share one
 copy). Entries evicted from memory are written to disk (if they are not there already); entries
 put with ``persist=True`` are written through at once; :meth:`TieredKVStore.flush` writes the rest.
+Entries put on probation (see :mod:`adarag.cache.admission`) are evicted before all others and
+dropped when evicted from memory (never spilled); :meth:`TieredKVStore.flush` writes them only
+into free disk room, after the lasting entries.
 Every method takes one lock, so threads of one process may share a store; entries are immutable
 once stored, so readers never see a torn entry.
 """
@@ -38,8 +41,14 @@ class KVStore(Protocol):
         """Whether ``key`` is stored (in memory or on disk)."""
         ...
 
-    def put(self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False) -> None:
+    def put(
+        self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False, probation: bool = False
+    ) -> None:
         """Store ``kv`` under every key in ``keys`` (replacing what they pointed at)."""
+        ...
+
+    def protect(self, key: str) -> None:
+        """Take the entry under ``key`` off probation (no-op when absent or not on it)."""
         ...
 
     def discard(self, key: str) -> None:
@@ -69,6 +78,7 @@ class _Entry:
     stored: StoredKV | None = None  # None: on disk only
     memory_bytes: int = 0
     disk_bytes: int = 0  # 0: not on disk
+    probation: bool = False  # evicted first, never written to disk
 
 
 @dataclass
@@ -149,15 +159,19 @@ class TieredKVStore:
         with self._lock:
             return key in self._index.key_to_entry
 
-    def put(self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False) -> None:
+    def put(
+        self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False, probation: bool = False
+    ) -> None:
         """Store ``kv`` (encoded in the storage format) under ``keys``.
 
         Args:
             keys: Every key the entry answers to; they stop pointing at older entries.
             kv: The chunk's KV.
             persist: Write it to disk now, not only when it is evicted from memory.
+            probation: Memory only, and evicted before every entry that is not on probation.
         """
         assert keys, "an entry needs at least one key"
+        assert not (persist and probation), "an entry on probation is never written to disk"
         stored = self.codec.encode(kv)
         entry_id = digest(*sorted(keys))
         with self._lock:
@@ -168,11 +182,19 @@ class TieredKVStore:
             now = time.time()
             usage = EntryUsage(0, now, now)
             entry = _Entry(set(keys), usage, tuple(sorted(keys)), stored, stored.nbytes)
+            entry.probation = probation
             self._link(entry_id, entry)
             self.stats.memory_bytes += stored.nbytes
             if persist:
                 self._write_disk(entry_id, entry)
             self._evict_memory(keep=entry_id)
+
+    def protect(self, key: str) -> None:
+        """Take the entry under ``key`` off probation (no-op when absent or not on it)."""
+        with self._lock:
+            entry_id = self._index.key_to_entry.get(key)
+            if entry_id is not None:
+                self._index.entries[entry_id].probation = False
 
     def discard(self, key: str) -> None:
         """Forget ``key``; its entry (and file) is deleted once no key points at it."""
@@ -180,11 +202,21 @@ class TieredKVStore:
             self._unlink_key(key)
 
     def flush(self) -> None:
-        """Write every memory-only entry to disk (call before the process exits)."""
+        """Write every memory-only entry to disk (call before the process exits).
+
+        Entries on probation go last, and only into free room: they never evict a file.
+        """
         with self._lock:
-            for entry_id, entry in list(self._index.entries.items()):
-                if entry.stored is not None and not entry.disk_bytes:
-                    self._write_disk(entry_id, entry)
+            memory_only = [
+                (entry_id, entry)
+                for entry_id, entry in self._index.entries.items()
+                if entry.stored is not None and not entry.disk_bytes
+            ]
+            for entry_id, entry in sorted(memory_only, key=lambda item: item[1].probation):
+                room = self.config.disk_capacity_bytes - self.stats.disk_bytes
+                if entry.probation and entry.memory_bytes > room:
+                    continue
+                self._write_disk(entry_id, entry)
 
     def snapshot(self) -> StoreStats:
         """A copy of the current statistics."""
@@ -239,7 +271,8 @@ class TieredKVStore:
         self.stats.disk_writes += 1
 
     def _priority(self, item: tuple[str, _Entry]) -> tuple[float, ...]:
-        return self.policy.priority(item[1].usage)
+        entry = item[1]
+        return (0.0 if entry.probation else 1.0, *self.policy.priority(entry.usage))
 
     def _evict_memory(self, keep: str) -> None:
         """Evict until the tier fits its cap; ``keep`` goes last (only if it alone is too big)."""
@@ -248,7 +281,7 @@ class TieredKVStore:
             resident = [(i, e) for i, e in self._index.entries.items() if e.stored is not None]
             candidates = [(i, e) for i, e in resident if i != keep] or resident
             victim_id, victim = min(candidates, key=self._priority)
-            if self.disk is not None and not victim.disk_bytes:
+            if self.disk is not None and not victim.disk_bytes and not victim.probation:
                 self._write_disk(victim_id, victim)
             self.stats.memory_bytes -= victim.memory_bytes
             self.stats.memory_evictions += 1
