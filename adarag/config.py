@@ -300,16 +300,22 @@ class StoreConfig(_Frozen):
         ),
     )
     eviction_policy: Literal["lru", "lfu"] = Field(
-        default="lru", description="'lru' or frequency-aware 'lfu' (with recency tie-break)."
+        default="lfu",
+        description="Which entry leaves a full tier first: 'lfu' (the default: fewest hits, least "
+        "recent among equals) or 'lru' (least recent). Entries on probation (see admission) "
+        "always go first.",
     )
     admission: Literal["always", "frequency"] = Field(
         default="frequency",
-        description="Which chunk KV written back after a prompt lasts. 'frequency': a chunk's "
-        "KV lasts once the chunk (or its prefix) has been written back admission_threshold times "
-        "(counted in an aging count-min sketch); until then it is kept on probation (readable, "
-        "evicted first, not spilled to disk), so novel queries do not evict the popular chunks' "
-        "KV. "
-        "'always': every write-back lasts.",
+        description="Which chunk KV written back after a prompt lasts. 'frequency' (the default): "
+        "a chunk's KV lasts once the chunk (or its prefix) has been written back "
+        "admission_threshold times, counted in an aging count-min sketch; until then it is kept "
+        "on probation (readable by the request's next step, evicted first, not spilled to "
+        "disk), so novel queries do not evict the popular chunks' KV. 'always': every "
+        "write-back lasts. Over 300 novel queries with Zipf-popular chunks "
+        "(benchmarks/results/sustained_traffic.md), 'frequency' with 'lfu' eviction served "
+        "47.5% of chunk lookups from the cache (47.0% in the last 50 queries) against 38.3% "
+        "(36.5%) for 'always' with 'lru' and 46.3% (45.0%) with 'lfu', with 5x fewer disk writes.",
     )
     admission_threshold: int = Field(
         default=2,

@@ -32,6 +32,7 @@ def _cache(tmp_path, admission: str, memory_entries: int, disk_entries: int = 0)
         {
             "store": {
                 "admission": admission,
+                "eviction_policy": "lru",  # plain LRU: what admission has to protect against
                 "storage_dtype": "float32",
                 "memory_capacity_bytes": memory_entries * ENTRY_BYTES,
                 "disk_capacity_bytes": disk_entries * (ENTRY_BYTES + 4096),  # + file header
