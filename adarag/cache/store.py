@@ -6,6 +6,9 @@ copy). Entries evicted from memory are written to disk and to the shared tier (w
 already); entries put with ``persist=True`` are written through at once;
 :meth:`TieredKVStore.flush` writes the rest. A key missing locally is looked up in the shared
 tier; a verified hit there is promoted into memory (and reaches the disk when it is spilled).
+Entries put on probation (see :mod:`adarag.cache.admission`) are evicted before all others and
+dropped when evicted from memory (never spilled); :meth:`TieredKVStore.flush` writes them only
+into free disk room, after the lasting entries, and never to the shared tier.
 Every method takes one lock, so threads of one process may share a store; entries are immutable
 once stored, so readers never see a torn entry.
 """
@@ -43,8 +46,14 @@ class KVStore(Protocol):
         """Whether ``key`` is stored (in memory, on disk or in a shared tier)."""
         ...
 
-    def put(self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False) -> None:
+    def put(
+        self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False, probation: bool = False
+    ) -> None:
         """Store ``kv`` under every key in ``keys`` (replacing what they pointed at)."""
+        ...
+
+    def protect(self, key: str) -> None:
+        """Take the entry under ``key`` off probation (no-op when absent or not on it)."""
         ...
 
     def discard(self, key: str) -> None:
@@ -82,6 +91,7 @@ class _Entry:
     memory_bytes: int = 0
     disk_bytes: int = 0  # 0: not on disk
     remote: bool = False  # sent to (or read from) the shared tier
+    probation: bool = False  # evicted first, never spilled
 
 
 @dataclass
@@ -181,18 +191,29 @@ class TieredKVStore:
                 return True
         return self.remote is not None and self.remote.exists(key)
 
-    def put(self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False) -> None:
+    def put(
+        self, keys: Sequence[str], kv: ChunkKV, *, persist: bool = False, probation: bool = False
+    ) -> None:
         """Store ``kv`` (encoded in the storage format) under ``keys``.
 
         Args:
             keys: Every key the entry answers to; they stop pointing at older entries.
             kv: The chunk's KV.
             persist: Write it to disk now, not only when it is evicted from memory.
+            probation: Memory only, and evicted before every entry that is not on probation.
         """
         assert keys, "an entry needs at least one key"
+        assert not (persist and probation), "an entry on probation is never written to disk"
         stored = self.codec.encode(kv)
         with self._lock:
-            self._insert(keys, stored, persist=persist)
+            self._insert(keys, stored, persist=persist, probation=probation)
+
+    def protect(self, key: str) -> None:
+        """Take the entry under ``key`` off probation (no-op when absent or not on it)."""
+        with self._lock:
+            entry_id = self._index.key_to_entry.get(key)
+            if entry_id is not None:
+                self._index.entries[entry_id].probation = False
 
     def discard(self, key: str) -> None:
         """Forget ``key`` (also in the shared tier); its entry goes once no key points at it."""
@@ -202,11 +223,20 @@ class TieredKVStore:
             self.remote.forget(key)
 
     def flush(self) -> None:
-        """Write every memory-only entry to disk and the shared tier (call before exiting)."""
+        """Write every memory-only entry to disk and the shared tier (call before exiting).
+
+        Entries on probation go last, to disk only and only into free room: they never evict a
+        file and never reach the shared tier.
+        """
         with self._lock:
-            for entry_id, entry in list(self._index.entries.items()):
-                if entry.stored is not None:
+            resident = [(i, e) for i, e in self._index.entries.items() if e.stored is not None]
+            for entry_id, entry in sorted(resident, key=lambda item: item[1].probation):
+                if not entry.probation:
                     self._spill(entry_id, entry)
+                    continue
+                room = self.config.disk_capacity_bytes - self.stats.disk_bytes
+                if entry.memory_bytes <= room:
+                    self._spill(entry_id, entry, to_remote=False)
 
     def snapshot(self) -> StoreStats:
         """A copy of the current statistics."""
@@ -222,7 +252,13 @@ class TieredKVStore:
     # --- internals (called with the lock held)
 
     def _insert(
-        self, keys: Sequence[str], stored: StoredKV, *, persist: bool, on_remote: bool = False
+        self,
+        keys: Sequence[str],
+        stored: StoredKV,
+        *,
+        persist: bool,
+        on_remote: bool = False,
+        probation: bool = False,
     ) -> _Entry:
         entry_id = digest(*sorted(keys))
         for key in keys:
@@ -233,6 +269,7 @@ class TieredKVStore:
         usage = EntryUsage(0, now, now)
         entry = _Entry(set(keys), usage, tuple(sorted(keys)), stored, stored.nbytes)
         entry.remote = on_remote
+        entry.probation = probation
         self._link(entry_id, entry)
         self.stats.memory_bytes += stored.nbytes
         if persist:
@@ -245,11 +282,11 @@ class TieredKVStore:
         entry = self._insert(hit.keys, hit.stored, persist=False, on_remote=True)
         entry.usage.num_hits += 1
 
-    def _spill(self, entry_id: str, entry: _Entry) -> None:
+    def _spill(self, entry_id: str, entry: _Entry, *, to_remote: bool = True) -> None:
         """Write an entry to the tiers under memory that lack it (one encoding for both)."""
         stored = entry.stored
         to_disk = self.disk is not None and not entry.disk_bytes
-        to_remote = self.remote is not None and not entry.remote
+        to_remote = to_remote and self.remote is not None and not entry.remote
         if stored is None or not (to_disk or to_remote):
             return
         created_ns = int(entry.usage.inserted * 1e9)
@@ -299,7 +336,8 @@ class TieredKVStore:
         self.stats.disk_writes += 1
 
     def _priority(self, item: tuple[str, _Entry]) -> tuple[float, ...]:
-        return self.policy.priority(item[1].usage)
+        entry = item[1]
+        return (0.0 if entry.probation else 1.0, *self.policy.priority(entry.usage))
 
     def _evict_memory(self, keep: str) -> None:
         """Evict until the tier fits its cap; ``keep`` goes last (only if it alone is too big)."""
@@ -308,7 +346,8 @@ class TieredKVStore:
             resident = [(i, e) for i, e in self._index.entries.items() if e.stored is not None]
             candidates = [(i, e) for i, e in resident if i != keep] or resident
             victim_id, victim = min(candidates, key=self._priority)
-            self._spill(victim_id, victim)
+            if not victim.probation:
+                self._spill(victim_id, victim)
             self.stats.memory_bytes -= victim.memory_bytes
             self.stats.memory_evictions += 1
             victim.stored, victim.memory_bytes = None, 0

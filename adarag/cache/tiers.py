@@ -17,7 +17,9 @@ For each chunk ``c_i`` of a prompt, in order of accuracy:
 After a prefill every chunk's fused KV is stored under its hard and soft keys (Algorithm 1, line
 18), and a chunk that missed every tier is also stored as its independent entry (and, with
 variants on, as a variant). With the alternative path on, it is also stored under the runs of the
-chunks before it.
+chunks before it. The admission policy (:mod:`adarag.cache.admission`, ``StoreConfig.admission``)
+decides which of these entries last and which are kept on probation only (readable, evicted
+first).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from adarag.cache.admission import make_admission
 from adarag.cache.entry import ChunkKV
 from adarag.cache.keys import (
     PromptKeys,
@@ -69,6 +72,7 @@ class TierStats:
     hits: Counter[str] = field(default_factory=Counter)
     num_prompt_tokens: int = 0
     num_recomputed_tokens: int = 0
+    num_probation_writes: int = 0  # write-backs the admission policy kept on probation only
 
     @property
     def recomputed_ratio(self) -> float:
@@ -105,6 +109,7 @@ class TieredCache:
         self.sink_chunk_idx = sink_chunk_idx
         self.stats = TierStats()
         self.variants = variants if variants is not None else VariantIndex(config.variants)
+        self.admission = make_admission(config.store.admission, config.store.admission_threshold)
 
     def keys(self, chunk_ids: Sequence[Sequence[int]]) -> PromptKeys:
         """Every key of a prompt's chunks."""
@@ -136,6 +141,10 @@ class TieredCache:
     ) -> None:
         """Store each chunk's fused KV under its hard and soft keys after a prefill.
 
+        The entry lasts when its prefix (hard or soft key) has been written back before, or when
+        it holds the independent key of a chunk seen often enough; otherwise it is kept on
+        probation. A popular chunk's independent entry is taken off probation.
+
         Args:
             chunk_ids: The prompt's chunks.
             hits: What :meth:`lookup` returned for them.
@@ -148,6 +157,8 @@ class TieredCache:
         for idx, (hit, kv) in enumerate(zip(hits, fused, strict=True)):
             if hit.tier == "hard":
                 continue  # already stored under this exact prefix
+            independent = keys.independent[idx]
+            is_popular = self.admission.record(independent)
             entry_keys = set()
             if config.hard.enabled:
                 entry_keys.add(keys.hard[idx])
@@ -155,11 +166,16 @@ class TieredCache:
                 entry_keys.add(keys.soft[idx])
             if config.alternative_path.enabled:
                 entry_keys.update(path_keys(keys.root, keys.chunks, idx))
-            is_new = hit.tier == "miss" and not self.store.contains(keys.independent[idx])
+            is_repeated = any([self.admission.record(key) for key in sorted(entry_keys)])
+            is_new = hit.tier == "miss" and not self.store.contains(independent)
             if config.independent.enabled and is_new:
-                entry_keys.add(keys.independent[idx])
+                entry_keys.add(independent)
+            if is_popular and hit.tier == "independent":
+                self.store.protect(independent)
             if entry_keys:
-                self.store.put(sorted(entry_keys), kv)
+                is_lasting = is_repeated or (is_popular and independent in entry_keys)
+                self.stats.num_probation_writes += not is_lasting
+                self.store.put(sorted(entry_keys), kv, probation=not is_lasting)
             stats = variant_stats[idx] if variant_stats is not None else None
             if config.variants.enabled and hit.tier == "miss" and stats is not None:
                 self._add_variant(keys, idx, kv, stats)

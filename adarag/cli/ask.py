@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "chunks",
         nargs="*",
         help="text/markdown files, JSONL of passages, or folders of them; none: the knowledge "
-        "base (--collection, --chroma-dir, --top-k, --where)",
+        "base (--collection, --chroma-dir or --chroma-url, --top-k, --where)",
     )
     parser.add_argument(
         "--ratio",

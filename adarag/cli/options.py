@@ -44,9 +44,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_knowledge_base_arguments(parser: argparse.ArgumentParser) -> None:
-    """--collection, --chroma-dir, --chunk-tokens, --chunk-overlap, --splitter, --top-k, --where."""
+    """--collection, --chroma-dir, --chroma-url, chunk sizes, --splitter, --top-k, --where."""
     parser.add_argument("--collection", help="Chroma collection (default: 'adarag')")
     parser.add_argument("--chroma-dir", help="Chroma directory (default: <home>/chroma)")
+    parser.add_argument(
+        "--chroma-url",
+        help="a Chroma server to use instead of a directory, e.g. http://127.0.0.1:8000 (start "
+        "one with `chroma run --path DIR --port 8000`)",
+    )
     parser.add_argument("--chunk-tokens", type=positive_int, help="model tokens per ingested chunk")
     parser.add_argument(
         "--chunk-overlap", type=non_negative_int, help="tokens shared by adjacent chunks"
@@ -70,6 +75,7 @@ def add_knowledge_base_arguments(parser: argparse.ArgumentParser) -> None:
 _RETRIEVAL_ARGUMENTS = {
     "collection": "collection",
     "chroma_dir": "chroma_directory",
+    "chroma_url": "chroma_url",
     "chunk_tokens": "chunk_tokens",
     "chunk_overlap": "chunk_overlap_tokens",
     "splitter": "splitter",

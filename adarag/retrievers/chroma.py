@@ -2,7 +2,9 @@
 
 One embedded ``PersistentClient`` per directory and process, with telemetry off; an advisory
 file lock keeps a second process from opening the same directory (Chroma's embedded mode is not
-multi-process safe, and a second process can otherwise hang on SQLite's busy timeout). Queries
+multi-process safe, and a second process can otherwise hang on SQLite's busy timeout). A Chroma
+server (``chroma run``) is reached with an ``HttpClient`` instead; it serialises its clients'
+writes itself, so any number of processes may share it and no lock is taken. Queries
 are embedded by adarag (:class:`~adarag.retrievers.embedding.SentenceEmbedder`) and passed as
 vectors, so a collection's persisted embedding function is never run and nothing is downloaded.
 """
@@ -15,6 +17,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol
+from urllib.parse import urlsplit
 
 from adarag.errors import InputError, KnowledgeBaseError, MissingDependencyError
 from adarag.files import process_running
@@ -59,6 +62,37 @@ def open_client(directory: Path) -> Any:
     return chromadb.PersistentClient(
         path=str(directory), settings=Settings(anonymized_telemetry=False)
     )
+
+
+def open_server_client(url: str) -> Any:
+    """A client of the Chroma server at ``url`` (``http(s)://HOST[:PORT]``), telemetry off.
+
+    Raises:
+        MissingDependencyError: chromadb is not installed.
+        KnowledgeBaseError: No Chroma server answers at ``url``.
+    """
+    try:
+        import chromadb
+        from chromadb.config import Settings
+    except ImportError as err:
+        raise MissingDependencyError("chromadb", "chroma") from err
+    parts = urlsplit(url)
+    is_ssl = parts.scheme == "https"
+    port = parts.port or (443 if is_ssl else 8000)
+    try:
+        # the constructor asks the server for its default tenant: an unreachable one fails here
+        return chromadb.HttpClient(
+            host=str(parts.hostname),
+            port=port,
+            ssl=is_ssl,
+            settings=Settings(anonymized_telemetry=False),
+        )
+    except ValueError as err:
+        raise KnowledgeBaseError(
+            f"no Chroma server answers at {url} ({err}). Start one with `chroma run --path "
+            f"DIRECTORY --port {port}` (installed with adarag's chroma extra), or fix "
+            "retrieval.chroma_url (--chroma-url)"
+        ) from err
 
 
 class DirectoryLock:

@@ -26,6 +26,7 @@ from adarag.retrievers.chroma import (
     DirectoryLock,
     chroma_where,
     open_client,
+    open_server_client,
 )
 from adarag.retrievers.chunking import (
     SourceFile,
@@ -66,7 +67,10 @@ class IngestReport:
 
 
 class KnowledgeBase:
-    """Documents in an embedded, on-disk Chroma collection, retrievable as adarag chunks.
+    """Documents in a Chroma collection, retrievable as adarag chunks.
+
+    The collection lives in an embedded, on-disk Chroma (``retrieval.chroma_directory``, one
+    process at a time) or on a Chroma server (``retrieval.chroma_url``, shared by processes).
 
     Setup:
         ``pip install 'adarag[chroma]'`` (``make install`` does it).
@@ -86,7 +90,8 @@ class KnowledgeBase:
         >>> rag.query("What do the notes say about X?").chunks
 
     Args:
-        config: Collection name, directory, chunk sizes, embedding model, ``min_top_score``.
+        config: Collection name, directory or server URL, chunk sizes, embedding model,
+            ``min_top_score``.
         home: adarag's home; the default directory is ``<home>/chroma``.
         client: A chromadb client to use instead of opening the directory (then no lock is
             taken: the client's owner is responsible for sharing it).
@@ -96,9 +101,11 @@ class KnowledgeBase:
             which then gets a clear error instead of a new empty collection.
 
     Raises:
-        ConfigError: Neither ``home``, ``config.chroma_directory`` nor ``client`` is given.
-        KnowledgeBaseError: Another process holds the directory, the collection was built with
-            another embedding model, or (``create=False``) it does not exist.
+        ConfigError: Neither ``home``, ``config.chroma_directory``, ``config.chroma_url`` nor
+            ``client`` is given.
+        KnowledgeBaseError: Another process holds the directory, no server answers at
+            ``config.chroma_url``, the collection was built with another embedding model, or
+            (``create=False``) it does not exist.
     """
 
     def __init__(
@@ -118,6 +125,8 @@ class KnowledgeBase:
         )
         self.directory: Path | None = None
         self._lock: DirectoryLock | None = None
+        if client is None and config.chroma_url is not None:
+            client = open_server_client(config.chroma_url)  # the server serialises writers
         if client is None:
             if config.chroma_directory is None and home is None:
                 raise ConfigError(
@@ -160,6 +169,8 @@ class KnowledgeBase:
         names = sorted(getattr(c, "name", c) for c in client.list_collections())
         if self.config.collection not in names:
             where = f" in {self.directory}" if self.directory else ""
+            if self.config.chroma_url is not None:
+                where = f" on the Chroma server {self.config.chroma_url}"
             held = ", ".join(repr(name) for name in names) or "none"
             raise KnowledgeBaseError(
                 f"there is no collection {self.config.collection!r}{where} (collections: {held}); "
@@ -173,7 +184,7 @@ class KnowledgeBase:
         self.close()
 
     def close(self) -> None:
-        """Release the directory lock; the data stays on disk."""
+        """Release the directory lock (if any); the data stays stored."""
         if self._lock is not None:
             self._lock.release()
             self._lock = None

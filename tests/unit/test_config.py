@@ -38,6 +38,15 @@ def test_hard_tier_must_not_recompute():
         AdaRagConfig.build(cache={"hard": {"recompute_ratio": 0.1}})
 
 
+def test_chroma_url_and_directory_are_exclusive(tmp_path):
+    url = "http://127.0.0.1:8000"
+    assert AdaRagConfig.build(retrieval={"chroma_url": url}).retrieval.chroma_url == url
+    with pytest.raises(ConfigError, match="chroma_url .* and chroma_directory .* are both set"):
+        AdaRagConfig.build(retrieval={"chroma_url": url, "chroma_directory": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"chroma_url must be http\(s\)://HOST\[:PORT\]"):
+        AdaRagConfig.build(retrieval={"chroma_url": "127.0.0.1:8000"})
+
+
 def test_home_comes_from_adarag_home(monkeypatch, tmp_path):
     monkeypatch.setenv("ADARAG_HOME", str(tmp_path / "here"))
     assert AdaRagConfig().home == tmp_path / "here"
