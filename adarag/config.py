@@ -200,6 +200,12 @@ class PromptConfig(_Frozen):
         default="Question: {question}",
         description="Text after the chunks; must contain '{question}'.",
     )
+    order_hint: str = Field(
+        default="The passages are not listed by relevance; by relevance they are: {ranking}.\n",
+        description="Put before the question when the chunks are not in the retriever's order "
+        "(cache.reorder, chat.deduplicate); '{ranking}' becomes the passages' numbers in the "
+        "order listed, best first, e.g. '[3], [1], [2]' (RAGBoost's order hint).",
+    )
 
     @model_validator(mode="after")
     def _check_template(self) -> PromptConfig:
@@ -214,6 +220,8 @@ class PromptConfig(_Frozen):
                 f"question_template may hold no placeholder but '{{question}}' (write '{{{{' and "
                 f"'}}}}' for literal braces), got {self.question_template!r}"
             ) from err
+        if "{ranking}" not in self.order_hint:
+            raise ValueError(f"order_hint must contain '{{ranking}}', got {self.order_hint!r}")
         for name in ("system_prompt", "context_intro", "chunk_separator", "question_template"):
             if any(char in getattr(self, name) for char in _RESERVED_PROMPT_CHARACTERS):
                 raise ValueError(
@@ -312,6 +320,13 @@ class CacheConfig(_Frozen):
     independent: TierConfig = Field(default_factory=lambda: TierConfig(recompute_ratio=0.2))
     recompute: RecomputeConfig = Field(default_factory=RecomputeConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    reorder: Literal["none", "longest_prefix"] = Field(
+        default="none",
+        description="'longest_prefix' (RAGBoost): list a request's chunks so that the longest "
+        "chunk sequence already cached in the hard tier comes first, the rest in the retriever's "
+        "order, and say the retriever's ranking in prompt.order_hint; lossless, as hard hits "
+        "are exact. 'none': the retriever's order.",
+    )
 
     @model_validator(mode="after")
     def _check_ratios(self) -> CacheConfig:
@@ -447,6 +462,31 @@ class RetrievalConfig(_Frozen):
         return self
 
 
+class ChatConfig(_Frozen):
+    """How a conversation's earlier context is carried into a new turn."""
+
+    deduplicate: bool = Field(
+        default=False,
+        description="Keep the conversation's earlier chunks as the start of the context (a hard "
+        "prefix of the previous turn) and add only the new turn's chunks not already in it; a "
+        "chunk retrieved again is named by location in the order hint (RAGBoost's de-duplication)"
+        ". False: each turn's context is its own retrieval.",
+    )
+    location_hint: str = Field(
+        default="[{position}] (above)",
+        description="How the order hint names a passage an earlier turn already brought; "
+        "'{position}' becomes its number.",
+    )
+
+    @model_validator(mode="after")
+    def _check_hint(self) -> ChatConfig:
+        if "{position}" not in self.location_hint:
+            raise ValueError(
+                f"location_hint must contain '{{position}}', got {self.location_hint!r}"
+            )
+        return self
+
+
 class AdaRagConfig(_Frozen):
     """The root configuration."""
 
@@ -460,6 +500,7 @@ class AdaRagConfig(_Frozen):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    chat: ChatConfig = Field(default_factory=ChatConfig)
 
     @field_validator("home", mode="before")
     @classmethod

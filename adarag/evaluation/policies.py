@@ -11,6 +11,21 @@ Baselines follow the AdaCache paper's comparisons (section 4.1 and Figure 6):
 - ``adacache``: tiers and adaptive context augmentation (the agreement stop rule, the default);
 - ``adacache-confidence``: the same with the lens-confidence stop rule;
 - ``prefix+aca`` and ``cacheblend+aca``: augmentation on top of the two baselines.
+
+Related systems, each built from the mechanism that sets it apart:
+
+- ``ragboost`` (RAGBoost): lossless prompt-level reuse over the exact hard tier -- chunks listed
+  to hit the longest cached prefix (the context index) with an order hint giving the retriever's
+  ranking, a batch scheduled so prefix-sharing requests run back to back, and multi-turn
+  de-duplication with location hints. Nothing is recomputed approximately.
+- ``a3`` (A3): independent chunk KV, re-positioned, with 15% of the chunk tokens recomputed,
+  chosen by the attention the question pays them at layer 1 (one global budget over all chunks).
+  Differences from the paper: our question runs over the *cached* layer-0 KV to reach layer 1
+  (A3 recomputes block 0 for the whole prompt first), scores are per-head softmax mass averaged
+  over heads (the unreleased A3 code may concatenate heads) with no pooling of neighbouring
+  scores, keys are stored after RoPE and rotated to their new positions (A3 stores them before
+  RoPE; the result is the same up to rounding), and chunks are precomputed after the system
+  prompt (A3: alone after BOS).
 """
 
 from __future__ import annotations
@@ -143,3 +158,37 @@ POLICIES: dict[str, Policy] = {
         ),
     )
 }
+
+POLICIES["ragboost"] = Policy(
+    "ragboost",
+    "RAGBoost: longest cached prefix + order hint + scheduling + multi-turn de-duplication",
+    {
+        "cache": {
+            "hard": {"enabled": True},
+            "soft": {"enabled": False},
+            "independent": {"enabled": False},
+            "reorder": "longest_prefix",
+        },
+        "augment": {"enabled": False},
+        "chat": {"deduplicate": True},
+    },
+)
+
+POLICIES["a3"] = Policy(
+    "a3",
+    "A3: independent KV + 15% recomputation by the question's attention at layer 1",
+    {
+        "cache": {
+            "hard": {"enabled": False},
+            "soft": {"enabled": False},
+            "independent": {"enabled": True, "recompute_ratio": 0.15},
+            "recompute": {
+                "selection_policy": "query_attention",
+                "query_layers": (1, 2),
+                "budget": "global",
+                "max_chunk_ratio": None,
+            },
+        },
+        "augment": {"enabled": False},
+    },
+)

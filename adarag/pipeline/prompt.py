@@ -72,25 +72,29 @@ class PromptBuilder:
         check_text(text, "the chunk")
         return self._encode(text + self.config.chunk_separator)
 
-    def query_ids(self, question: str, history: Sequence[Turn] = ()) -> tuple[int, ...]:
+    def query_ids(
+        self, question: str, history: Sequence[Turn] = (), note: str = ""
+    ) -> tuple[int, ...]:
         """Token ids of the question and the template tail (assistant turn start).
 
         With ``history``, the earlier turns come first as chat turns of their own: the first
         user turn holds the context and the first earlier question, then each earlier answer as
         an assistant turn and each later question as a user turn. The system prefix and the
-        chunks are the same as without history, so their KV is reused across turns.
+        chunks are the same as without history, so their KV is reused across turns. ``note``
+        (e.g. the order hint) goes right before the question, after the chunks and earlier turns.
 
         Raises:
             InputError: The question or a turn is not a string or holds a lone surrogate.
         """
         check_text(question, "the question")
+        check_text(note, "the note")
         if not history:
-            text = self.config.question_template.format(question=question)
+            text = note + self.config.question_template.format(question=question)
             return self._encode(text + self._template_halves[1])
         for idx, (asked, answered) in enumerate(history):
             check_text(asked, f"turn {idx}'s question")
             check_text(answered, f"turn {idx}'s answer")
-        return self._encode(self._render_after_chunks([*history, (question, None)]))
+        return self._encode(self._render_after_chunks([*history, (question, None)], note))
 
     def text_ids(self, text: str) -> tuple[int, ...]:
         """Token ids of text already in the model's format (no template added).
@@ -126,7 +130,7 @@ class PromptBuilder:
         return self._encode(rendered)
 
     def layout(
-        self, question: str, chunks: Sequence[str], history: Sequence[Turn] = ()
+        self, question: str, chunks: Sequence[str], history: Sequence[Turn] = (), note: str = ""
     ) -> PromptLayout:
         """Lay out a RAG prompt (``history``: earlier turns, see :meth:`query_ids`).
 
@@ -146,11 +150,11 @@ class PromptBuilder:
         return PromptLayout(
             self.system_ids,
             tuple(self.chunk_ids(text) for text in chunks),
-            self.query_ids(question, history),
+            self.query_ids(question, history, note),
         )
 
     def messages(
-        self, question: str, chunks: Sequence[str], history: Sequence[Turn] = ()
+        self, question: str, chunks: Sequence[str], history: Sequence[Turn] = (), note: str = ""
     ) -> list[dict[str, str]]:
         """The prompt as chat messages (``role``, ``content``), for tracing and display.
 
@@ -160,31 +164,35 @@ class PromptBuilder:
         """
         separator = self.config.chunk_separator
         context = self.config.context_intro + "".join(text + separator for text in chunks)
-        return self._turn_messages([*history, (question, None)], context)
+        return self._turn_messages([*history, (question, None)], context, note)
 
     def _turn_messages(
-        self, turns: Sequence[tuple[str, str | None]], context: str
+        self, turns: Sequence[tuple[str, str | None]], context: str, note: str = ""
     ) -> list[dict[str, str]]:
-        """System message, then each turn (``context`` opening the first user message)."""
+        """System message, then each turn (``context`` opening the first user message, ``note``
+        before the last question)."""
         config = self.config
         messages = [{"role": "system", "content": config.system_prompt}]
         for idx, (asked, answered) in enumerate(turns):
             text = config.question_template.format(question=asked)
+            if idx == len(turns) - 1:
+                text = note + text
             messages.append({"role": "user", "content": (context if idx == 0 else "") + text})
             if answered is not None:
                 messages.append({"role": "assistant", "content": answered})
         return messages
 
-    def _render_after_chunks(self, turns: Sequence[tuple[str, str | None]]) -> str:
+    def _render_after_chunks(self, turns: Sequence[tuple[str, str | None]], note: str) -> str:
         """The prompt text after the chunks for ``turns`` (the last one unanswered)."""
         config = self.config
         if not getattr(self.tokenizer, "chat_template", None):
             return "\n".join(
-                f"{config.question_template.format(question=asked)}\nAnswer:"
+                ("" if answered is not None else note)
+                + f"{config.question_template.format(question=asked)}\nAnswer:"
                 + ("" if answered is None else f" {answered}")
                 for asked, answered in turns
             )
-        messages = self._turn_messages(turns, config.context_intro + _CHUNKS_MARKER)
+        messages = self._turn_messages(turns, config.context_intro + _CHUNKS_MARKER, note)
         rendered = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )
