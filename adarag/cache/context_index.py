@@ -83,7 +83,7 @@ class ContextIndex:
             is_cached: Whether the store holds a hard key; a written node it does not hold is
                 pruned (its entry was evicted), with the subtree below it.
         """
-        position = {}
+        position: dict[str, int] = {}
         for idx, key in enumerate(chunk_keys):
             position.setdefault(key, idx)
         best: tuple[tuple[int, int], list[int]] = ((0, 0), [])
@@ -94,15 +94,15 @@ class ContextIndex:
                 best = ((num_cached, len(path)), path)
             children = list(node.children.items())
             for key, child in reversed(children):  # first-inserted child explored first
-                idx = position.get(key)
-                if idx is None or idx in path:
+                at = position.get(key)
+                if at is None or at in path:
                     continue
                 cached = num_cached == len(path) and is_cached(child.hard_key)
                 if not cached and not child.planned:
                     if num_cached == len(path):  # evicted: mirror the store
                         del node.children[key]
                     continue
-                stack.append((child, [*path, idx], num_cached + int(cached)))
+                stack.append((child, [*path, at], num_cached + int(cached)))
         (num_cached, _), path = best
         taken = set(path)
         rest = [idx for idx in range(len(chunk_keys)) if idx not in taken]

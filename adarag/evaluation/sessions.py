@@ -177,4 +177,3 @@ def _corpus(data_dir: Path) -> list[Chunk]:
         Chunk(passage_text(row["text"], row["title"]), row["id"], metadata={"title": row["title"]})
         for row in _rows(data_dir / CORPUS_FILE)
     ]
-

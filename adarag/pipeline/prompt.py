@@ -169,8 +169,7 @@ class PromptBuilder:
     def _turn_messages(
         self, turns: Sequence[tuple[str, str | None]], context: str, note: str = ""
     ) -> list[dict[str, str]]:
-        """System message, then each turn (``context`` opening the first user message, ``note``
-        before the last question)."""
+        """System message, then each turn; ``context`` opens the first, ``note`` the last."""
         config = self.config
         messages = [{"role": "system", "content": config.system_prompt}]
         for idx, (asked, answered) in enumerate(turns):

@@ -346,7 +346,9 @@ class AdaRAG:
             found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
         retrieval_s = time.perf_counter() - started
         arranged = self._arrange(found, conversation_chunks) if found else None
-        layout, fitting, note = (None, [], "")
+        layout: PromptLayout | None = None
+        fitting: list[Chunk] = []
+        note = ""
         if arranged is not None:
             note = arranged.hint(self.config)
             layout, fitting = self._fit_context(question, arranged.chunks, params, history, note)

@@ -44,7 +44,7 @@ ALLOWED = {
     "augment": {"config", "schema", "errors", "augment"},
     "engine": {"kernels", "cache", "config", "schema", "errors", "engine"},
     "profiles": {"errors", "profiles"},
-    "conversation": set(),
+    "conversation": {"schema"},
     "data": {"schema", "retrievers"},
     "pipeline": SERVING - {"conversation", "data"},
     "profile_tools": SERVING | {"evaluation", "profile_tools"},

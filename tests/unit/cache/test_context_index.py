@@ -31,8 +31,7 @@ def test_the_longest_cached_prefix_beats_every_other_order():
     request = ["g", "f", "b", "a", "e"]
     match = index.longest_prefix(request, cached.__contains__)
     best = max(
-        _cached_run(order, request, cached)
-        for order in itertools.permutations(range(len(request)))
+        _cached_run(order, request, cached) for order in itertools.permutations(range(len(request)))
     )
     assert match.num_cached == best == 4  # e, b, f, g
     assert [request[i] for i in match.order] == ["e", "b", "f", "g", "a"]

@@ -24,9 +24,7 @@ def test_ragboost_is_lossless_hard_tier_reuse_with_reordering_and_deduplication(
 
 def test_a3_selects_other_tokens_than_cacheblend_on_the_same_prompt(tiny_checkpoints, tiny_config):
     configs = {
-        name: AdaRagConfig.build(
-            tiny_config(tiny_checkpoints["llama"]), **POLICIES[name].overrides
-        )
+        name: AdaRagConfig.build(tiny_config(tiny_checkpoints["llama"]), **POLICIES[name].overrides)
         for name in ("a3", "cacheblend")
     }
     generator = load_generator(configs["a3"])

@@ -35,8 +35,13 @@ def data_dir(tmp_path):
 
 
 def _row(qid, question, titles):
-    return {"id": qid, "question": question, "answers": ["x"], "type": "comparison",
-            "gold_titles": titles}
+    return {
+        "id": qid,
+        "question": question,
+        "answers": ["x"],
+        "type": "comparison",
+        "gold_titles": titles,
+    }
 
 
 def test_multi_turn_conversations_share_chunks_across_turns(data_dir):
@@ -74,3 +79,28 @@ def test_multi_user_requests_share_popular_documents(data_dir):
         titles = question.question.replace("?", "").replace(",", "").split()
         gold = [t for t in titles if t.startswith("person")]
         assert all(any(chunk.startswith(g) for chunk in question.chunks) for g in gold)
+
+
+def test_the_harness_carries_conversations_and_schedules_ragboost(
+    data_dir, tiny_checkpoints, tiny_config, tmp_path
+):
+    from adarag.engine.generator import Generator
+    from adarag.evaluation.harness import BenchRunner
+    from adarag.evaluation.policies import POLICIES
+    from adarag.schema import GenerationParams
+
+    config = tiny_config(tiny_checkpoints["llama"])
+    generator = Generator.load(config.engine, config.kernels, config.home)
+    runner = BenchRunner(
+        generator, config, tmp_path / "bench", GenerationParams(max_new_tokens=2), True
+    )
+    turns, turn_stream = multi_turn_workload(data_dir, 2, top_k=3, seed=1)
+    runner.ingest(turns)
+    records = runner.run(POLICIES["ragboost"], turns, turn_stream, top_k=3)
+    assert [r.position for r in records] == list(range(len(turn_stream)))  # turns in order
+    follow_ups = records[2:]  # the second turns of both conversations
+    assert all(r.tier_hits.get("hard", 0) >= 1 for r in follow_ups)  # earlier context reused
+    assert set(runner.logits["ragboost"]) == set(range(len(turn_stream)))
+    users, user_stream = multi_user_workload(data_dir, 4, 2, 6, seed=5)
+    records = runner.run(POLICIES["ragboost"], users, user_stream, top_k=6)
+    assert sorted(r.position for r in records) == list(range(len(user_stream)))
