@@ -223,6 +223,12 @@ class PromptConfig(_Frozen):
         default="Cite the passages you use by their numbers, e.g. [1].",
         description="Added after the question (in the query suffix) with citations.",
     )
+    order_hint: str = Field(
+        default="The passages are not listed by relevance; by relevance they are: {ranking}.\n",
+        description="Put before the question when the chunks are not in the retriever's order "
+        "(cache.reorder, chat.deduplicate); '{ranking}' becomes the passages' numbers in the "
+        "order listed, best first, e.g. '[3], [1], [2]' (RAGBoost's order hint).",
+    )
 
     @model_validator(mode="after")
     def _check_template(self) -> PromptConfig:
@@ -241,6 +247,8 @@ class PromptConfig(_Frozen):
             raise ValueError(
                 f"citation_label must contain '{{number}}', got {self.citation_label!r}"
             )
+        if "{ranking}" not in self.order_hint:
+            raise ValueError(f"order_hint must contain '{{ranking}}', got {self.order_hint!r}")
         names = (
             "system_prompt",
             "context_intro",
@@ -248,6 +256,7 @@ class PromptConfig(_Frozen):
             "question_template",
             "citation_label",
             "citation_instruction",
+            "order_hint",
         )
         for name in names:
             if any(char in getattr(self, name) for char in _RESERVED_PROMPT_CHARACTERS):
@@ -556,6 +565,13 @@ class CacheConfig(_Frozen):
     variants: VariantConfig = Field(default_factory=VariantConfig)
     recompute: RecomputeConfig = Field(default_factory=RecomputeConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    reorder: Literal["none", "longest_prefix"] = Field(
+        default="none",
+        description="'longest_prefix' (RAGBoost): list a request's chunks so that the longest "
+        "chunk sequence already cached in the hard tier comes first, the rest in the retriever's "
+        "order, and say the retriever's ranking in prompt.order_hint; lossless, as hard hits "
+        "are exact. 'none': the retriever's order.",
+    )
 
     @model_validator(mode="after")
     def _check_ratios(self) -> CacheConfig:
@@ -795,7 +811,7 @@ CONDENSE_PROMPT = (
 
 
 class ChatConfig(_Frozen):
-    """How a conversation's follow-up question is retrieved for."""
+    """How a conversation's follow-up is retrieved for and its earlier context carried."""
 
     standalone_question: Literal["concatenate", "condense"] = Field(
         default="concatenate",
@@ -817,11 +833,28 @@ class ChatConfig(_Frozen):
         default=48, ge=4, le=512, description="Tokens the standalone question may take."
     )
 
+    deduplicate: bool = Field(
+        default=False,
+        description="Keep the conversation's earlier chunks as the start of the context (a hard "
+        "prefix of the previous turn) and add only the new turn's chunks not already in it; a "
+        "chunk retrieved again is named by location in the order hint (RAGBoost's de-duplication)"
+        ". False: each turn's context is its own retrieval.",
+    )
+    location_hint: str = Field(
+        default="[{position}] (above)",
+        description="How the order hint names a passage an earlier turn already brought; "
+        "'{position}' becomes its number.",
+    )
+
     @model_validator(mode="after")
-    def _check_prompt(self) -> ChatConfig:
+    def _check_templates(self) -> ChatConfig:
         for name in ("{chat_history}", "{question}"):
             if name not in self.condense_prompt:
                 raise ValueError(f"condense_prompt must contain '{name}'")
+        if "{position}" not in self.location_hint:
+            raise ValueError(
+                f"location_hint must contain '{{position}}', got {self.location_hint!r}"
+            )
         return self
 
 

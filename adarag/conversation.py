@@ -6,11 +6,18 @@ the new one, so a follow-up such as "When did she die?" still finds the passages
 person asked about before. A turn answered without context (nothing relevant was retrieved) is
 not carried: its answer says nothing about the knowledge base, and a model shown it tends to
 repeat it.
+
+With ``chat.deduplicate`` the conversation also carries its context: the last grounded answer's
+chunks, in listed order, which open the next turn's context (a hard prefix of the previous
+prompt) so a chunk retrieved again is not listed twice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from adarag.schema import Chunk
 
 
 @dataclass
@@ -19,22 +26,45 @@ class Conversation:
 
     Example:
         >>> conversation = Conversation()
-        >>> answer = rag.query(message, history=conversation.history())
-        >>> conversation.add_turn(message, answer.text, grounded=bool(answer.chunks))
+        >>> answer = rag.query(
+        ...     message, history=conversation.history(), conversation_chunks=conversation.chunks
+        ... )
+        >>> conversation.add_turn(message, answer.text, chunks=answer.chunks)
 
     Attributes:
         max_turns: Earlier turns carried into retrieval and the prompt.
         turns: (user message, answer) pairs of grounded turns, oldest first.
+        chunks: The last grounded turn's context in listed order.
     """
 
     max_turns: int = 2
     turns: list[tuple[str, str]] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)
 
     def history(self) -> list[tuple[str, str]]:
         """The recent turns a new message carries, oldest first."""
         return self.turns[-self.max_turns :] if self.max_turns else []
 
-    def add_turn(self, message: str, answer: str, *, grounded: bool = True) -> None:
-        """Record a finished turn; one answered without context (``grounded=False``) is dropped."""
+    def add_turn(
+        self,
+        message: str,
+        answer: str,
+        *,
+        grounded: bool = True,
+        chunks: Sequence[Chunk] | None = None,
+    ) -> None:
+        """Record a finished turn; one answered without context is dropped.
+
+        Args:
+            message: The user's message.
+            answer: The answer's text.
+            grounded: False when the answer had no context.
+            chunks: The answer's chunks; when given, an empty tuple means not grounded, and a
+                grounded turn's chunks become the conversation's context.
+        """
+        if chunks is not None:
+            grounded = grounded and bool(chunks)
         if grounded:
             self.turns.append((message, answer))
+            if chunks is not None:
+                self.chunks = list(chunks)

@@ -182,6 +182,8 @@ class QueryTrace:
         retrieval_s: Seconds spent retrieving.
         num_dropped_chunks: Retrieved chunks left out, lowest-ranked first, because the prompt
             would not fit the model's context with them.
+        order_hint: The hint put before the question when the chunks were not listed in the
+            retriever's order (``cache.reorder``, ``chat.deduplicate``); empty otherwise.
     """
 
     steps: tuple[StepTrace, ...]
@@ -190,6 +192,7 @@ class QueryTrace:
     num_prompt_tokens: int
     retrieval_s: float = 0.0
     num_dropped_chunks: int = 0
+    order_hint: str = ""
 
     @property
     def num_chunks_used(self) -> int:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from adarag.cache.admission import make_admission
+from adarag.cache.context_index import ContextIndex, PrefixMatch, schedule_contexts
 from adarag.cache.entry import ChunkKV
 from adarag.cache.keys import (
     PromptKeys,
@@ -110,6 +111,8 @@ class TieredCache:
         self.stats = TierStats()
         self.variants = variants if variants is not None else VariantIndex(config.variants)
         self.admission = make_admission(config.store.admission, config.store.admission_threshold)
+        self.index = ContextIndex()
+        """The chunk sequences this cache wrote to the hard tier (and planned ones)."""
 
     def keys(self, chunk_ids: Sequence[Sequence[int]]) -> PromptKeys:
         """Every key of a prompt's chunks."""
@@ -154,6 +157,8 @@ class TieredCache:
         """
         keys = self.keys(chunk_ids)
         config = self.config
+        if config.hard.enabled:
+            self.index.insert(keys.chunks, keys.hard)
         for idx, (hit, kv) in enumerate(zip(hits, fused, strict=True)):
             if hit.tier == "hard":
                 continue  # already stored under this exact prefix
@@ -204,6 +209,29 @@ class TieredCache:
         """
         keys = self.keys([chunk_ids])
         self.store.put([keys.independent[0], keys.alone[0]], kv, persist=True)
+        self.index.insert(keys.chunks, keys.alone)
+
+    def longest_cached_prefix(self, chunk_ids: Sequence[Sequence[int]]) -> PrefixMatch:
+        """The order of a request's chunks that starts with the most hard-tier hits.
+
+        Args:
+            chunk_ids: The request's chunks in the retriever's order.
+        """
+        keys = self.keys(chunk_ids)
+        return self.index.longest_prefix(keys.chunks, self.store.contains)
+
+    def plan(self, requests: Sequence[Sequence[Sequence[int]]]) -> list[int]:
+        """Schedule a batch (see :func:`schedule_contexts`) and record each request's order.
+
+        Returns:
+            The request indices in the order to run them.
+        """
+        chunk_keys = [self.keys(chunk_ids).chunks for chunk_ids in requests]
+        batch = schedule_contexts(chunk_keys)
+        for chunks, order in zip(requests, batch.chunk_orders, strict=True):
+            ordered = self.keys([chunks[idx] for idx in order])
+            self.index.insert(ordered.chunks, ordered.hard, planned=True)
+        return list(batch.order)
 
     def independent_kv(self, chunk_ids: Sequence[int]) -> ChunkKV | None:
         """A chunk's independent KV, or None."""

@@ -59,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
         while (message := _read(">>> ")) is not None:
             if not message:
                 continue
-            stream = rag.stream(message, history=conversation.history(), params=params)
+            stream = rag.stream(
+                message,
+                history=conversation.history(),
+                params=params,
+                conversation_chunks=conversation.chunks,
+            )
             try:
                 answer = stream_answer(stream)
             except KeyboardInterrupt:  # Ctrl-C cancels this answer, not the chat
@@ -67,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 print("\n   (answer cancelled; the turn is not kept)")
                 continue
             print("\n".join(describe(answer)))
-            conversation.add_turn(message, answer.text, grounded=bool(answer.chunks))
+            conversation.add_turn(message, answer.text, chunks=answer.chunks)
     return 0
 
 

@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from adarag.config import AdaRagConfig
+from adarag.conversation import Conversation
 from adarag.engine.generator import Generator
 from adarag.evaluation.metrics import best_exact_match, best_f1
 from adarag.evaluation.policies import Policy
@@ -44,6 +47,9 @@ class QueryRecord:
     store_memory_bytes: int
     step_confidences: list[float] = field(default_factory=list)
     qtype: str | None = None
+    position: int = -1
+    """The query's index in the stream (a scheduling policy may run it at another time)."""
+    conversation: str | None = None
 
 
 class BenchRunner:
@@ -54,6 +60,7 @@ class BenchRunner:
         base_config: Configuration the policies' overrides apply to.
         work_dir: Scratch space for the ingest cache and each policy's cache.
         params: Decoding options of every query.
+        keep_logits: Keep each query's first-token logits in :attr:`logits` (for agreement).
     """
 
     def __init__(
@@ -62,11 +69,15 @@ class BenchRunner:
         base_config: AdaRagConfig,
         work_dir: Path,
         params: GenerationParams,
+        keep_logits: bool = False,
     ) -> None:
         self.generator = generator
         self.base_config = base_config
         self.work_dir = work_dir
         self.params = params
+        self.keep_logits = keep_logits
+        self.logits: dict[str, dict[int, torch.Tensor]] = {}
+        """Per policy, each stream position's first-token logits (with ``keep_logits``)."""
         self._ingest_dir: Path | None = None
 
     def ingest(self, questions: Sequence[BenchQuestion]) -> int:
@@ -97,12 +108,32 @@ class BenchRunner:
                 os.link(path, kv_dir / path.name)  # shared read-only files, no copy
         # the system prefix (and FusionRAG's fused KV of every chunk), outside the timed queries
         rag.warm(distinct_chunks(questions) if policy.uses_fused_tier else [])
+        order = list(range(len(stream)))
+        has_conversations = any(q.conversation is not None for q in questions)
+        if config.cache.reorder == "longest_prefix" and not has_conversations:
+            batch = [questions[item.question_idx].chunks[:top_k] for item in stream]
+            order = rag.schedule(batch)  # prefix-sharing requests back to back (RAGBoost)
+        conversations: dict[str, Conversation] = {}
+        logits = self.logits.setdefault(policy.name, {})
         records = []
-        for position, item in enumerate(stream):
+        for position in order:
+            item = stream[position]
             question = questions[item.question_idx]
-            answer = rag.query(
-                question.question, chunks=question.chunks[:top_k], params=self.params
+            conversation = None
+            if question.conversation is not None:
+                conversation = conversations.setdefault(question.conversation, Conversation())
+            stream_answer = rag.stream(
+                question.question,
+                chunks=question.chunks[:top_k],
+                params=self.params,
+                history=conversation.history() if conversation else (),
+                conversation_chunks=conversation.chunks if conversation else (),
             )
+            if self.keep_logits and stream_answer.first_token_logits is not None:
+                logits[position] = stream_answer.first_token_logits.float().cpu().clone()
+            answer = stream_answer.answer()
+            if conversation is not None:
+                conversation.add_turn(question.question, answer.text, chunks=answer.chunks)
             trace = answer.trace
             tiers = _entry_tiers(trace)
             records.append(
@@ -126,12 +157,14 @@ class BenchRunner:
                     store_memory_bytes=rag.cache_stats().store.memory_bytes,
                     step_confidences=[s.confidence or 0.0 for s in trace.steps],
                     qtype=question.qtype,
+                    position=position,
+                    conversation=question.conversation,
                 )
             )
             logger.info(
                 "%s %d/%d %s ttft %.2f s, %d chunks, %s",
                 policy.name,
-                position + 1,
+                len(records),
                 len(stream),
                 question.qid,
                 trace.ttft_s,

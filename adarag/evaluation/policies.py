@@ -23,7 +23,19 @@ Related chunk-KV reuse systems, each built from its own mechanism:
   cache-fix overhead and recomputes ceil(CFO x tokens) of its tokens, ranked when it was stored;
   the variant with the lowest frequency-reusability score is evicted when the budget is full;
   the tokens of chunks the question does not focus on stop being recomputed once the focused set
-  has held for 5 layers (the paper gives no window).
+  has held for 5 layers (the paper gives no window);
+- ``ragboost`` (RAGBoost): lossless prompt-level reuse over the exact hard tier -- chunks listed
+  to hit the longest cached prefix (the context index) with an order hint giving the retriever's
+  ranking, a batch scheduled so prefix-sharing requests run back to back, and multi-turn
+  de-duplication with location hints. Nothing is recomputed approximately.
+- ``a3`` (A3): independent chunk KV, re-positioned, with 15% of the chunk tokens recomputed,
+  chosen by the attention the question pays them at layer 1 (one global budget over all chunks).
+  Differences from the paper: our question runs over the *cached* layer-0 KV to reach layer 1
+  (A3 recomputes block 0 for the whole prompt first), scores are per-head softmax mass averaged
+  over heads (the unreleased A3 code may concatenate heads) with no pooling of neighbouring
+  scores, keys are stored after RoPE and rotated to their new positions (A3 stores them before
+  RoPE; the result is the same up to rounding), and chunks are precomputed after the system
+  prompt (A3: alone after BOS).
 """
 
 from __future__ import annotations
@@ -198,4 +210,37 @@ POLICIES["cachecraft"] = _with_cache(
     ),
     recompute={"selection_policy": "stored_rank", "budget": "per_chunk", "focus_window": 5},
     variants={"enabled": True, "max_chunks": 100, "max_variants_per_chunk": 5, "alpha": 1.0},
+)
+POLICIES["ragboost"] = Policy(
+    "ragboost",
+    "RAGBoost: longest cached prefix + order hint + scheduling + multi-turn de-duplication",
+    {
+        "cache": {
+            "hard": {"enabled": True},
+            "soft": {"enabled": False},
+            "independent": {"enabled": False},
+            "reorder": "longest_prefix",
+        },
+        "augment": {"enabled": False},
+        "chat": {"deduplicate": True},
+    },
+)
+
+POLICIES["a3"] = Policy(
+    "a3",
+    "A3: independent KV + 15% recomputation by the question's attention at layer 1",
+    {
+        "cache": {
+            "hard": {"enabled": False},
+            "soft": {"enabled": False},
+            "independent": {"enabled": True, "recompute_ratio": 0.15},
+            "recompute": {
+                "selection_policy": "query_attention",
+                "query_layers": (1, 2),
+                "budget": "global",
+                "max_chunk_ratio": None,
+            },
+        },
+        "augment": {"enabled": False},
+    },
 )

@@ -37,6 +37,8 @@ class BenchQuestion:
     Attributes:
         qtype: The question's type where the dataset has one (2WikiMultihopQA: comparison,
             bridge_comparison, compositional, inference).
+        conversation: The conversation the question is a turn of (multi-turn workloads), asked
+            after the earlier turns of the same conversation; None for a single-shot question.
     """
 
     qid: str
@@ -44,6 +46,7 @@ class BenchQuestion:
     answers: tuple[str, ...]
     chunks: tuple[str, ...]
     qtype: str | None = None
+    conversation: str | None = None
 
 
 @dataclass(frozen=True)

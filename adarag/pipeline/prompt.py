@@ -81,7 +81,7 @@ class PromptBuilder:
         return self._encode(self.config.citation_label.replace("{number}", str(number)))
 
     def query_segments(
-        self, question: str, history: Sequence[Turn] = ()
+        self, question: str, history: Sequence[Turn] = (), note: str = ""
     ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
         """The earlier turns as segments of their own, and the query suffix.
 
@@ -90,7 +90,7 @@ class PromptBuilder:
         ids -- and its cache key -- stay the same from turn to turn; the query suffix holds only
         the new question. Without it, the turns are part of the query suffix
         (:meth:`query_ids`). With ``prompt.citations`` the question carries the citation
-        instruction.
+        instruction; ``note`` (e.g. the order hint) goes right before the question.
 
         Raises:
             InputError: The question or a turn is not a string, holds a lone surrogate or the
@@ -98,8 +98,9 @@ class PromptBuilder:
         """
         question = self._cited(question)
         if not history or not self.config.enable_turn_reuse:
-            return (), self.query_ids(question, history)
+            return (), self.query_ids(question, history, note)
         check_text(question, "the question")
+        check_text(note, "the note")
         for idx, (asked, answered) in enumerate(history):
             check_text(asked, f"turn {idx}'s question")
             check_text(answered, f"turn {idx}'s answer")
@@ -109,31 +110,34 @@ class PromptBuilder:
                     f"text {idx} of the conversation holds the control character U+0002, which "
                     "the prompt layout reserves; remove it"
                 )
-        pieces = self._render_after_chunks([*history, (question, None)], mark_turns=True).split(
-            _TURN_MARKER
-        )
+        turns = [*history, (question, None)]
+        pieces = self._render_after_chunks(turns, note, mark_turns=True).split(_TURN_MARKER)
         assert len(pieces) == len(history) + 1, f"{len(pieces)} pieces for {len(history)} turns"
         return tuple(self._encode(piece) for piece in pieces[:-1]), self._encode(pieces[-1])
 
-    def query_ids(self, question: str, history: Sequence[Turn] = ()) -> tuple[int, ...]:
+    def query_ids(
+        self, question: str, history: Sequence[Turn] = (), note: str = ""
+    ) -> tuple[int, ...]:
         """Token ids of the question and the template tail (assistant turn start).
 
         With ``history``, the earlier turns come first as chat turns of their own: the first
         user turn holds the context and the first earlier question, then each earlier answer as
         an assistant turn and each later question as a user turn. The system prefix and the
-        chunks are the same as without history, so their KV is reused across turns.
+        chunks are the same as without history, so their KV is reused across turns. ``note``
+        (e.g. the order hint) goes right before the question, after the chunks and earlier turns.
 
         Raises:
             InputError: The question or a turn is not a string or holds a lone surrogate.
         """
         check_text(question, "the question")
+        check_text(note, "the note")
         if not history:
-            text = self.config.question_template.format(question=question)
+            text = note + self.config.question_template.format(question=question)
             return self._encode(text + self._template_halves[1])
         for idx, (asked, answered) in enumerate(history):
             check_text(asked, f"turn {idx}'s question")
             check_text(answered, f"turn {idx}'s answer")
-        return self._encode(self._render_after_chunks([*history, (question, None)]))
+        return self._encode(self._render_after_chunks([*history, (question, None)], note))
 
     def text_ids(self, text: str) -> tuple[int, ...]:
         """Token ids of text already in the model's format (no template added).
@@ -169,7 +173,7 @@ class PromptBuilder:
         return self._encode(rendered)
 
     def layout(
-        self, question: str, chunks: Sequence[str], history: Sequence[Turn] = ()
+        self, question: str, chunks: Sequence[str], history: Sequence[Turn] = (), note: str = ""
     ) -> PromptLayout:
         """Lay out a RAG prompt (``history``: earlier turns, see :meth:`query_ids`).
 
@@ -186,7 +190,7 @@ class PromptBuilder:
             check_text(text, f"chunk {idx}")
             if not text.strip():
                 raise InputError(f"chunk {idx} is empty; drop it or pass its text")
-        history_ids, query_ids = self.query_segments(question, history)
+        history_ids, query_ids = self.query_segments(question, history, note)
         return PromptLayout(
             self.system_ids,
             tuple(self.chunk_ids(text) for text in chunks),
@@ -202,7 +206,7 @@ class PromptBuilder:
         return tuple(self.chunk_label_ids(idx + 1) for idx in range(num_chunks))
 
     def messages(
-        self, question: str, chunks: Sequence[str], history: Sequence[Turn] = ()
+        self, question: str, chunks: Sequence[str], history: Sequence[Turn] = (), note: str = ""
     ) -> list[dict[str, str]]:
         """The prompt as chat messages (``role``, ``content``), for tracing and display.
 
@@ -219,7 +223,7 @@ class PromptBuilder:
             label + text + config.chunk_separator
             for label, text in zip(labels, chunks, strict=True)
         )
-        return self._turn_messages([*history, (self._cited(question), None)], context)
+        return self._turn_messages([*history, (self._cited(question), None)], context, note)
 
     def _cited(self, question: str) -> str:
         """The question with the citation instruction after it, with citations."""
@@ -228,9 +232,13 @@ class PromptBuilder:
         return f"{question}\n{self.config.citation_instruction}"
 
     def _turn_messages(
-        self, turns: Sequence[tuple[str, str | None]], context: str, mark_turns: bool = False
+        self,
+        turns: Sequence[tuple[str, str | None]],
+        context: str,
+        note: str = "",
+        mark_turns: bool = False,
     ) -> list[dict[str, str]]:
-        """System message, then each turn (``context`` opening the first user message).
+        """System message, then each turn; ``context`` opens the first, ``note`` the last.
 
         ``mark_turns`` puts the turn marker where each later turn's text starts.
         """
@@ -238,6 +246,8 @@ class PromptBuilder:
         messages = [{"role": "system", "content": config.system_prompt}]
         for idx, (asked, answered) in enumerate(turns):
             text = config.question_template.format(question=asked)
+            if idx == len(turns) - 1:
+                text = note + text
             opening = context if idx == 0 else (_TURN_MARKER if mark_turns else "")
             messages.append({"role": "user", "content": opening + text})
             if answered is not None:
@@ -245,21 +255,23 @@ class PromptBuilder:
         return messages
 
     def _render_after_chunks(
-        self, turns: Sequence[tuple[str, str | None]], mark_turns: bool = False
+        self, turns: Sequence[tuple[str, str | None]], note: str = "", mark_turns: bool = False
     ) -> str:
         """The prompt text after the chunks for ``turns`` (the last one unanswered).
 
-        ``mark_turns`` puts the turn marker where each turn after the first starts.
+        ``note`` goes before the last question; ``mark_turns`` puts the turn marker where each
+        turn after the first starts.
         """
         config = self.config
         if not getattr(self.tokenizer, "chat_template", None):
             return ("\n" + (_TURN_MARKER if mark_turns else "")).join(
-                f"{config.question_template.format(question=asked)}\nAnswer:"
+                ("" if answered is not None else note)
+                + f"{config.question_template.format(question=asked)}\nAnswer:"
                 + ("" if answered is None else f" {answered}")
                 for asked, answered in turns
             )
         context = config.context_intro + _CHUNKS_MARKER
-        messages = self._turn_messages(turns, context, mark_turns)
+        messages = self._turn_messages(turns, context, note, mark_turns)
         rendered = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )

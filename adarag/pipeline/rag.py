@@ -29,6 +29,7 @@ from adarag.cache.variants import VariantIndex
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
 from adarag.errors import ConfigError, InputError
+from adarag.pipeline.arrange import Arrangement, arrange
 from adarag.pipeline.fusion import FusionWarmer
 from adarag.pipeline.prompt import (
     CITATION_KEY,
@@ -354,10 +355,16 @@ class AdaRAG:
         params: GenerationParams | None = None,
         top_k: int | None = None,
         history: Sequence[Turn] = (),
+        conversation_chunks: Sequence[Chunk | str] = (),
     ) -> Answer:
         """Answer ``question`` from ``chunks`` (or the retriever's top-k)."""
         return self.stream(
-            question, chunks=chunks, params=params, top_k=top_k, history=history
+            question,
+            chunks=chunks,
+            params=params,
+            top_k=top_k,
+            history=history,
+            conversation_chunks=conversation_chunks,
         ).answer()
 
     def stream(
@@ -368,6 +375,7 @@ class AdaRAG:
         params: GenerationParams | None = None,
         top_k: int | None = None,
         history: Sequence[Turn] = (),
+        conversation_chunks: Sequence[Chunk | str] = (),
     ) -> AnswerStream:
         """Retrieve and prefill now; return a stream of answer text deltas.
 
@@ -381,6 +389,9 @@ class AdaRAG:
                 the chunks' KV stay reusable), and the retriever searches for their messages
                 together with ``question``. Pass only the turns to carry (see
                 :class:`~adarag.conversation.Conversation`).
+            conversation_chunks: The conversation's context so far in listed order (the last
+                answer's ``chunks``); with ``chat.deduplicate`` it opens this turn's context and
+                only retrieved chunks not in it are added.
         """
         _ = self.generator  # loads the model once, outside the timed request
         started = time.perf_counter()
@@ -393,9 +404,18 @@ class AdaRAG:
         else:
             found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
         retrieval_s = time.perf_counter() - started
-        fitted = self._fit_context(question, found, params, history) if found else (None, [])
-        layout, fitting = fitted
-        dropped = len(found) - len(fitting)
+        arranged = self._arrange(found, conversation_chunks) if found else None
+        layout: PromptLayout | None = None
+        fitting: list[Chunk] = []
+        note = ""
+        if arranged is not None:
+            note = arranged.hint(self.config)
+            layout, fitting = self._fit_context(question, arranged.chunks, params, history, note)
+            if layout is not None and len(fitting) < len(arranged.chunks) and note:
+                note = arranged.hint(self.config, len(fitting))
+                history_ids, query_ids = self.prompts.query_segments(question, history, note)
+                layout = dataclasses.replace(layout, history_ids=history_ids, query_ids=query_ids)
+        dropped = (len(arranged.chunks) if arranged else 0) - len(fitting)
         if layout is None:
             prepared = no_context(retrieval_s)
         else:
@@ -404,7 +424,50 @@ class AdaRAG:
             prepared.trace = dataclasses.replace(prepared.trace, num_dropped_chunks=dropped)
         if self.config.prompt.citations:
             prepared.chunks = numbered(prepared.chunks)
+        if note:
+            prepared.trace = dataclasses.replace(prepared.trace, order_hint=note)
         return AnswerStream(prepared, self._decoder(params))
+
+    def _arrange(
+        self, found: Sequence[Chunk], conversation_chunks: Sequence[Chunk | str]
+    ) -> Arrangement:
+        """The retrieved chunks in listed order (see :mod:`adarag.pipeline.arrange`)."""
+        earlier = [c if isinstance(c, Chunk) else Chunk(c) for c in conversation_chunks]
+        for idx, chunk in enumerate(earlier):
+            if not isinstance(chunk.text, str) or not chunk.text.strip():
+                raise InputError(
+                    f"conversation chunk {idx} is empty or not text; pass the earlier answer's "
+                    "chunks as they were"
+                )
+
+        def longest_prefix(chunks: Sequence[Chunk]) -> tuple[int, ...]:
+            chunk_ids = [self.prompts.chunk_ids(chunk.text) for chunk in chunks]
+            with self._engine_lock:  # the index is shared by concurrent requests
+                return self.cache.longest_cached_prefix(chunk_ids).order
+
+        return arrange(found, self.config, longest_prefix, earlier)
+
+    def schedule(self, requests: Sequence[Sequence[Chunk | str]]) -> list[int]:
+        """The order to run a batch of requests in, prefix-sharing ones back to back.
+
+        RAGBoost's scheduling: requests that share chunks form groups (largest first), and each
+        group's shared chunks get one order, recorded in the hard tier's context index, so with
+        ``cache.reorder = "longest_prefix"`` each request after the first in a group lists them
+        first and finds them cached.
+
+        Args:
+            requests: Each request's chunks in the retriever's order.
+
+        Returns:
+            Indices into ``requests`` in the order to run them.
+        """
+        prompts = self.prompts
+        chunk_ids = [
+            [prompts.chunk_ids(c.text if isinstance(c, Chunk) else c) for c in chunks]
+            for chunks in requests
+        ]
+        with self._engine_lock:
+            return self.cache.plan(chunk_ids)
 
     def _fit_context(
         self,
@@ -412,6 +475,7 @@ class AdaRAG:
         chunks: Sequence[Chunk],
         params: GenerationParams,
         history: Sequence[Turn] = (),
+        note: str = "",
     ) -> tuple[PromptLayout | None, list[Chunk]]:
         """The prompt with as many of ``chunks`` (best first) as fit the model's context.
 
@@ -430,7 +494,7 @@ class AdaRAG:
             if not chunk.text.strip():
                 raise InputError(f"chunk {idx} is empty; drop it or pass its text")
         system_ids = prompts.system_ids
-        history_ids, query_ids = prompts.query_segments(question, history)
+        history_ids, query_ids = prompts.query_segments(question, history, note)
         room = self.generator.max_context_tokens - params.max_new_tokens
         alone = len(system_ids) + sum(map(len, history_ids)) + len(query_ids)
         used = alone
@@ -505,10 +569,17 @@ class AdaRAG:
         params: GenerationParams | None = None,
         top_k: int | None = None,
         history: Sequence[Turn] = (),
+        conversation_chunks: Sequence[Chunk | str] = (),
     ) -> Answer:
         """Async :meth:`query`; the work runs in a worker thread, never on the event loop."""
         return await asyncio.to_thread(
-            self.query, question, chunks=chunks, params=params, top_k=top_k, history=history
+            self.query,
+            question,
+            chunks=chunks,
+            params=params,
+            top_k=top_k,
+            history=history,
+            conversation_chunks=conversation_chunks,
         )
 
     async def astream(
@@ -519,10 +590,17 @@ class AdaRAG:
         params: GenerationParams | None = None,
         top_k: int | None = None,
         history: Sequence[Turn] = (),
+        conversation_chunks: Sequence[Chunk | str] = (),
     ) -> AsyncAnswerStream:
         """Async :meth:`stream`; prefill and each decode step run in a worker thread."""
         stream = await asyncio.to_thread(
-            self.stream, question, chunks=chunks, params=params, top_k=top_k, history=history
+            self.stream,
+            question,
+            chunks=chunks,
+            params=params,
+            top_k=top_k,
+            history=history,
+            conversation_chunks=conversation_chunks,
         )
         return AsyncAnswerStream(stream)
 

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from adarag.engine.batch import PrefillOutput
 from adarag.pipeline.detokenizer import StreamingDetokenizer
 from adarag.schema import Answer, Chunk, GenerationParams, PromptLayout, QueryTrace
@@ -22,7 +24,8 @@ class PreparedAnswer:
     Attributes:
         layout: The prompt the answer decodes from; None when retrieval found nothing.
         output: Its prefill; None when retrieval found nothing.
-        chunks: The chunks in that prompt, best first.
+        chunks: The chunks in that prompt, in listed order (the retriever's unless
+            ``cache.reorder`` or ``chat.deduplicate`` arranged them).
         trace: What retrieval and augmentation did.
         num_cached_tokens: Prompt tokens whose KV was reused rather than recomputed.
         write_back: Stores the prompt's fused KV in the cache (taking the engine lock itself);
@@ -135,6 +138,12 @@ class AnswerStream(Iterator[str]):
                 write_back()
         finally:
             prepared.output = None  # the prefill's KV: freed unless the caller holds it
+
+    @property
+    def first_token_logits(self) -> torch.Tensor | None:
+        """[vocab] logits of the first answer token; None without context or once finished."""
+        output = self._prepared.output
+        return None if output is None else output.logits
 
     @property
     def text(self) -> str:

@@ -158,3 +158,19 @@ def test_unsupported_family_is_rejected_before_vllm_starts(tmp_path):
     config = AdaRagConfig.build(home=tmp_path, engine={"backend": "vllm", "model": str(tmp_path)})
     with pytest.raises(ModelLoadError, match="llama, mistral, qwen2, qwen3"):
         load_generator(config)
+
+
+def test_ragboost_reorders_to_the_cached_prefix_on_the_vllm_backend(
+    vllm_generator, real_config, record
+):
+    from adarag.evaluation.policies import POLICIES
+
+    passages = [p["text"] for p in record["passages"][:3]]
+    config = AdaRagConfig.build(real_config, **POLICIES["ragboost"].overrides)
+    rag = AdaRAG(config, generator=vllm_generator)
+    rag.query(record["question"], chunks=passages[:2], params=GREEDY)
+    answer = rag.query(record["question"], chunks=[passages[2], passages[1], passages[0]])
+    assert [c.text for c in answer.chunks] == [passages[0], passages[1], passages[2]]
+    assert answer.trace.steps[-1].tiers == ("hard", "hard", "miss")
+    assert "[3], [2], [1]" in answer.trace.order_hint
+    assert answer.text

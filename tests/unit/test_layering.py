@@ -45,7 +45,7 @@ ALLOWED = {
     "augment": {"config", "schema", "errors", "augment"},
     "engine": {"kernels", "cache", "config", "schema", "errors", "engine"},
     "profiles": {"errors", "profiles"},
-    "conversation": set(),
+    "conversation": {"schema"},
     "data": {"schema", "retrievers"},
     "pipeline": SERVING - {"conversation", "data", "serve"},
     "serve": SERVING,
