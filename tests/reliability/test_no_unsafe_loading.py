@@ -41,7 +41,7 @@ UNSAFE_CALLS = {
 SAFE_YAML_LOADERS = frozenset({"SafeLoader", "CSafeLoader", "BaseLoader"})
 SAFETENSORS_READERS = {
     "adarag/engine/loader.py": "model weights",
-    "adarag/cache/disk.py": "KV files",
+    "adarag/cache/entry_format.py": "KV files",
 }
 
 

@@ -88,6 +88,18 @@ def test_memory_only_entries_reach_the_server_when_evicted_or_flushed(tmp_path, 
     assert reader.get("first") is not None and reader.get("second") is not None
 
 
+def test_entries_on_probation_never_reach_the_server(tmp_path, server):
+    entry_bytes = 2 * 4 * 2 * 8 * 2 * 4
+    store = _store(tmp_path / "a", url_of(server), memory_capacity_bytes=entry_bytes)
+    store.put(["one-off"], _kv(1), probation=True)
+    store.put(["lasting"], _kv(2))  # evicts the one-off: dropped, not spilled
+    store.put(["later one-off"], _kv(3), probation=True)  # evicted before "lasting"
+    store.flush()
+    reader = _store(tmp_path / "b", url_of(server), disk_capacity_bytes=0)
+    assert reader.get("lasting") is not None
+    assert reader.get("one-off") is None and reader.get("later one-off") is None
+
+
 @pytest.mark.parametrize("damage", ["flipped byte", "truncated", "not an entry", "wrong layout"])
 def test_a_bad_entry_on_the_server_is_dropped_and_recomputed(tmp_path, server, caplog, damage):
     writer = _store(tmp_path / "a", url_of(server))
