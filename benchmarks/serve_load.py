@@ -235,7 +235,7 @@ def _table(payload: dict) -> str:
     lines = [
         "# adarag serve under load",
         "",
-        describe_machine(payload["machine"]) + " The machine was shared with other work.",
+        describe_machine(payload["machine"]),
         "",
         f"One `adarag serve` process ({settings['model']} model, `--max-active "
         f"{settings['max_active']}`), a knowledge base of {settings['passages']} demo passages "

@@ -25,6 +25,7 @@ from common import load_jsonl, machine, timed, write_results  # noqa: E402
 from followups import DenseIndex, build_followups  # noqa: E402
 
 from adarag import AdaRAG  # noqa: E402
+from adarag.evaluation.machine import describe_machine  # noqa: E402
 from adarag.evaluation.metrics import best_exact_match, best_f1  # noqa: E402
 from adarag.schema import GenerationParams  # noqa: E402
 
@@ -120,8 +121,7 @@ def main() -> None:
         f"{len(rows)} two-turn conversations from 2WikiMultihopQA compositional questions "
         "(benchmarks/followups.py); retrieval: MiniLM cosine over the 6,119-passage corpus; "
         f"answers from the top {TOP_K} with the first turn as history, greedy, 24 tokens. "
-        f"Machine: {host['cpu']}, {host['cores']} cores, shared with other jobs (times are "
-        "indicative).",
+        + describe_machine(host),
         "",
         "| method | gold passage in top 4 | in top 10 | answer F1 | EM "
         "| making the query, mean s | p50 s |",
