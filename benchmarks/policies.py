@@ -117,7 +117,7 @@ def main() -> None:
         stem = args.output / f"{workload}_{model}"
         _write(stem, title, workload, rows, records, measured_on)
         print(f"{workload}: {(time.perf_counter() - started) / 60:.1f} min")
-        print(stem.with_suffix(".md").read_text())
+        print((stem.parent / f"{stem.name}.md").read_text())
 
 
 def _workload(name: str, args: argparse.Namespace) -> tuple[list[BenchQuestion], list[StreamItem]]:
@@ -230,15 +230,15 @@ def _write(
         "Agreement compares each query's answer with the `full` policy's answer to the same "
         "query; reused tokens are the prompt tokens not recomputed (system prefix included).",
     ]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    (stem.parent / f"{stem.name}.md").write_text("\n".join(lines) + "\n")
     payload = {
         "title": title,
         "machine": measured_on,
         "rows": [asdict(row) for row in rows],
         "records": {name: [asdict(r) for r in recs] for name, recs in records.items()},
     }
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-    _plot(rows, title, stem.with_suffix(".png"))
+    (stem.parent / f"{stem.name}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    _plot(rows, title, stem.parent / f"{stem.name}.png")
 
 
 def _plot(rows: list[PolicyRow], title: str, path: Path) -> None:
