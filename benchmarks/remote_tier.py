@@ -243,9 +243,8 @@ def table(payload: dict[str, Any]) -> str:
         f"{m['date']}; {payload['questions']} musique questions x {payload['passages']} passages "
         f"(~{tokens:.0f} prompt tokens), storage {payload['storage_dtype']}. Process A warmed "
         f"{payload['process_a']['computed']} chunks into the server; process B answered with "
-        "empty local tiers. The machine was shared with other jobs (the load average above), so "
-        "absolute times are inflated; the variants ran interleaved per question and compare "
-        "within the run.",
+        "empty local tiers. The variants ran interleaved per question and compare within the "
+        "run.",
         "",
         "| process B's TTFT | mean s | vs recompute |",
         "| --- | --- | --- |",
