@@ -37,7 +37,7 @@ from adarag.evaluation.fidelity import first_token_kl
 from adarag.evaluation.harness import BenchRunner, QueryRecord
 from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.metrics import normalize_answer, token_f1
-from adarag.evaluation.plots import pyplot
+from adarag.evaluation.plots import ttft_scatter
 from adarag.evaluation.policies import POLICIES
 from adarag.evaluation.report import Latency
 from adarag.evaluation.sessions import multi_turn_workload, multi_user_workload
@@ -242,30 +242,13 @@ def _write(
 
 
 def _plot(rows: list[PolicyRow], title: str, path: Path) -> None:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    points = [(row.policy, row.ttft_mean_s) for row in rows]
     panels = [
-        ("gold F1", lambda r: r.gold_f1),
-        ("F1 agreement with full (%)", lambda r: r.f1_agreement),
-        ("recomputed tokens per query", lambda r: r.recomputed_tokens),
+        ("gold F1", [row.gold_f1 for row in rows]),
+        ("F1 agreement with full (%)", [row.f1_agreement for row in rows]),
+        ("recomputed tokens per query", [row.recomputed_tokens for row in rows]),
     ]
-    for axis, (label, value) in zip(axes, panels, strict=True):
-        for row in rows:
-            axis.scatter(row.ttft_mean_s, value(row), s=40)
-            axis.annotate(
-                row.policy,
-                (row.ttft_mean_s, value(row)),
-                fontsize=8,
-                xytext=(4, 4),
-                textcoords="offset points",
-            )
-        axis.set_xlabel("mean TTFT (s)")
-        axis.set_ylabel(label)
-        axis.set_xlim(left=0)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ttft_scatter(points, panels, title, path)
 
 
 if __name__ == "__main__":

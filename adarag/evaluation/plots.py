@@ -129,23 +129,36 @@ def plot_reliability(
 
 def ttft_vs_quality(summaries: Sequence[PolicySummary], title: str, path: Path) -> Path:
     """AdaCache Figure 5: mean TTFT against gold F1 and agreement F1, one point per policy."""
+    points = [(s.policy, s.ttft.mean) for s in summaries]
+    panels: list[tuple[str, Sequence[float | None]]] = [
+        ("F1 against gold answers", [s.f1 for s in summaries]),
+        ("F1 against the full-recomputation answer", [s.agreement_f1 for s in summaries]),
+    ]
+    return ttft_scatter(points, panels, title, path)
+
+
+def ttft_scatter(
+    points: Sequence[tuple[str, float]],
+    panels: Sequence[tuple[str, Sequence[float | None]]],
+    title: str,
+    path: Path,
+) -> Path:
+    """One panel per ``(label, values)``: each policy's mean TTFT against its value (None: skipped).
+
+    Args:
+        points: Each policy's name and mean TTFT (s).
+        panels: A y-axis label and one value per point.
+        title: The figure's title.
+        path: The PNG written (its folder is made).
+    """
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    panels = [("F1 against gold answers", lambda s: s.f1)]
-    panels.append(("F1 against the full-recomputation answer", lambda s: s.agreement_f1))
-    for axis, (label, value) in zip(axes, panels, strict=True):
-        for summary in summaries:
-            y = value(summary)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for axis, (label, values) in zip(axes[0], panels, strict=True):
+        for (policy, ttft), y in zip(points, values, strict=True):
             if y is None:
                 continue
-            axis.scatter(summary.ttft.mean, y, s=40)
-            axis.annotate(
-                summary.policy,
-                (summary.ttft.mean, y),
-                fontsize=8,
-                xytext=(4, 4),
-                textcoords="offset points",
-            )
+            axis.scatter(ttft, y, s=40)
+            axis.annotate(policy, (ttft, y), fontsize=8, xytext=(4, 4), textcoords="offset points")
         axis.set_xlabel("mean TTFT (s)")
         axis.set_ylabel(label)
         axis.set_xlim(left=0)
