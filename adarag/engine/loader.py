@@ -8,7 +8,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from adarag.engine.model import DecoderModel
+from adarag.engine.model import DecoderModel, pack_for_cpu
 from adarag.engine.spec import ModelSpec
 from adarag.errors import ModelLoadError
 
@@ -75,7 +75,9 @@ def load_model(path: Path, spec: ModelSpec, dtype: torch.dtype, device: str) -> 
         ) from err
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    pack_for_cpu(model)
+    return model
 
 
 def _one_line(err: BaseException) -> str:

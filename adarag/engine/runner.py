@@ -29,6 +29,7 @@ from adarag.engine.selection import (
     stored_scores,
     value_deviation,
 )
+from adarag.engine.vllm import cpu_attention
 from adarag.errors import InputError
 from adarag.kernels import kv_scatter, segment_attention_mass, selective_attention
 
@@ -62,6 +63,8 @@ class Runner:
         self.dtype = getattr(torch, engine_config.dtype)
         self.inv_freq = rope_inv_freq(self.spec).to(self.device)
         self.scale = self.spec.head_dim**-0.5
+        if self.backend == "auto" and self.device.type == "cpu":
+            cpu_attention.available()  # import vLLM's kernels now, not in the first request
 
     def new_cache(self, capacity: int) -> KVCache:
         """An empty fused KV cache with ``capacity`` rows."""
@@ -318,14 +321,11 @@ class Runner:
     def _attend(
         self, layer_idx: int, q: torch.Tensor, positions: torch.Tensor, kv: KVCache
     ) -> torch.Tensor:
+        k, v = kv.k[layer_idx, : kv.length], kv.v[layer_idx, : kv.length]
+        if self.backend == "auto" and cpu_attention.can_run(q, k):
+            return cpu_attention.selective_attention_vllm_cpu(q, k, v, positions, self.scale)
         return selective_attention(
-            q,
-            kv.k[layer_idx, : kv.length],
-            kv.v[layer_idx, : kv.length],
-            positions,
-            self.scale,
-            query_block=self.query_block,
-            backend=self.backend,
+            q, k, v, positions, self.scale, query_block=self.query_block, backend=self.backend
         )
 
     def _segment_mass(

@@ -42,7 +42,7 @@ def _fused(generator, layout, sources, policy, **knobs):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "llama-hd32"])
 def test_ratio_one_matches_full_prefill(family, policy, tiny_checkpoints, tiny_config):
     generator = _generator(tiny_checkpoints, tiny_config, family)
     layout = layout_of(generator, QUESTION, CHUNKS)

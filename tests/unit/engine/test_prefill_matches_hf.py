@@ -26,7 +26,7 @@ def test_full_prefill_logits_and_kv_match_hf(family, tiny_checkpoints, tiny_conf
         torch.testing.assert_close(ours_v, layer.values[0], atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "llama-hd32"])
 def test_greedy_decode_matches_hf_generate(family, tiny_checkpoints, tiny_config):
     generator = load_generator(tiny_config(tiny_checkpoints[family]))
     hf_model = load_hf_model(tiny_checkpoints[family])
