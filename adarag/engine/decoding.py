@@ -6,7 +6,7 @@ The torch engine decodes with adarag's own runner into the prefill's KV; the vLL
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from adarag.engine.batch import PrefillOutput
@@ -69,6 +69,45 @@ class TorchDecoder:
             yield token
             if step + 1 < budget:
                 logits = self.runner.decode(token, kv)
+
+    def decode_batch(
+        self,
+        layouts: Sequence[PromptLayout],
+        outputs: Sequence[PrefillOutput],
+        params: GenerationParams,
+    ) -> list[list[int]]:
+        """Decode several prefilled prompts together, one step of all of them at a time.
+
+        Each sequence gets the tokens :meth:`decode_tokens` would give it alone (its own sampler,
+        EOS and budget); a finished sequence leaves the batch. One step multiplies the weights
+        once for every live sequence, so several streams cost little more than one.
+        """
+        assert len(layouts) == len(outputs), "one layout per prefill"
+        live = []
+        for index, (layout, output) in enumerate(zip(layouts, outputs, strict=True)):
+            output.kv.length = layout.num_tokens
+            budget = min(params.max_new_tokens, output.kv.capacity - output.kv.length + 1)
+            live.append((index, output.kv, budget, make_generator(params), output.logits))
+        tokens: list[list[int]] = [[] for _ in layouts]
+        while live:
+            stepping = []
+            for index, kv, budget, generator, logits in live:
+                token = sample_token(logits, params, generator)
+                if token in self.eos_token_ids:
+                    continue
+                tokens[index].append(token)
+                if len(tokens[index]) < budget:
+                    stepping.append((index, kv, budget, generator, token))
+            if not stepping:
+                break
+            step_logits = self.runner.decode_batch(
+                [token for *_, token in stepping], [kv for _, kv, *_ in stepping]
+            )
+            live = [
+                (index, kv, budget, generator, step_logits[row])
+                for row, (index, kv, budget, generator, _) in enumerate(stepping)
+            ]
+        return tokens
 
     def close(self) -> None:
         """Nothing to release."""

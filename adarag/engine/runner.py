@@ -9,6 +9,7 @@ absolute-position causal mask. A full prefill is the special case where nothing 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -139,15 +140,37 @@ class Runner:
     @torch.inference_mode()
     def decode(self, token_id: int, kv: KVCache) -> torch.Tensor:
         """Append one token at position ``kv.length`` and return its float32 logits [vocab]."""
-        assert kv.length < kv.capacity, f"KV cache full at {kv.capacity} rows"
-        token_ids = torch.tensor([token_id], dtype=torch.int64, device=self.device)
-        positions = torch.tensor([kv.length], dtype=torch.int64, device=self.device)
-        kv.length += 1
-        stream = self._new_stream(token_ids, positions)
-        cos_sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
-        for layer_idx in range(self.spec.num_layers):
-            self._layer_step(layer_idx, stream, kv, cos_sin, None)
-        return self.model.logits(stream.hidden)[0]
+        return self.decode_batch([token_id], [kv])[0]
+
+    @torch.inference_mode()
+    def decode_batch(self, token_ids: Sequence[int], kvs: Sequence[KVCache]) -> torch.Tensor:
+        """One decoding step of several sequences: token ``i`` is appended to ``kvs[i]``.
+
+        The projections and MLPs multiply all the sequences' rows at once (the weights are read
+        once per step, not once per sequence); attention runs per sequence over its own cache.
+
+        Returns:
+            float32 logits [len(kvs), vocab].
+        """
+        assert len(token_ids) == len(kvs) > 0, "one token per KV cache"
+        for kv in kvs:
+            assert kv.length < kv.capacity, f"KV cache full at {kv.capacity} rows"
+        ids = torch.tensor(list(token_ids), dtype=torch.int64, device=self.device)
+        positions = torch.tensor([kv.length for kv in kvs], dtype=torch.int64, device=self.device)
+        for kv in kvs:
+            kv.length += 1
+        hidden = self.model.embed(ids).to(self.dtype)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
+        for layer_idx, layer in enumerate(self.model.decoder_layers):
+            q, k, v = layer.project_qkv(hidden)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            rows = []
+            for row, kv in enumerate(kvs):
+                one = slice(row, row + 1)
+                kv_scatter(kv.k[layer_idx], kv.v[layer_idx], k[one], v[one], positions[one])
+                rows.append(self._attend(layer_idx, q[one], positions[one], kv))
+            hidden = layer.finish(hidden, torch.cat(rows))
+        return self.model.logits(hidden)
 
     # --- selection
 
