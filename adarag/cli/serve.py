@@ -81,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level (info logs each request)",
     )
+    parser.add_argument(
+        "--batch-decode",
+        action="store_true",
+        help="decode concurrent requests together in one batch (engine.batch_decode): more "
+        "tokens/s with several clients; answers can differ from a lone request's in float32 ties",
+    )
     add_knowledge_base_arguments(parser)
     add_model_arguments(parser)
 
@@ -96,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         f"serve.{field}": "--" + option.replace("_", "-")
         for option, field in _SERVE_OPTIONS.items()
     }
-    config = build_config(args, flags, serve=serve)
+    engine = {"batch_decode": True} if args.batch_decode else {}
+    config = build_config(args, flags, serve=serve, engine=engine)
     api_key = os.environ.get(config.serve.api_key_env) or None
     from adarag.serve import AdaRagServer, create_app
 

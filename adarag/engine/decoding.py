@@ -12,6 +12,7 @@ from typing import Protocol
 from adarag.engine.batch import PrefillOutput
 from adarag.engine.runner import Runner
 from adarag.engine.sampler import make_generator, sample_token
+from adarag.engine.step_batcher import StepBatcher
 from adarag.schema import GenerationParams, PromptLayout
 
 
@@ -41,9 +42,12 @@ class TorchDecoder:
         eos_token_ids: Tokens that end an answer.
     """
 
-    def __init__(self, runner: Runner, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self, runner: Runner, eos_token_ids: frozenset[int], batcher: StepBatcher | None = None
+    ) -> None:
         self.runner = runner
         self.eos_token_ids = eos_token_ids
+        self.batcher = batcher
 
     def reserved_rows(self, max_new_tokens: int) -> int:
         """One row per new token."""
@@ -62,13 +66,23 @@ class TorchDecoder:
         budget = min(params.max_new_tokens, kv.capacity - kv.length + 1)
         generator = make_generator(params)
         logits = output.logits
-        for step in range(budget):
-            token = sample_token(logits, params, generator)
-            if token in self.eos_token_ids:
-                return
-            yield token
-            if step + 1 < budget:
-                logits = self.runner.decode(token, kv)
+        batcher = self.batcher
+        if batcher is not None:
+            batcher.begin()
+        try:
+            for step in range(budget):
+                token = sample_token(logits, params, generator)
+                if token in self.eos_token_ids:
+                    return
+                yield token
+                if step + 1 < budget:
+                    if batcher is None:
+                        logits = self.runner.decode(token, kv)
+                    else:  # stepped together with the other requests decoding now
+                        logits = batcher.step(token, kv)
+        finally:
+            if batcher is not None:
+                batcher.end()
 
     def decode_batch(
         self,

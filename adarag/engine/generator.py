@@ -25,6 +25,7 @@ from adarag.engine.kv_cache import KVCache
 from adarag.engine.loader import load_model
 from adarag.engine.runner import Runner
 from adarag.engine.spec import ModelSpec
+from adarag.engine.step_batcher import StepBatcher
 from adarag.errors import InputError
 from adarag.kernels import lens_signals_from_logits, logit_lens
 from adarag.schema import GenerationParams, PromptLayout
@@ -88,7 +89,8 @@ class Generator:
         else:
             model = load_model(checkpoint.path, spec, getattr(torch, engine.dtype), engine.device)
             runner = Runner(model, engine, kernels)
-            decoder = TorchDecoder(runner, eos_token_ids(checkpoint))
+            batcher = StepBatcher(runner) if engine.batch_decode else None
+            decoder = TorchDecoder(runner, eos_token_ids(checkpoint), batcher)
         logger.info(
             "loaded %s (%s, %d layers, %s) in %.1f s",
             checkpoint.name,

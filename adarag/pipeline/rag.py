@@ -733,16 +733,22 @@ class AdaRAG:
     ) -> Iterator[str]:
         """Answer deltas, taking the engine lock for each decode step only.
 
+        With ``engine.batch_decode`` the steps take no engine lock: they only touch this
+        request's KV and the read-only model, and concurrent requests' steps must reach the
+        decoder's batcher together to be batched.
+
         The write-back is the :class:`AnswerStream`'s to run when it ends or is closed, never
         this generator's: a generator dropped unfinished is closed wherever the garbage collector
         runs, where taking the engine lock could deadlock.
         """
         assert prepared.layout is not None and prepared.output is not None
         tokens = self.generator.decode_tokens(prepared.layout, prepared.output, params)
+        if getattr(self.generator.decoder, "batcher", None) is None:
+            steps = _locked_steps(tokens, self._engine_lock, counter)
+        else:  # engine.batch_decode: concurrent requests' steps meet in the batcher, unlocked
+            steps = _counted_steps(tokens, counter)
         try:
-            yield from decode_text(
-                _locked_steps(tokens, self._engine_lock, counter), self.tokenizer, params
-            )
+            yield from decode_text(steps, self.tokenizer, params)
         finally:
             close = getattr(tokens, "close", None)
             if close is not None:
@@ -766,6 +772,13 @@ def _locked_steps(
             token = next(tokens, None)
         if token is None:
             return
+        counter[0] += 1
+        yield token
+
+
+def _counted_steps(tokens: Iterator[int], counter: list[int]) -> Iterator[int]:
+    """``tokens``, counted in ``counter[0]``."""
+    for token in tokens:
         counter[0] += 1
         yield token
 
