@@ -62,8 +62,7 @@ class TorchDecoder:
         again (its prompt rows are never changed).
         """
         kv = output.kv
-        kv.length = layout.num_tokens
-        budget = min(params.max_new_tokens, kv.capacity - kv.length + 1)
+        budget = _start(layout, output, params)
         generator = make_generator(params)
         logits = output.logits
         batcher = self.batcher
@@ -99,8 +98,7 @@ class TorchDecoder:
         assert len(layouts) == len(outputs), "one layout per prefill"
         live = []
         for index, (layout, output) in enumerate(zip(layouts, outputs, strict=True)):
-            output.kv.length = layout.num_tokens
-            budget = min(params.max_new_tokens, output.kv.capacity - output.kv.length + 1)
+            budget = _start(layout, output, params)
             live.append((index, output.kv, budget, make_generator(params), output.logits))
         tokens: list[list[int]] = [[] for _ in layouts]
         while live:
@@ -125,3 +123,10 @@ class TorchDecoder:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def _start(layout: PromptLayout, output: PrefillOutput, params: GenerationParams) -> int:
+    """Rewind the prefill's KV to the prompt; the most tokens it can decode (room and budget)."""
+    kv = output.kv
+    kv.length = layout.num_tokens
+    return min(params.max_new_tokens, kv.capacity - kv.length + 1)

@@ -64,7 +64,11 @@ class Runner:
         self.dtype = getattr(torch, engine_config.dtype)
         self.inv_freq = rope_inv_freq(self.spec).to(self.device)
         self.scale = self.spec.head_dim**-0.5
-        if self.backend == "auto" and self.device.type == "cpu":
+        if (
+            self.backend == "auto"
+            and self.device.type == "cpu"
+            and cpu_attention.supports_head_dim(self.spec.head_dim)
+        ):
             cpu_attention.available()  # import vLLM's kernels now, not in the first request
 
     def new_cache(self, capacity: int) -> KVCache:
@@ -113,11 +117,12 @@ class Runner:
         focus = None
         if window is not None and plan.has_candidates:
             focus = FocusTracker(window, len(batch.segments) - 2)
+            focus_cu = self._cu_segments(batch)
         for layer_idx in range(first_layer, self.spec.num_layers):
             query_q = self._query_q(layer_idx, stream, plan, cos_sin) if focus else None
             self._layer_step(layer_idx, stream, kv, cos_sin, cu)
             if focus is not None and query_q is not None:
-                mass = self._chunk_mass(layer_idx, query_q, plan, kv, batch)
+                mass = self._chunk_mass(layer_idx, query_q, plan, kv, focus_cu)
                 focused = focus.update(mass)
                 if focused is not None:  # stable: stop recomputing the other cached chunks
                     cos_sin = _drop_unfocused(stream, cos_sin, plan, focused)
@@ -305,11 +310,11 @@ class Runner:
         query_q: torch.Tensor,
         plan: RecomputePlan,
         kv: KVCache,
-        batch: ForwardBatch,
+        cu_segments: torch.Tensor,
     ) -> list[float]:
         """Attention mass the query suffix pays each chunk at ``layer_idx`` (mean over heads)."""
         positions = plan.query.to(self.device)
-        mass = self._segment_mass(layer_idx, query_q, positions, kv, self._cu_segments(batch))
+        mass = self._segment_mass(layer_idx, query_q, positions, kv, cu_segments)
         per_segment = mass.sum(dim=0).mean(dim=0)  # [num_segments]
         return [float(x) for x in per_segment[1:-1]]
 

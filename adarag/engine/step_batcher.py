@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 
 import torch
 
@@ -35,7 +36,7 @@ class _Ticket:
     kv: KVCache
     logits: torch.Tensor | None = None
     error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    done: bool = False
 
 
 class StepBatcher:
@@ -53,7 +54,8 @@ class StepBatcher:
         self._pending: list[_Ticket] = []
         self._decoding = 0  # requests between begin() and end()
         self._stepping = False
-        self.batch_sizes: list[int] = []  # rows of every step run (for tests and reports)
+        # rows of the last steps run (bounded: a server steps for as long as it lives)
+        self.batch_sizes: deque[int] = deque(maxlen=4096)
 
     def begin(self) -> None:
         """A request starts decoding."""
@@ -72,7 +74,7 @@ class StepBatcher:
         with self._lock:
             self._pending.append(ticket)
             self._lock.notify_all()
-            while not ticket.done.is_set():
+            while not ticket.done:
                 if self._stepping:
                     self._lock.wait()
                     continue
@@ -99,9 +101,9 @@ class StepBatcher:
         except BaseException as err:  # every request of the batch sees the step's failure
             for ticket in batch:
                 ticket.error = err
-                ticket.done.set()
+                ticket.done = True
             return
         self.batch_sizes.append(len(batch))
         for row, ticket in enumerate(batch):
             ticket.logits = logits[row]
-            ticket.done.set()
+            ticket.done = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,21 @@ def assert_used_prefix_of_retrieved(used_titles: list[str], retrieved: list[str]
     """Adaptive augmentation conditions on a non-empty best-first prefix of the top-k."""
     assert 1 <= len(used_titles) <= len(retrieved)
     assert used_titles == retrieved[: len(used_titles)]
+
+
+def config_file_with_knowledge_base(
+    config: AdaRagConfig, corpus_path: Path, tokenizer: object, directory: Path
+) -> Path:
+    """Ingest the corpus into ``config``'s knowledge base; the config saved for ``--config``.
+
+    For CLI subprocesses, which need a knowledge base of their own (the test process holds the
+    shared one's Chroma directory).
+    """
+    with KnowledgeBase(config.retrieval) as kb:
+        kb.ingest([corpus_path], tokenizer=tokenizer)
+    path = directory / "config.json"
+    path.write_text(json.dumps(config.model_dump(mode="json")))
+    return path
 
 
 @pytest.fixture(scope="session")

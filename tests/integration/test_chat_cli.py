@@ -4,7 +4,6 @@ cancelling one answer while the chat goes on."""
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import pty
 import re
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from adarag import AdaRagConfig
-from adarag.retrievers import KnowledgeBase
+from tests.integration.conftest import config_file_with_knowledge_base
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -82,11 +81,7 @@ def chat_config(real_config, shared_rag, corpus_path, tmp_path_factory) -> Path:
         retrieval={"chroma_directory": str(directory / "chroma"), "collection": "chat", "top_k": 3},
         augment={"enabled": False},
     )
-    with KnowledgeBase(config.retrieval) as kb:
-        kb.ingest([corpus_path], tokenizer=shared_rag.tokenizer)
-    path = directory / "config.json"
-    path.write_text(json.dumps(config.model_dump(mode="json")))
-    return path
+    return config_file_with_knowledge_base(config, corpus_path, shared_rag.tokenizer, directory)
 
 
 def test_a_chat_follow_up_and_a_cancelled_answer(chat_config):

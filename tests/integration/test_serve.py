@@ -27,10 +27,14 @@ import pytest
 
 from adarag import AdaRagConfig
 from adarag.config import ServeConfig
-from adarag.retrievers import KnowledgeBase
 from adarag.schema import GenerationParams
 from adarag.serve import AdaRagServer, create_app
-from tests.integration.conftest import FILM_QUESTION, LOTHAIR_QUESTION, UNRELATED_QUESTION
+from tests.integration.conftest import (
+    FILM_QUESTION,
+    LOTHAIR_QUESTION,
+    UNRELATED_QUESTION,
+    config_file_with_knowledge_base,
+)
 from tests.reliability.workload import EXACT_STORE, EXACT_TIERS
 
 pytestmark = pytest.mark.integration
@@ -480,11 +484,7 @@ def serve_config_file(real_config, shared_rag, corpus_path, tmp_path_factory) ->
         cache={"store": {"directory": str(directory / "kv")}},
         augment={"enabled": False},
     )
-    with KnowledgeBase(config.retrieval) as kb:
-        kb.ingest([corpus_path], tokenizer=shared_rag.tokenizer)
-    path = directory / "config.json"
-    path.write_text(json.dumps(config.model_dump(mode="json")))
-    return path
+    return config_file_with_knowledge_base(config, corpus_path, shared_rag.tokenizer, directory)
 
 
 def test_the_command_serves_until_sigterm_then_flushes_and_exits_0(serve_config_file):

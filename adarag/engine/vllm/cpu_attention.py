@@ -56,6 +56,11 @@ def available() -> bool:
     return _ops() is not None
 
 
+def supports_head_dim(head_dim: int) -> bool:
+    """True when the kernel has a path for this head size (checked without importing vLLM)."""
+    return _isa(head_dim) is not None
+
+
 def _isa(head_dim: int) -> str | None:
     if head_dim not in HEAD_DIMS:
         return None
@@ -69,7 +74,7 @@ def can_run(q: torch.Tensor, k: torch.Tensor) -> bool:
         and q.shape[0] >= MIN_QUERIES
         and q.dtype in (torch.float32, torch.bfloat16)
         and q.dtype == k.dtype
-        and _isa(q.shape[-1]) is not None
+        and supports_head_dim(q.shape[-1])
         and _ops() is not None
     )
 
