@@ -280,7 +280,13 @@ class RecomputeConfig(_Frozen):
     """How the tokens to recompute are chosen in a fused prefill (travels with each request)."""
 
     selection_policy: Literal[
-        "cross_attention", "kv_deviation", "query_attention", "stored_rank", "random", "oracle"
+        "cross_attention",
+        "kv_deviation",
+        "query_attention",
+        "stored_rank",
+        "random",
+        "oracle",
+        "output_oracle",
     ] = Field(
         default="kv_deviation",
         description="'kv_deviation' (the default, chosen on the fidelity calibration split): "
@@ -290,7 +296,9 @@ class RecomputeConfig(_Frozen):
         "'stored_rank': the ranking stored with each cached chunk variant (Cache-Craft: its "
         "tokens' attention to the chunks before it when it was computed; other chunks score "
         "zero); 'random' and 'oracle' "
-        "(deviation from a full prefill, benchmarks only) are controls.",
+        "(deviation from a full prefill, benchmarks only) are controls; 'output_oracle' "
+        "(benchmarks only) recomputes the positions a caller scored by how much they change the "
+        "answer of a full prefill (adarag.evaluation.output_oracle).",
     )
     deviation_check_layer: int = Field(
         default=1, ge=0, description="Layer whose V deviation ranks tokens (kv_deviation)."
@@ -328,6 +336,52 @@ class RecomputeConfig(_Frozen):
         "take (never below the chunk's own ratio); None: no cap.",
     )
     seed: int = Field(default=0, ge=0, description="Seed of the 'random' control.")
+    chunk_start_tokens: int = Field(
+        default=0,
+        ge=0,
+        le=256,
+        description="Always recompute the first s tokens of each reused chunk, inside its "
+        "budget (EPIC's LegoLink: a chunk encoded alone makes its first tokens attention sinks "
+        "that a fused prompt does not have); 0: the rule alone decides.",
+    )
+    chunk_allocation: Literal["rule", "query"] = Field(
+        default="rule",
+        description="How the budget is split between reused chunks. 'rule': by the budget mode "
+        "(per_chunk or global). 'query' (two-stage, ProphetKV/QCFuse): the query suffix's "
+        "attention over the cached KV (at query_layers / query_last_layers) shares the total "
+        "out between chunks, then each chunk keeps its best-scored tokens.",
+    )
+    layer_schedule: Literal["flat", "gradual"] = Field(
+        default="flat",
+        description="'flat': the chosen tokens run through every layer above the scoring "
+        "layer. 'gradual' (CacheBlend's gradual filtering): layer l recomputes "
+        "ratio x (1 + spread x (1 - 2l / (L - 1))) of the tokens, from more in the lower layers "
+        "to fewer above (the mean over layers is the ratio); at each layer the tokens whose "
+        "fresh V deviates least from the cached V stop being recomputed.",
+    )
+    layer_spread: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="Slope of the gradual schedule: 0 is flat, 1 goes from twice the ratio at "
+        "the first layer to none at the last.",
+    )
+    context_temperature: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=4.0,
+        description="APE's attention temperature on reused chunk KV: keys of reused "
+        "(not recomputed) positions are divided by it, so every later token attends to them at "
+        "softmax scale 1 / (sqrt(d) x T); 1.0: off.",
+    )
+    context_scale: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=4.0,
+        description="APE's scale on the attention mass of reused chunk KV (log(scale) added to "
+        "the logits of reused positions, i.e. their log-sum-exp scaled before merging); 1.0: "
+        "off. Other than 1.0 attention takes the torch path.",
+    )
 
     @model_validator(mode="after")
     def _check_layers(self) -> RecomputeConfig:

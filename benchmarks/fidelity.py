@@ -1,15 +1,20 @@
-"""Fidelity benchmark: each selection rule and ratio against full recomputation of the same prompt.
+"""Fidelity benchmark: selection rules, levers and ratios against full recomputation.
 
 For each model and data set, every question's prompt is prefilled in full (the reference) and
-fused from its chunks' independent KV at each ratio under each rule (``random`` and ``oracle``
-are controls), then decoded greedily. Writes, under ``--output`` (default
-``benchmarks/results/fidelity``): ``<model>/<dataset>.json`` (every row), ``<model>.md`` (tables)
-and ``<model>/<dataset>_agreement.png`` (agreement vs ratio per rule).
+fused from its chunks' independent KV at each ratio under each rule (``random``, ``oracle`` and
+``output_oracle`` are controls), then decoded greedily. Every question's rows are appended to
+``<output>/<model>/<dataset><tag>.rows.jsonl`` as soon as it is measured, so a stopped run
+resumes where it stopped (rows already there are not measured again) and several runs can share
+the questions (``--shard i/n``). The report, rebuilt from all rows each time (or alone with
+``--report-only``): ``<output>/<model><tag>.md`` with 95% bootstrap intervals on every figure,
+the paired gold-F1 difference against full recomputation, and each rule's paired difference in
+exact agreement against ``--baseline``; ``<model>/<dataset><tag>.json`` (summaries) and
+``<model>/<dataset><tag>_agreement.png``.
 
-    python benchmarks/fidelity.py --model qwen2.5-coder-0.5b --questions 20 --offset 40
+    python benchmarks/fidelity.py --model qwen2.5-coder-0.5b --questions 40 --offset 40
 
 Rules are named selections; ``--rule name:key=value,...`` adds one (e.g.
-``qa_global:selection_policy=query_attention,budget=global``).
+``sinks:selection_policy=kv_deviation,chunk_start_tokens=4``).
 """
 
 from __future__ import annotations
@@ -23,46 +28,70 @@ from typing import Any
 
 from common import DEFAULT_DATA_DIR, RESULTS
 
-from adarag import AdaRAG
-from adarag.config import RecomputeConfig
+from adarag.config import DEFAULT_MODEL, RecomputeConfig
+from adarag.engine.provision import DEFAULT_PACKAGED_MODEL, PACKAGED_MODELS
 from adarag.evaluation.fidelity import (
     FidelityRow,
-    FidelityRun,
     FidelitySummary,
     Target,
+    append_rows,
+    paired_rules,
+    read_rows,
     smallest_ratio_meeting,
     summarize,
 )
 from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.plots import pyplot
 from adarag.evaluation.workload import DATASETS, load_questions
-from adarag.schema import GenerationParams
 
-RATIOS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
-BUILT_IN_RULES = {
+RATIOS = (0.0, 0.1, 0.2, 0.3, 0.5, 1.0)
+BUILT_IN_RULES: dict[str, dict[str, Any]] = {
     "cross_attention": {"selection_policy": "cross_attention"},
     "kv_deviation": {"selection_policy": "kv_deviation"},
     "query_attention": {"selection_policy": "query_attention"},
     "random": {"selection_policy": "random"},
     "oracle": {"selection_policy": "oracle"},
+    "output_oracle": {"selection_policy": "output_oracle"},
 }
-CHUNKS_PER_DATASET = {"musique": 4, "hotpotqa": 6, "2wikimqa": 6, "2wikimqa-gold": 6}
+CHUNKS_PER_DATASET = {
+    "musique": 4,
+    "hotpotqa": 6,
+    "2wikimqa": 6,
+    "2wikimqa-gold": 6,
+    "2wikimqa-short": 4,
+}
 
 
 def main() -> None:
+    args = _parse_args()
+    rules = {name: RecomputeConfig(**BUILT_IN_RULES[name]) for name in args.rules}
+    rules |= dict(_parse_rule(text) for text in args.rule)
+    model = _model_name(args.model)
+    out = args.output / model
+    if not args.report_only:
+        _measure(args, rules, out)
+    _report(args, model, out)
+
+
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="default")
     parser.add_argument("--dataset", nargs="+", default=list(DATASETS), choices=DATASETS)
     parser.add_argument("--questions", type=int, default=20)
     parser.add_argument("--offset", type=int, default=40, help="skip this many questions")
+    parser.add_argument("--shard", default="0/1", help="i/n: every n-th question from the i-th")
     parser.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
-    parser.add_argument("--rules", nargs="+", default=list(BUILT_IN_RULES))
+    parser.add_argument("--rules", nargs="*", default=["kv_deviation"])
     parser.add_argument("--rule", action="append", default=[], help="name:key=value,...")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--baseline", default="kv_deviation", help="rule the others are paired with"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--output", type=Path, default=RESULTS / "fidelity")
     parser.add_argument("--tag", default="", help="suffix of the output names")
+    parser.add_argument("--report-only", action="store_true", help="rebuild the report from rows")
     parser.add_argument(
         "--storage",
         nargs="+",
@@ -70,83 +99,116 @@ def main() -> None:
         choices=["float32", "float16", "bfloat16", "int8"],
         help="storage formats the reused KV passes through (rules named <rule>@<format>)",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    rules = {name: RecomputeConfig(**BUILT_IN_RULES[name]) for name in args.rules}
-    rules |= dict(_parse_rule(text) for text in args.rule)
+
+def _model_name(model: str) -> str:
+    """The checkpoint's directory name, without loading it (the report needs no model)."""
+    name = DEFAULT_PACKAGED_MODEL if model == DEFAULT_MODEL else model
+    packaged = PACKAGED_MODELS.get(name)
+    return packaged.directory if packaged is not None else Path(name).name
+
+
+def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: Path) -> None:
+    from adarag import AdaRAG
+    from adarag.evaluation.fidelity import FidelityRun
+    from adarag.schema import GenerationParams
+
     engine: dict[str, Any] = {"model": args.model}
     if args.threads:
         engine["num_threads"] = args.threads
     rag = AdaRAG(engine=engine)
     model = rag.generator.checkpoint.name
+    assert model == out.name, f"model {model} writes under {out}"
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     run = FidelityRun(rag, rules, args.ratios, params, args.storage)
-    out = args.output / model
-    out.mkdir(parents=True, exist_ok=True)
-    measured_on = machine()
-    sections: dict[str, str] = {}
-    pooled: list[FidelityRow] = []
+    index, count = (int(part) for part in args.shard.split("/"))
+    names = [
+        rule if storage == "float32" else f"{rule}@{storage}"
+        for storage in args.storage
+        for rule in rules
+    ]
+    wanted = {(name, ratio) for name in names for ratio in run.ratios}
     for dataset in args.dataset:
-        started = time.perf_counter()
+        path = out / f"{dataset}{args.tag}.rows.jsonl"
         questions = load_questions(
             dataset, args.data_dir, args.questions, CHUNKS_PER_DATASET[dataset], args.offset
         )
-        rows: list[FidelityRow] = []
-        for idx, item in enumerate(questions, 1):
-            rows += run.question(dataset, item)
+        started = time.perf_counter()
+        for number, item in enumerate(questions):
+            if number % count != index:
+                continue
+            done = {(r.rule, r.ratio) for r in read_rows(path) if r.qid == item.qid}
+            if wanted <= done:
+                continue
+            append_rows(path, run.question(dataset, item, done))
             print(
-                f"{model} {dataset} {idx}/{len(questions)} ({time.perf_counter() - started:.0f} s)"
+                f"{model} {dataset} #{args.offset + number} ({time.perf_counter() - started:.0f} s)"
             )
-            # written after every question, so a run stopped early keeps what it measured
-            title = (
-                f"{model}, {dataset}: {idx} questions from #{args.offset}, "
-                f"{CHUNKS_PER_DATASET[dataset]} chunks, {args.max_new_tokens} new tokens (greedy)"
-            )
-            sections[dataset] = _write_dataset(
-                out / f"{dataset}{args.tag}", title, rows, rules, measured_on, model
-            )
-            _write_report(args, model, measured_on, sections, pooled + rows)
+
+
+def _report(args: argparse.Namespace, model: str, out: Path) -> None:
+    """``<model><tag>.md``: the pooled table, the paired differences, one table per data set."""
+    measured_on = machine()
+    sections, pooled = [], []
+    for dataset in args.dataset:
+        stem = out / f"{dataset}{args.tag}"
+        rows = read_rows(stem.with_suffix(".rows.jsonl"))
+        if not rows:
+            continue
         pooled += rows
-        print(sections.get(dataset, ""))
-
-
-def _write_dataset(
-    stem: Path,
-    title: str,
-    rows: list[FidelityRow],
-    rules: dict[str, RecomputeConfig],
-    measured_on: dict[str, Any],
-    model: str,
-) -> str:
-    """The data set's JSON and plot; returns its markdown section."""
-    summaries = summarize(rows)
-    payload = {
-        "title": title,
-        "machine": measured_on,
-        "rules": {name: rule.model_dump() for name, rule in rules.items()},
-        "summaries": [asdict(s) for s in summaries],
-        "rows": [asdict(r) for r in rows],
-    }
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-    _plot(summaries, title, stem.with_name(stem.name + "_agreement.png"))
-    return _section(title, summaries, model)
-
-
-def _write_report(
-    args: argparse.Namespace,
-    model: str,
-    measured_on: dict[str, Any],
-    sections: dict[str, str],
-    pooled: list[FidelityRow],
-) -> None:
-    """``<model>.md``: the pooled table (with several data sets), then one per data set."""
-    parts = list(sections.values())
-    if len(sections) > 1:
-        count = len({(row.dataset, row.qid) for row in pooled})
-        title = f"{model}, {len(sections)} data sets pooled ({count} questions)"
-        parts.insert(0, _section(title, summarize(pooled), model))
-    header = [f"# Fidelity: {model}", "", describe_machine(measured_on), ""]
+        count = len({row.qid for row in rows})
+        title = (
+            f"{model}, {dataset}: {count} questions from #{args.offset}, "
+            f"{CHUNKS_PER_DATASET[dataset]} chunks, {args.max_new_tokens} new tokens (greedy)"
+        )
+        summaries = summarize(rows)
+        payload = {
+            "title": title,
+            "machine": measured_on,
+            "summaries": [asdict(s) for s in summaries],
+        }
+        stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+        _plot(summaries, title, stem.with_name(stem.name + "_agreement.png"))
+        sections.append(_section(title, summaries, model))
+    if not pooled:
+        return
+    count = len({(row.dataset, row.qid) for row in pooled})
+    title = f"{model}, {len(sections)} data sets pooled ({count} questions)"
+    parts = [_section(title, summarize(pooled), model), _paired(pooled, args.baseline), *sections]
+    header = [
+        f"# Fidelity: {model}",
+        "",
+        describe_machine(measured_on),
+        "",
+        "Every figure is a mean over questions with its 95% bootstrap interval in brackets. "
+        "'gold F1 - full' is the paired difference against full recomputation of the same "
+        "prompts. Exact agreement compares the whole greedy answer (up to the new-token budget) "
+        "with full recomputation's.",
+        "",
+    ]
     (args.output / f"{model}{args.tag}.md").write_text("\n".join(header + parts) + "\n")
+
+
+def _paired(rows: list[FidelityRow], baseline: str) -> str:
+    """Each rule against ``baseline`` at each ratio: paired differences in exact agreement."""
+    rules = list(dict.fromkeys(row.rule for row in rows))
+    ratios = sorted({row.ratio for row in rows if 0.0 < row.ratio < 1.0})
+    lines = [
+        f"## Paired against {baseline} (exact agreement, points; 95% interval; p)",
+        "",
+        "| rule | " + " | ".join(f"{ratio:.2f}" for ratio in ratios) + " |",
+        "|---|" + "---|" * len(ratios),
+    ]
+    for rule in rules:
+        if rule == baseline:
+            continue
+        cells = []
+        for ratio in ratios:
+            found = paired_rules(rows, rule, baseline, ratio, "exact_agreement")
+            cells.append("-" if found is None else f"{found} p={found.p_value:.2f}")
+        lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _parse_rule(text: str) -> tuple[str, RecomputeConfig]:
@@ -175,15 +237,15 @@ def _section(title: str, summaries: list[FidelitySummary], model: str) -> str:
     lines = [
         f"## {title}",
         "",
-        "| rule | ratio | exact agree % | F1 agree % | first-token agree % | first-token KL "
-        "| gold EM | gold F1 (full) | gold contains | TTFT s (full) |",
+        "| rule | ratio | recomputed | n | exact agree % | first-token agree % | first-token KL "
+        "| gold F1 | gold F1 - full | TTFT s (full) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lines.append(
-            f"| {s.rule} | {s.ratio:.2f} | {s.exact_agreement:.0f} | {s.f1_agreement:.1f} "
-            f"| {s.first_token_agreement:.0f} | {s.first_token_kl:.3f} | {s.gold_em:.1f} "
-            f"| {s.gold_f1:.1f} ({s.reference_gold_f1:.1f}) | {s.gold_contains:.0f} "
+            f"| {s.rule} | {s.ratio:.2f} | {100 * s.recomputed_share:.0f}% | {s.num_questions} "
+            f"| {s.exact_interval} | {s.first_token_interval} | {s.first_token_kl:.3f} "
+            f"| {s.gold_f1_interval} | {s.gold_f1_vs_full} "
             f"| {s.ttft_s:.2f} ({s.full_ttft_s:.2f}) |"
         )
     lines += ["", f"Smallest ratio meeting the target ({_describe(target)}):", ""]
@@ -216,11 +278,11 @@ def _plot(summaries: list[FidelitySummary], title: str, path: Path) -> None:
     for axis, (label, field) in zip(axes, panels, strict=True):
         for rule in dict.fromkeys(s.rule for s in summaries):
             points = sorted((s.ratio, getattr(s, field)) for s in summaries if s.rule == rule)
-            style = ":" if rule in ("random", "oracle") else "-"
+            style = ":" if "oracle" in rule or rule == "random" else "-"
             axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=rule)
         axis.set_xlabel("recomputed share of each chunk")
         axis.set_ylabel(label)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

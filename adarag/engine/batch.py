@@ -23,6 +23,8 @@ class SegmentPlan:
         recompute_ratio: Fraction of the segment's tokens recomputed when ``cached`` is given.
         token_scores: [num_tokens] float scores stored with the cached KV (higher is recomputed
             first by the ``stored_rank`` rule), or None.
+        exact: ``cached`` is this segment's exact KV in this prompt (the system prefix, a hard
+            hit), so attention rescaling leaves it alone.
     """
 
     start: int
@@ -30,6 +32,7 @@ class SegmentPlan:
     cached: ChunkKV | None = None
     recompute_ratio: float = 0.0
     token_scores: torch.Tensor | None = None
+    exact: bool = False
 
     def __post_init__(self) -> None:
         assert 0 <= self.start <= self.end, f"negative segment [{self.start}, {self.end})"
@@ -65,6 +68,8 @@ class ForwardBatch:
             final norm and LM head (the logit lens), in the one GEMM that yields the logits.
         selection: How the tokens of cached segments are chosen for recomputation.
         reference_kv: A full prefill of the same prompt, for the ``oracle`` selection only.
+        position_scores: [num_tokens] float scores of every position, for the
+            ``output_oracle`` selection only.
     """
 
     token_ids: torch.Tensor
@@ -74,6 +79,7 @@ class ForwardBatch:
     num_lens_layers: int = 1
     selection: RecomputeConfig = field(default_factory=RecomputeConfig)
     reference_kv: KVCache | None = None
+    position_scores: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         assert self.segments, "a batch needs at least one segment"
@@ -138,11 +144,13 @@ class SegmentSource:
         cached: KV computed earlier, or None to compute the segment in full.
         recompute_ratio: Fraction of its tokens to recompute when ``cached`` is given.
         token_scores: [num_tokens] scores stored with ``cached`` (the ``stored_rank`` rule).
+        exact: ``cached`` is the segment's exact KV in this prompt (system prefix, hard hit).
     """
 
     cached: ChunkKV | None = None
     recompute_ratio: float = 0.0
     token_scores: torch.Tensor | None = None
+    exact: bool = False
 
 
 def plan_segments(
@@ -152,6 +160,8 @@ def plan_segments(
     num_segments = len(cu_segments) - 1
     assert len(sources) == num_segments, f"{len(sources)} sources for {num_segments} segments"
     return tuple(
-        SegmentPlan(start, end, source.cached, source.recompute_ratio, source.token_scores)
+        SegmentPlan(
+            start, end, source.cached, source.recompute_ratio, source.token_scores, source.exact
+        )
         for start, end, source in zip(cu_segments, cu_segments[1:], sources, strict=False)
     )

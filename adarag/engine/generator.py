@@ -136,6 +136,7 @@ class Generator:
         num_lens_layers: int = 1,
         collect_segment_attention: bool = False,
         reference_kv: KVCache | None = None,
+        position_scores: torch.Tensor | None = None,
     ) -> PrefillOutput:
         """Full or fused prefill of a laid-out prompt.
 
@@ -148,6 +149,8 @@ class Generator:
                 :meth:`lens_signals` only reduces them.
             collect_segment_attention: Also return chunk-granularity attention per layer.
             reference_kv: A full prefill's KV of the same prompt (the ``oracle`` rule only).
+            position_scores: [num_tokens] scores of every position (the ``output_oracle`` rule
+                only).
 
         Raises:
             InputError: The prompt does not fit the context, or has no query suffix.
@@ -170,6 +173,7 @@ class Generator:
             num_lens_layers=min(num_lens_layers, self.spec.num_layers),
             selection=selection or RecomputeConfig(),
             reference_kv=reference_kv,
+            position_scores=position_scores,
         )
         return self.runner.blend(batch)
 
@@ -197,7 +201,7 @@ class Generator:
         context = tuple(tuple(ids) for ids, _ in before)
         layout = PromptLayout(tuple(system_ids), context, tuple(chunk_ids))
         sources = (
-            SegmentSource(system_kv),
+            SegmentSource(system_kv, exact=True),
             *(SegmentSource(kv, 0.0) for _, kv in before),
             SegmentSource(),
         )

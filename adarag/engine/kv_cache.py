@@ -30,6 +30,9 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device).transpose(1, 2)
         self.v = torch.zeros(shape, dtype=dtype, device=device).transpose(1, 2)
         self.length = 0
+        self.key_bias: torch.Tensor | None = None
+        """[num_layers, capacity] float added to every query's logit of each key (attention
+        rescaling of reused rows), or None: no bias."""
 
     @property
     def capacity(self) -> int:

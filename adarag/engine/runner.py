@@ -9,12 +9,13 @@ absolute-position causal mask. A full prefill is the special case where nothing 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from adarag.config import EngineConfig, KernelConfig
+from adarag.config import EngineConfig, KernelConfig, RecomputeConfig
 from adarag.engine.adapter import DecoderAdapter
 from adarag.engine.batch import ForwardBatch, PrefillOutput
 from adarag.engine.focus import FocusTracker
@@ -24,9 +25,11 @@ from adarag.engine.selection import (
     RecomputePlan,
     cross_chunk_ratio,
     key_attention_mass,
+    layer_budget_factor,
     random_scores,
     reference_deviation,
     scoring_layer,
+    segment_sums,
     stored_scores,
     value_deviation,
 )
@@ -101,6 +104,7 @@ class Runner:
             if segment.cached is not None:
                 kv.load(segment.start, segment.cached, self.inv_freq, self.backend)
         kv.length = num_tokens
+        _rescale_reused(kv, batch)
         plan = RecomputePlan.of(batch.segments)
         assert int(plan.always[-1]) == num_tokens - 1, "last token must be computed"
         # --- select, running the layers the rule needs for every candidate
@@ -118,7 +122,10 @@ class Runner:
         if window is not None and plan.has_candidates:
             focus = FocusTracker(window, len(batch.segments) - 2)
             focus_cu = self._cu_segments(batch)
+        gradual = batch.selection.layer_schedule == "gradual" and plan.has_candidates
         for layer_idx in range(first_layer, self.spec.num_layers):
+            if gradual:
+                cos_sin = self._narrow(layer_idx, stream, kv, cos_sin, plan, batch.selection)
             query_q = self._query_q(layer_idx, stream, plan, cos_sin) if focus else None
             self._layer_step(layer_idx, stream, kv, cos_sin, cu)
             if focus is not None and query_q is not None:
@@ -190,9 +197,23 @@ class Runner:
         processed = plan.processed.to(self.device)
         stream = self._new_stream(batch.token_ids[plan.processed], processed)
         layer_at = scoring_layer(selection)
+        query_mass = None  # the query's attention per position, when a lever or rule reads it
+        if selection.chunk_allocation == "query" or selection.selection_policy == "query_attention":
+            query_mass = self._query_attention(batch, plan, kv)
+        weights = None
+        if selection.chunk_allocation == "query":
+            assert query_mass is not None
+            weights = segment_sums(query_mass, batch.cu_segments)
+        num_layers = self.spec.num_layers
         if layer_at is None:
-            keep = plan.keep_mask(plan.choose(self._score_up_front(batch, plan, kv), selection))
-            keep = keep.to(self.device)
+            scores = self._score_up_front(batch, plan, kv, query_mass)
+            chosen = plan.choose(
+                scores,
+                selection,
+                budget_factor=layer_budget_factor(0, num_layers, selection),
+                segment_weights=weights,
+            )
+            keep = plan.keep_mask(chosen).to(self.device)
             stream.hidden, stream.positions = stream.hidden[keep], processed[keep]
             return stream, 0
         if layer_at >= self.spec.num_layers:
@@ -211,11 +232,17 @@ class Runner:
         is_candidate = plan.candidate_mask().to(self.device)
         if selection.selection_policy == "kv_deviation":
             scores = value_deviation(v[is_candidate], kv.v[layer_at, plan.candidates])
-        kv_scatter(kv.k[layer_at], kv.v[layer_at], k, v, processed, backend=self.backend)
+        self._write(kv, layer_at, k, v, processed)
         if selection.selection_policy == "cross_attention":
             mass = self._segment_mass(layer_at, q[is_candidate], processed[is_candidate], kv, cu)
             scores = cross_chunk_ratio(mass.cpu(), plan.candidates, batch.cu_segments)
-        keep = plan.keep_mask(plan.choose(scores, selection)).to(self.device)
+        chosen = plan.choose(
+            scores,
+            selection,
+            budget_factor=layer_budget_factor(layer_at, num_layers, selection),
+            segment_weights=weights,
+        )
+        keep = plan.keep_mask(chosen).to(self.device)
         # --- finish the scoring layer for the kept tokens
         attn = self._attend(layer_at, q[keep], processed[keep], kv)
         if collect is not None:
@@ -228,11 +255,22 @@ class Runner:
         return stream, layer_at + 1
 
     def _score_up_front(
-        self, batch: ForwardBatch, plan: RecomputePlan, kv: KVCache
+        self,
+        batch: ForwardBatch,
+        plan: RecomputePlan,
+        kv: KVCache,
+        query_mass: torch.Tensor | None,
     ) -> torch.Tensor:
         """Scores of the rules that need no layer of the candidates themselves."""
         selection = batch.selection
         rule = selection.selection_policy
+        if rule == "output_oracle":
+            if batch.position_scores is None:
+                raise InputError(
+                    "the 'output_oracle' selection recomputes positions scored by the caller; "
+                    "pass position_scores (adarag.evaluation.output_oracle, benchmarks only)"
+                )
+            return batch.position_scores.float().cpu()[plan.candidates]
         if rule == "random":
             return random_scores(plan.candidates.numel(), selection.seed)
         if rule == "oracle":
@@ -244,8 +282,8 @@ class Runner:
             return reference_deviation(kv, batch.reference_kv, plan.candidates)
         if rule == "stored_rank":
             return stored_scores(batch.segments, plan)
-        assert rule == "query_attention", f"unknown selection rule {rule!r}"
-        return self._query_attention(batch, plan, kv)[plan.candidates]
+        assert rule == "query_attention" and query_mass is not None, f"unknown rule {rule!r}"
+        return query_mass[plan.candidates]
 
     def _query_attention(
         self, batch: ForwardBatch, plan: RecomputePlan, kv: KVCache
@@ -264,7 +302,7 @@ class Runner:
             layer = self.model.decoder_layers[layer_idx]
             q, k, v = layer.project_qkv(stream.hidden)
             q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
-            kv_scatter(kv.k[layer_idx], kv.v[layer_idx], k, v, positions, backend=self.backend)
+            self._write(kv, layer_idx, k, v, positions)
             if layer_idx >= first:
                 keys = kv.k[layer_idx, : kv.length]
                 total += key_attention_mass(q, keys, positions, self.scale)
@@ -289,6 +327,41 @@ class Runner:
                 f"{num_layers}, or None for all layers"
             )
         return first, last
+
+    # --- gradual layer schedule (CacheBlend section 4.3)
+
+    def _narrow(
+        self,
+        layer_idx: int,
+        stream: _Stream,
+        kv: KVCache,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        plan: RecomputePlan,
+        selection: RecomputeConfig,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the layer's share of candidates: those whose fresh V deviates most here.
+
+        The tokens a selection always keeps (each chunk's first tokens) stay. Returns the kept
+        rows' cos/sin.
+        """
+        factor = layer_budget_factor(layer_idx, self.spec.num_layers, selection)
+        target = sum(plan.scaled_budgets(factor))
+        candidates = plan.candidates.to(self.device)
+        is_candidate = torch.isin(stream.positions, candidates)
+        if int(is_candidate.sum()) <= target:
+            return cos_sin
+        rows = is_candidate.nonzero().squeeze(1)
+        _, _, v = self.model.decoder_layers[layer_idx].project_qkv(stream.hidden[rows])
+        positions = stream.positions[rows]
+        scores = value_deviation(v, kv.v[layer_idx, positions]).cpu()
+        offsets = plan.candidate_offset[torch.searchsorted(plan.candidates, positions.cpu())]
+        scores[offsets < selection.chunk_start_tokens] = float("inf")
+        order = torch.sort(-scores, stable=True).indices
+        drop = rows[order[target:].to(self.device)]
+        keep = torch.ones_like(is_candidate)
+        keep[drop] = False
+        stream.hidden, stream.positions = stream.hidden[keep], stream.positions[keep]
+        return cos_sin[0][keep], cos_sin[1][keep]
 
     # --- focused chunks (Cache-Craft Algorithm 1)
 
@@ -337,7 +410,7 @@ class Runner:
         layer = self.model.decoder_layers[layer_idx]
         q, k, v = layer.project_qkv(stream.hidden)
         q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
-        kv_scatter(kv.k[layer_idx], kv.v[layer_idx], k, v, stream.positions, backend=self.backend)
+        self._write(kv, layer_idx, k, v, stream.positions)
         attn = self._attend(layer_idx, q, stream.positions, kv)
         if cu_segments is not None:
             mass = self._segment_mass(layer_idx, q, stream.positions, kv, cu_segments)
@@ -346,10 +419,23 @@ class Runner:
         stream.hidden = layer.finish(stream.hidden, attn)
         stream.last_hidden.append(stream.hidden[-1])
 
+    def _write(
+        self, kv: KVCache, layer_idx: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
+    ) -> None:
+        """Scatter fresh K/V rows of one layer; fresh rows carry no rescaling bias."""
+        kv_scatter(kv.k[layer_idx], kv.v[layer_idx], k, v, positions, backend=self.backend)
+        if kv.key_bias is not None:
+            kv.key_bias[layer_idx, positions] = 0.0
+
     def _attend(
         self, layer_idx: int, q: torch.Tensor, positions: torch.Tensor, kv: KVCache
     ) -> torch.Tensor:
         k, v = kv.k[layer_idx, : kv.length], kv.v[layer_idx, : kv.length]
+        if kv.key_bias is not None:
+            bias = kv.key_bias[layer_idx, : kv.length]
+            return selective_attention(
+                q, k, v, positions, self.scale, query_block=self.query_block, key_bias=bias
+            )
         if self.backend == "auto" and cpu_attention.can_run(q, k):
             return cpu_attention.selective_attention_vllm_cpu(q, k, v, positions, self.scale)
         return selective_attention(
@@ -392,6 +478,33 @@ class Runner:
             counts = torch.bincount(owner, minlength=num_segments).clamp(min=1)
             layers.append(table / counts[:, None])
         return torch.stack(layers)
+
+
+def _rescale_reused(kv: KVCache, batch: ForwardBatch) -> None:
+    """APE's rescaling of reused chunk KV: keys divided by the temperature, log(scale) bias.
+
+    Applies to cached segments that are not exact and not computed in full; the rows a fused
+    prefill recomputes are overwritten with fresh, unscaled keys and lose the bias as it goes.
+    """
+    selection = batch.selection
+    temperature, scale = selection.context_temperature, selection.context_scale
+    if temperature == 1.0 and scale == 1.0:
+        return
+    reused = [
+        segment
+        for segment in batch.segments
+        if segment.cached is not None and not segment.exact and not segment.is_computed_in_full
+    ]
+    if not reused:
+        return
+    if scale != 1.0:
+        kv.key_bias = torch.zeros(kv.k.shape[0], kv.capacity, device=kv.k.device)
+    for segment in reused:
+        rows = slice(segment.start, segment.end)
+        if temperature != 1.0:
+            kv.k[:, rows] /= temperature
+        if kv.key_bias is not None:
+            kv.key_bias[:, rows] = math.log(scale)
 
 
 def _token_attention(stream: _Stream) -> torch.Tensor:

@@ -21,10 +21,21 @@ best within the budget. The rules (``RecomputeConfig.selection_policy``, chosen 
 - ``oracle``: the tokens whose cached K/V deviate most from a full prefill of the same prompt
   (a control that needs that reference; no rule can know it).
 
+- ``output_oracle``: positions scored by the caller (``ForwardBatch.position_scores``) by how
+  much recomputing them changes the answer of a full prefill (a control, benchmarks only).
+
 Budgets: ``per_chunk`` keeps the top ``ceil(ρ · n)`` of each candidate segment; ``global`` keeps
 the top of all candidates together (the same total), so the chunks the rule ranks higher get
 more, with at most ``max_chunk_ratio`` of any one chunk. Ties break towards the earlier position,
-so selection is deterministic.
+so selection is deterministic. Levers on top of any rule (``RecomputeConfig``):
+
+- ``chunk_start_tokens``: the first ``s`` tokens of every candidate chunk are always chosen,
+  inside its budget (EPIC's LegoLink).
+- ``chunk_allocation="query"``: the total is shared out between chunks in proportion to the
+  attention the query pays each (two-stage selection, ProphetKV), then each chunk keeps its best.
+- ``layer_schedule="gradual"``: :func:`layer_budget_factor` scales the budget per layer, more
+  tokens low, fewer high (CacheBlend's gradual filtering); the runner narrows the set by V
+  deviation as it goes up.
 """
 
 from __future__ import annotations
@@ -46,6 +57,51 @@ SCORING_LAYER_RULES = ("cross_attention", "kv_deviation")
 def num_to_recompute(num_tokens: int, ratio: float) -> int:
     """Tokens of a chunk to recompute at ``ratio``: ``ceil(ratio * num_tokens)``, at most all."""
     return min(num_tokens, math.ceil(ratio * num_tokens - 1e-9))
+
+
+def layer_budget_factor(layer: int, num_layers: int, selection: RecomputeConfig) -> float:
+    """Share of the budget recomputed at ``layer``: 1 when flat, linear when gradual.
+
+    The gradual schedule goes from ``1 + spread`` at layer 0 to ``1 - spread`` at the last
+    layer, so its mean over the layers is 1 (the ratio's own cost).
+    """
+    if selection.layer_schedule == "flat" or num_layers < 2:
+        return 1.0
+    return 1.0 + selection.layer_spread * (1.0 - 2.0 * layer / (num_layers - 1))
+
+
+def allocate(total: int, weights: Sequence[float], caps: Sequence[int]) -> list[int]:
+    """Split ``total`` tokens between segments in proportion to ``weights``, each at most its cap.
+
+    Largest remainders round the shares; what a capped segment cannot take goes to the others
+    in proportion to their weights. Zero or negative weights share equally.
+    """
+    share = [max(float(w), 0.0) for w in weights]
+    if sum(share) <= 0.0:
+        share = [1.0] * len(weights)
+    counts = [0] * len(weights)
+    left = min(total, sum(caps))
+    while left > 0:
+        open_ = [i for i in range(len(counts)) if counts[i] < caps[i] and share[i] > 0.0]
+        if not open_:
+            open_ = [i for i in range(len(counts)) if counts[i] < caps[i]]
+            share = [1.0] * len(weights)
+        weight = sum(share[i] for i in open_)
+        raw = {i: left * share[i] / weight for i in open_}
+        given = {i: min(int(raw[i]), caps[i] - counts[i]) for i in open_}
+        rest = left - sum(given.values())
+        for i in sorted(open_, key=lambda i: (-(raw[i] - int(raw[i])), i)):
+            if rest == 0:
+                break
+            if counts[i] + given[i] < caps[i]:
+                given[i] += 1
+                rest -= 1
+        for i, count in given.items():
+            counts[i] += count
+        if sum(given.values()) == 0:
+            break
+        left = min(total, sum(caps)) - sum(counts)
+    return counts
 
 
 def is_candidate(segment: SegmentPlan) -> bool:
@@ -72,7 +128,9 @@ class RecomputePlan:
         candidates: [n_candidates] ascending positions of candidate segments.
         processed: [n_processed] ascending union of both, the tokens run through layer 0.
         candidate_segment: [n_candidates] index of each candidate's segment in ``segments``.
+        candidate_offset: [n_candidates] each candidate's offset inside its segment.
         budgets: Per segment, the tokens it recomputes if it is a candidate (0 otherwise).
+        ratios: Per segment, its recomputation ratio if it is a candidate (0 otherwise).
         lengths: Per segment, its number of tokens.
         query: [n_query] positions of the last segment (the query suffix).
     """
@@ -81,7 +139,9 @@ class RecomputePlan:
     candidates: torch.Tensor
     processed: torch.Tensor
     candidate_segment: torch.Tensor
+    candidate_offset: torch.Tensor
     budgets: tuple[int, ...]
+    ratios: tuple[float, ...]
     lengths: tuple[int, ...]
     query: torch.Tensor
 
@@ -106,12 +166,18 @@ class RecomputePlan:
         empty = torch.empty(0, dtype=torch.int64)
         always_t = torch.cat(always) if always else empty
         candidates_t = torch.cat(candidates) if candidates else empty
+        owner_t = torch.cat(owners) if owners else empty
+        starts = torch.tensor([segment.start for segment in segments])
         return cls(
             always=always_t,
             candidates=candidates_t,
             processed=torch.cat((always_t, candidates_t)).sort().values,
-            candidate_segment=torch.cat(owners) if owners else empty,
+            candidate_segment=owner_t,
+            candidate_offset=candidates_t - starts[owner_t] if owners else empty,
             budgets=tuple(budgets),
+            ratios=tuple(
+                segment.recompute_ratio if is_candidate(segment) else 0.0 for segment in segments
+            ),
             lengths=tuple(segment.num_tokens for segment in segments),
             query=torch.arange(segments[-1].start, segments[-1].end),
         )
@@ -125,18 +191,60 @@ class RecomputePlan:
         """[n_processed] bool: which processed positions are candidates."""
         return torch.isin(self.processed, self.candidates)
 
-    def choose(self, scores: torch.Tensor, selection: RecomputeConfig) -> torch.Tensor:
+    def scaled_budgets(self, factor: float) -> tuple[int, ...]:
+        """Per segment, its budget at ``factor`` times its ratio (at most all its tokens)."""
+        if factor == 1.0:
+            return self.budgets
+        return tuple(
+            num_to_recompute(length, min(1.0, ratio * factor)) if ratio > 0.0 else 0
+            for length, ratio in zip(self.lengths, self.ratios, strict=True)
+        )
+
+    def forced(self, selection: RecomputeConfig) -> torch.Tensor:
+        """[n_candidates] bool: candidates every selection keeps (each chunk's first tokens)."""
+        return self.candidate_offset < selection.chunk_start_tokens
+
+    def choose(
+        self,
+        scores: torch.Tensor,
+        selection: RecomputeConfig,
+        *,
+        budget_factor: float = 1.0,
+        segment_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The candidates to recompute, given their scores (higher first).
 
         Args:
             scores: [n_candidates] float, in ``candidates`` order.
-            selection: The budget mode and cap.
+            selection: The budget mode and cap, and the chunk-start lever.
+            budget_factor: Multiplies every segment's ratio (the gradual layer schedule).
+            segment_weights: [num_segments] weights that share the total budget out between
+                candidate segments (``chunk_allocation="query"``); None: the budget mode.
 
         Returns:
             [n_chosen] ascending positions.
         """
         assert scores.shape == self.candidates.shape, f"{scores.shape} scores for candidates"
-        scores = scores.detach().float().cpu()
+        scores = scores.detach().float().cpu().clone()
+        scores[self.forced(selection)] = math.inf
+        budgets = self.scaled_budgets(budget_factor)
+        if segment_weights is not None:
+            segments = [idx for idx, ratio in enumerate(self.ratios) if ratio > 0.0]
+            shares = allocate(
+                sum(budgets),
+                [float(segment_weights[idx]) for idx in segments],
+                [self.lengths[idx] for idx in segments],
+            )
+            per_segment = [0] * len(budgets)
+            for idx, count in zip(segments, shares, strict=True):
+                per_segment[idx] = count
+            return self._top_per_segment(scores, tuple(per_segment))
+        if selection.budget == "per_chunk":
+            return self._top_per_segment(scores, budgets)
+        return self._top_overall(scores, budgets, selection.max_chunk_ratio)
+
+    def _ranks(self, scores: torch.Tensor) -> torch.Tensor:
+        """[n_candidates] rank of each candidate inside its segment, best first."""
         # rank of each candidate inside its segment, best first (stable: earlier first on ties)
         order = torch.sort(-scores, stable=True).indices
         order = order[torch.sort(self.candidate_segment[order], stable=True).indices]
@@ -144,19 +252,28 @@ class RecomputePlan:
         first_of_segment = torch.searchsorted(owner, owner, right=False)
         rank = torch.empty_like(order)
         rank[order] = torch.arange(order.numel()) - first_of_segment
-        budgets = torch.tensor(self.budgets)[self.candidate_segment]
-        if selection.budget == "per_chunk":
-            return self.candidates[rank < budgets].sort().values
+        return rank
+
+    def _top_per_segment(self, scores: torch.Tensor, budgets: tuple[int, ...]) -> torch.Tensor:
+        """The best ``budgets[s]`` candidates of every segment ``s``."""
+        rank = self._ranks(scores)
+        return self.candidates[rank < torch.tensor(budgets)[self.candidate_segment]].sort().values
+
+    def _top_overall(
+        self, scores: torch.Tensor, budgets: tuple[int, ...], max_chunk_ratio: float | None
+    ) -> torch.Tensor:
+        """The best ``sum(budgets)`` candidates of all segments, at most the cap of each."""
+        rank = self._ranks(scores)
+        per_candidate = torch.tensor(budgets)[self.candidate_segment]
         lengths = torch.tensor(self.lengths)[self.candidate_segment]
         cap = (
             lengths
-            if selection.max_chunk_ratio is None
-            else torch.ceil(selection.max_chunk_ratio * lengths - 1e-9).long()
+            if max_chunk_ratio is None
+            else torch.ceil(max_chunk_ratio * lengths - 1e-9).long()
         )
-        eligible = rank < torch.maximum(cap, budgets)
-        total = sum(self.budgets)
+        eligible = rank < torch.maximum(cap, per_candidate)
         ranked = torch.sort(torch.where(eligible, -scores, math.inf), stable=True).indices
-        return self.candidates[ranked[:total]].sort().values
+        return self.candidates[ranked[: sum(budgets)]].sort().values
 
     def keep_mask(self, chosen: torch.Tensor) -> torch.Tensor:
         """[n_processed] bool: always-computed positions and the chosen candidates."""
@@ -183,6 +300,13 @@ def cross_chunk_ratio(
     own_mass = mass.gather(1, own_segment[:, None]).squeeze(1)
     is_chunk = (own_segment >= 1) & (own_segment < len(cu_segments) - 2)
     return torch.where(is_chunk, chunk_mass - own_mass, chunk_mass).clamp_(0.0, 1.0)
+
+
+def segment_sums(values: torch.Tensor, cu_segments: Sequence[int]) -> torch.Tensor:
+    """[num_segments] sums of per-position ``values [num_tokens]`` over each segment."""
+    bounds = torch.tensor(list(cu_segments), dtype=torch.int64)
+    totals = torch.cumsum(torch.cat((torch.zeros(1), values.float().cpu())), dim=0)
+    return totals[bounds[1:]] - totals[bounds[:-1]]
 
 
 def value_deviation(v_new: torch.Tensor, v_cached: torch.Tensor) -> torch.Tensor:

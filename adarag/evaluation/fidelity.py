@@ -12,11 +12,13 @@ hits them alike.
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import torch
 
@@ -24,6 +26,12 @@ from adarag.cache.codec import KVCodec, StorageFormat
 from adarag.cache.entry import ChunkKV
 from adarag.config import RecomputeConfig
 from adarag.engine.batch import PrefillOutput
+from adarag.evaluation.intervals import (
+    Interval,
+    PairedDifference,
+    bootstrap_interval,
+    paired_difference,
+)
 from adarag.evaluation.metrics import (
     best_exact_match,
     best_f1,
@@ -31,6 +39,7 @@ from adarag.evaluation.metrics import (
     normalize_answer,
     token_f1,
 )
+from adarag.evaluation.output_oracle import output_oracle_scores
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.pipeline import AdaRAG
@@ -39,7 +48,7 @@ from adarag.schema import GenerationParams, PromptLayout
 
 logger = logging.getLogger(__name__)
 
-CONTROLS = ("random", "oracle")
+CONTROLS = ("random", "oracle", "output_oracle")
 """Rules that are controls, not product choices."""
 
 
@@ -70,7 +79,11 @@ class FidelityRow:
 
 @dataclass(frozen=True)
 class FidelitySummary:
-    """Means of one rule at one ratio over a set of questions (agreement and gold in %)."""
+    """Means of one rule at one ratio over a set of questions (agreement and gold in %).
+
+    The intervals are 95% bootstrap intervals over the questions; ``gold_f1_vs_full`` is the
+    paired difference of gold F1 against full recomputation on the same questions.
+    """
 
     rule: str
     ratio: float
@@ -85,6 +98,11 @@ class FidelitySummary:
     reference_gold_f1: float
     ttft_s: float
     full_ttft_s: float
+    exact_interval: Interval | None = None
+    first_token_interval: Interval | None = None
+    gold_f1_interval: Interval | None = None
+    gold_f1_vs_full: PairedDifference | None = None
+    recomputed_share: float = 0.0
 
     @property
     def gold_f1_share(self) -> float | None:
@@ -134,26 +152,44 @@ class FidelityRun:
         self.params = params
         self.codecs = {storage: KVCodec(storage) for storage in storages}
 
-    def question(self, dataset: str, item: BenchQuestion) -> list[FidelityRow]:
-        """Every rule and ratio on one question."""
+    def question(
+        self,
+        dataset: str,
+        item: BenchQuestion,
+        done: Collection[tuple[str, float]] = (),
+    ) -> list[FidelityRow]:
+        """Every rule and ratio on one question, but those (rule name, ratio) in ``done``."""
         generator = self.rag.generator
         layout = self.rag.layout(item.question, item.chunks, self.params)
         full_s, full = self._timed(layout, None, None, None)
-        reference = self._decode(layout, full)
+        reference, reference_ids = self._decode(layout, full)
         computed_system, computed_chunks = independent_chunks(generator, layout)
         rows = []
         for storage, codec in self.codecs.items():
             system_kv = _round_trip(codec, computed_system)
             chunk_kvs = [_round_trip(codec, kv) for kv in computed_chunks]
+            reused: PrefillOutput | None = None
             for ratio in self.ratios:
                 shared: tuple[float, PrefillOutput, str] | None = None
                 for rule, selection in self.rules.items():
+                    name = rule if storage == "float32" else f"{rule}@{storage}"
+                    if (name, ratio) in done:
+                        continue
                     if shared is None or 0.0 < ratio < 1.0:  # at 0 and 1 no rule chooses
                         sources = reuse_sources(system_kv, chunk_kvs, ratio)
-                        seconds, output = self._timed(layout, sources, selection, full)
-                        shared = (seconds, output, self._decode(layout, output))
+                        scores = None
+                        if selection.selection_policy == "output_oracle" and 0.0 < ratio < 1.0:
+                            if reused is None:
+                                reused = generator.prefill(
+                                    layout, reuse_sources(system_kv, chunk_kvs, 0.0)
+                                )
+                            answer_ids = reference_ids or [int(full.logits.argmax())]
+                            scores = output_oracle_scores(
+                                generator, layout, reused.kv, full.kv, answer_ids, ratio
+                            )
+                        seconds, output = self._timed(layout, sources, selection, full, scores)
+                        shared = (seconds, output, self._decode(layout, output)[0])
                     seconds, output, answer = shared
-                    name = rule if storage == "float32" else f"{rule}@{storage}"
                     rows.append(
                         self._row(
                             dataset,
@@ -174,6 +210,7 @@ class FidelityRun:
         sources: list | None,
         selection: RecomputeConfig | None,
         full: PrefillOutput | None,
+        position_scores: torch.Tensor | None = None,
     ) -> tuple[float, PrefillOutput]:
         started = time.perf_counter()
         output = self.rag.generator.prefill(
@@ -182,14 +219,17 @@ class FidelityRun:
             max_new_tokens=self.params.max_new_tokens,
             selection=selection,
             reference_kv=None if full is None else full.kv,
+            position_scores=position_scores,
         )
         output.logits.argmax()  # the first token
         return time.perf_counter() - started, output
 
-    def _decode(self, layout: PromptLayout, output: PrefillOutput) -> str:
+    def _decode(self, layout: PromptLayout, output: PrefillOutput) -> tuple[str, list[int]]:
+        """The answer's text and token ids."""
         generator = self.rag.generator
-        tokens = generator.decode_tokens(layout, output, self.params)
-        return "".join(decode_text(tokens, generator.tokenizer, self.params)).strip()
+        tokens = list(generator.decode_tokens(layout, output, self.params))
+        text = "".join(decode_text(iter(tokens), generator.tokenizer, self.params)).strip()
+        return text, tokens
 
     def _row(
         self,
@@ -227,14 +267,27 @@ class FidelityRun:
         )
 
 
-def summarize(rows: Sequence[FidelityRow]) -> list[FidelitySummary]:
-    """Per (rule, ratio) means, in first-seen order."""
+def summarize(rows: Sequence[FidelityRow], intervals: bool = True) -> list[FidelitySummary]:
+    """Per (rule, ratio) means in first-seen order, with 95% intervals when asked."""
     groups: dict[tuple[str, float], list[FidelityRow]] = {}
     for row in rows:
         groups.setdefault((row.rule, row.ratio), []).append(row)
 
     def pct(values: Sequence[float]) -> float:
         return 100 * statistics.fmean(values)
+
+    def pct_interval(values: Sequence[float]) -> Interval | None:
+        if not intervals:
+            return None
+        found = bootstrap_interval([100 * value for value in values])
+        return Interval(found.mean, found.low, found.high)
+
+    def vs_full(group: Sequence[FidelityRow]) -> PairedDifference | None:
+        if not intervals:
+            return None
+        return paired_difference(
+            [100 * r.gold_f1 for r in group], [100 * r.reference_gold_f1 for r in group]
+        )
 
     return [
         FidelitySummary(
@@ -251,9 +304,59 @@ def summarize(rows: Sequence[FidelityRow]) -> list[FidelitySummary]:
             reference_gold_f1=pct([r.reference_gold_f1 for r in group]),
             ttft_s=statistics.fmean(r.ttft_s for r in group),
             full_ttft_s=statistics.fmean(r.full_ttft_s for r in group),
+            exact_interval=pct_interval([r.exact_agreement for r in group]),
+            first_token_interval=pct_interval([r.first_token_agreement for r in group]),
+            gold_f1_interval=pct_interval([r.gold_f1 for r in group]),
+            gold_f1_vs_full=vs_full(group),
+            recomputed_share=statistics.fmean(
+                r.num_recomputed_tokens / r.num_prompt_tokens for r in group
+            ),
         )
         for (rule, ratio), group in groups.items()
     ]
+
+
+def paired_rules(
+    rows: Sequence[FidelityRow], rule: str, baseline: str, ratio: float, metric: str
+) -> PairedDifference | None:
+    """``rule - baseline`` in ``metric`` (x100) at ``ratio``, over the questions both have."""
+    first = {(r.dataset, r.qid): r for r in rows if r.rule == rule and r.ratio == ratio}
+    second = {(r.dataset, r.qid): r for r in rows if r.rule == baseline and r.ratio == ratio}
+    common = [key for key in first if key in second]
+    if not common:
+        return None
+    return paired_difference(
+        [100 * getattr(first[key], metric) for key in common],
+        [100 * getattr(second[key], metric) for key in common],
+    )
+
+
+def read_rows(path: Path) -> list[FidelityRow]:
+    """Rows written by :func:`append_rows` (none when the file does not exist yet)."""
+    if not path.exists():
+        return []
+    names = {field.name for field in fields(FidelityRow)}
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:  # a run killed mid-write leaves a partial line
+            logger.warning(
+                "%s:%d is not a whole row (%s); it is measured again", path, number, error
+            )
+            continue
+        rows.append(FidelityRow(**{key: record[key] for key in names}))
+    return rows
+
+
+def append_rows(path: Path, rows: Sequence[FidelityRow]) -> None:
+    """Append rows as JSON lines (one question's rows at a time, so a stopped run resumes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        for row in rows:
+            handle.write(json.dumps(asdict(row)) + "\n")
 
 
 @dataclass(frozen=True)

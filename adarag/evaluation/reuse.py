@@ -33,7 +33,7 @@ def reuse_sources(
 ) -> list[SegmentSource]:
     """Sources: the exact system prefix, every chunk's KV at ``ratio``, the query computed."""
     return [
-        SegmentSource(system_kv),
+        SegmentSource(system_kv, exact=True),
         *(SegmentSource(kv, ratio) for kv in chunk_kvs),
         SegmentSource(),
     ]

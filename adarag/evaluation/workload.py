@@ -4,7 +4,9 @@ musique and hotpotqa records carry their passages: each question's top-k chunks 
 BM25 among its own passages. 2wikimqa questions retrieve from the shared corpus through a
 retriever (the Chroma knowledge base, or BM25 over the corpus when none is given).
 ``2wikimqa-gold`` builds each question's context from the corpus: its gold passages (by title)
-and random distractor passages up to k, shuffled (seeded by the question id).
+and random distractor passages up to k, shuffled (seeded by the question id). ``2wikimqa-short``
+is built the same way with fewer chunks (short prompts of a few hundred tokens, like a
+single-passage lookup over a handful of candidates).
 
 The stream. Each question gets a popularity rank (a seeded random permutation); a query picks
 rank ``r`` with probability proportional to ``1 / r^s`` (Zipf, default ``s = 1.1``, as chunk
@@ -26,7 +28,8 @@ from adarag.retrievers import MemoryRetriever, Retriever
 from adarag.retrievers.chunking import passage_text
 from adarag.schema import Chunk
 
-DATASETS = ("musique", "hotpotqa", "2wikimqa", "2wikimqa-gold")
+DATASETS = ("musique", "hotpotqa", "2wikimqa", "2wikimqa-gold", "2wikimqa-short")
+GOLD_CONTEXT_DATASETS = ("2wikimqa-gold", "2wikimqa-short")
 CORPUS_FILE = "2wikimqa_corpus.jsonl"
 
 
@@ -75,7 +78,7 @@ def load_questions(
         corpus_retriever = MemoryRetriever(corpus)
     questions = []
     for row in rows[offset:]:
-        if dataset == "2wikimqa-gold":
+        if dataset in GOLD_CONTEXT_DATASETS:
             texts = _gold_context(row, corpus, top_k)
         else:
             if corpus_retriever is not None:

@@ -54,9 +54,10 @@ def selective_attention_ref(
     q_positions: torch.Tensor,
     scale: float,
     query_block: int = 128,
+    key_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Pure-torch twin of :func:`selective_attention`."""
-    return _blocked_attention(q, k, v, q_positions, scale, query_block)
+    """Pure-torch twin of :func:`selective_attention` (the only path with ``key_bias``)."""
+    return _blocked_attention(q, k, v, q_positions, scale, query_block, key_bias)
 
 
 def segment_attention_mass_ref(
@@ -450,6 +451,7 @@ def selective_attention(
     *,
     query_block: int = 128,
     backend: Backend = "auto",
+    key_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of selected queries over the fused KV (see module docstring).
 
@@ -461,13 +463,15 @@ def selective_attention(
         scale: Softmax scale, usually head_dim ** -0.5.
         query_block: Queries per block of the torch twin.
         backend: Kernel backend ("auto", "triton" or "torch").
+        key_bias: [num_kv] float added to every query's logit of each key (attention
+            rescaling of reused KV); None: no bias. Runs on the torch twin.
 
     Returns:
         out [num_q, num_heads, head_dim] in q's dtype.
     """
-    if use_triton(backend, q, k, v):
+    if key_bias is None and use_triton(backend, q, k, v):
         return selective_attention_triton(q, k, v, q_positions, scale)
-    return selective_attention_ref(q, k, v, q_positions, scale, query_block)
+    return selective_attention_ref(q, k, v, q_positions, scale, query_block, key_bias)
 
 
 def segment_attention_mass(
@@ -506,16 +510,18 @@ def _blocked_attention(
     q_positions: torch.Tensor,
     scale: float,
     query_block: int,
+    key_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked SDPA over query blocks; each block reads keys up to its last position only."""
     num_q, num_heads, _ = q.shape
     num_kv = k.shape[0]
     if num_q == 1 and q.dtype == torch.float32:
         kv_len = int(q_positions[0]) + 1
-        return _single_query_attention(q, k[:kv_len], v[:kv_len], scale)
+        bias = None if key_bias is None else key_bias[:kv_len]
+        return _single_query_attention(q, k[:kv_len], v[:kv_len], scale, bias)
     # SDPA's fused CPU kernels need a batch dimension; 3-D inputs take its slow math path.
     k_heads, v_heads = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    if _is_full_causal(q_positions, num_kv):
+    if key_bias is None and _is_full_causal(q_positions, num_kv):
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], k_heads, v_heads, is_causal=True, scale=scale, enable_gqa=True
         )
@@ -526,11 +532,15 @@ def _blocked_attention(
         positions = q_positions[start:end]
         kv_len = int(positions[-1]) + 1  # keys past the block's last position are never visible
         visible = torch.arange(kv_len, device=q.device)[None, :] <= positions[:, None]
+        mask: torch.Tensor | None = None if end - start == 1 else visible
+        if key_bias is not None:  # additive: the bias where visible, -inf after the position
+            bias = key_bias[:kv_len].to(q.dtype)[None, :].expand(end - start, kv_len)
+            mask = bias.masked_fill(~visible, -math.inf)
         block_out = F.scaled_dot_product_attention(
             q[start:end].transpose(0, 1)[None],
             k_heads[:, :, :kv_len],
             v_heads[:, :, :kv_len],
-            attn_mask=None if end - start == 1 else visible,
+            attn_mask=mask,
             scale=scale,
             enable_gqa=True,
         )
@@ -539,7 +549,11 @@ def _blocked_attention(
 
 
 def _single_query_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    key_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query (a decoding step) over every key: two batched matmuls, the heads grouped.
 
@@ -554,11 +568,14 @@ def _single_query_attention(
         k: [num_kv, num_kv_heads, head_dim], every key visible.
         v: [num_kv, num_kv_heads, head_dim].
         scale: Softmax scale.
+        key_bias: [num_kv] added to the logits, or None.
     """
     _, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     grouped = q[0].reshape(num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = torch.bmm(grouped, k.permute(1, 2, 0)) * scale  # [kv heads, group, num_kv]
+    if key_bias is not None:
+        scores = scores + key_bias.to(scores.dtype)
     probs = torch.softmax(scores, dim=-1)
     return torch.bmm(probs, v.transpose(0, 1)).reshape(1, num_heads, head_dim)
 

@@ -204,7 +204,7 @@ class AugmentedPrefill:
                 tiers.fusion.enabled,
             )
         )
-        system = SegmentSource(self._system_kv()) if reuse else SegmentSource()
+        system = SegmentSource(self._system_kv(), exact=True) if reuse else SegmentSource()
         with self._engine_lock:  # the tiers' counters are shared by concurrent requests too
             hits = self._cache.lookup(layout.cached_segments)
             sources = [system, *(_source(hit) for hit in hits)]
@@ -272,12 +272,13 @@ class AugmentedPrefill:
 
 def _source(hit: TierHit) -> SegmentSource:
     """A chunk's segment source; a variant's ranking becomes its tokens' scores (best highest)."""
+    exact = hit.tier == "hard"
     if hit.token_ranking is None:
-        return SegmentSource(hit.kv, hit.recompute_ratio)
+        return SegmentSource(hit.kv, hit.recompute_ratio, exact=exact)
     num_tokens = len(hit.token_ranking)
     scores = torch.empty(num_tokens)
     scores[torch.tensor(hit.token_ranking)] = torch.arange(num_tokens, 0, -1, dtype=torch.float32)
-    return SegmentSource(hit.kv, hit.recompute_ratio, scores)
+    return SegmentSource(hit.kv, hit.recompute_ratio, scores, exact=exact)
 
 
 def _variant_stats(

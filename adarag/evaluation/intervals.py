@@ -1,0 +1,83 @@
+"""95% bootstrap intervals over questions, and paired differences between two policies.
+
+Every quality figure is a mean over questions; its interval comes from resampling the questions
+with replacement (percentile bootstrap, a seeded generator, so a report is reproducible). Two
+policies measured on the same questions are compared question by question: the interval of the
+mean paired difference, and a two-sided bootstrap p-value for "no difference" (the share of
+resampled means on the other side of zero, doubled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+RESAMPLES = 2000
+SEED = 20261125
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean with its 95% bootstrap interval."""
+
+    mean: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.mean:.1f} [{self.low:.1f}, {self.high:.1f}]"
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Mean of ``a - b`` over paired questions, its interval, and the bootstrap p-value."""
+
+    difference: Interval
+    p_value: float
+    num_questions: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.difference.mean:+.1f} [{self.difference.low:+.1f}, {self.difference.high:+.1f}]"
+        )
+
+
+def _resampled_means(values: Sequence[float], resamples: int, seed: int) -> torch.Tensor:
+    data = torch.tensor(list(values), dtype=torch.float64)
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(len(data), (resamples, len(data)), generator=generator)
+    return data[picks].mean(dim=1)
+
+
+def bootstrap_interval(
+    values: Sequence[float], resamples: int = RESAMPLES, seed: int = SEED
+) -> Interval:
+    """The mean of ``values`` and its 95% percentile-bootstrap interval."""
+    if not values:
+        raise ValueError("no values to bootstrap; measure at least one question")
+    mean = float(torch.tensor(list(values), dtype=torch.float64).mean())
+    if len(values) == 1:
+        return Interval(mean, mean, mean)
+    means = _resampled_means(values, resamples, seed)
+    low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64))
+    return Interval(mean, float(low), float(high))
+
+
+def paired_difference(
+    first: Sequence[float], second: Sequence[float], resamples: int = RESAMPLES, seed: int = SEED
+) -> PairedDifference:
+    """``first - second`` per question (the same questions in the same order)."""
+    if len(first) != len(second):
+        raise ValueError(
+            f"paired values need the same questions: {len(first)} against {len(second)}"
+        )
+    differences = [a - b for a, b in zip(first, second, strict=True)]
+    interval = bootstrap_interval(differences, resamples, seed)
+    if len(differences) < 2 or all(d == 0 for d in differences):
+        return PairedDifference(interval, 1.0, len(differences))
+    means = _resampled_means(differences, resamples, seed)
+    below = float((means <= 0).double().mean())
+    above = float((means >= 0).double().mean())
+    return PairedDifference(interval, min(1.0, 2 * min(below, above)), len(differences))

@@ -1,0 +1,167 @@
+"""The fidelity levers change what is recomputed, keep the budget, and vanish at ratio 1."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from adarag.cache.entry import ChunkKV
+from adarag.config import RecomputeConfig
+from adarag.engine.batch import SegmentPlan
+from adarag.engine.selection import RecomputePlan, allocate, layer_budget_factor
+from adarag.errors import InputError
+from tests.unit.engine.helpers import CHUNKS, QUESTION, independent_sources, layout_of
+from tests.unit.engine.test_fusion import _generator
+
+LEVERS = {
+    "chunk_start": {"chunk_start_tokens": 2},
+    "query_allocation": {"chunk_allocation": "query"},
+    "gradual": {"layer_schedule": "gradual", "layer_spread": 1.0},
+}
+
+
+def _plan(lengths, ratios):
+    segments, start = [], 0
+    for length, ratio in zip(lengths, ratios, strict=True):
+        cached = None if ratio is None else ChunkKV(*torch.zeros(2, 1, length, 1, 1), start)
+        segments.append(SegmentPlan(start, start + length, cached, ratio or 0.0))
+        start += length
+    return RecomputePlan.of(segments)
+
+
+def test_chunk_start_tokens_are_chosen_inside_the_budget():
+    plan = _plan([2, 4, 4, 3], [None, 0.5, 0.5, None])  # system, two chunks, query
+    scores = torch.tensor([0.0, 0.9, 0.8, 0.1, 0.0, 0.0, 0.7, 0.6])  # positions 2..9
+    base = RecomputeConfig(budget="per_chunk")
+    assert plan.choose(scores, base).tolist() == [3, 4, 8, 9]
+    sinks = RecomputeConfig(budget="per_chunk", chunk_start_tokens=1)
+    assert plan.choose(scores, sinks).tolist() == [2, 3, 6, 8]  # first token + the best one
+    pooled = RecomputeConfig(budget="global", chunk_start_tokens=1)
+    assert plan.choose(scores, pooled).tolist() == [2, 3, 4, 6]  # first tokens + the best two
+
+
+def test_allocate_follows_the_weights_and_the_caps():
+    assert allocate(10, [3.0, 1.0], [100, 100]) == [8, 2]  # 7.5 / 2.5, the larger remainder
+    assert allocate(10, [3.0, 1.0], [4, 100]) == [4, 6]  # what the capped one cannot take
+    assert allocate(6, [0.0, 0.0, 0.0], [5, 5, 5]) == [2, 2, 2]
+    assert allocate(50, [1.0, 1.0], [3, 4]) == [3, 4]
+    assert sum(allocate(7, [0.2, 0.5, 0.3], [9, 9, 9])) == 7
+
+
+def test_segment_weights_share_the_total_between_chunks():
+    plan = _plan([2, 4, 4, 3], [None, 0.5, 0.5, None])
+    scores = torch.tensor([0.0, 0.9, 0.8, 0.1, 0.0, 0.0, 0.7, 0.6])
+    chosen = plan.choose(scores, RecomputeConfig(), segment_weights=torch.tensor([0, 3.0, 1, 0]))
+    assert chosen.tolist() == [3, 4, 5, 8]  # three tokens of the first chunk, one of the second
+
+
+def test_gradual_schedule_averages_to_the_ratio():
+    selection = RecomputeConfig(layer_schedule="gradual", layer_spread=0.5)
+    factors = [layer_budget_factor(layer, 24, selection) for layer in range(24)]
+    assert statistics.fmean(factors) == pytest.approx(1.0)
+    assert factors[0] == pytest.approx(1.5) and factors[-1] == pytest.approx(0.5)
+    assert layer_budget_factor(3, 24, RecomputeConfig()) == 1.0
+
+
+@pytest.fixture()
+def generator(tiny_checkpoints, tiny_config):
+    return _generator(tiny_checkpoints, tiny_config)
+
+
+@pytest.mark.parametrize("lever", LEVERS)
+def test_each_lever_changes_the_fused_prefill_at_one_budget(generator, lever):
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+    # cross_attention scores at layer 0, so the layers above it are the schedule's to narrow
+    base = RecomputeConfig(selection_policy="cross_attention")
+    other = base.model_copy(update=LEVERS[lever])
+    first = generator.prefill(layout, sources, selection=base)
+    second = generator.prefill(layout, sources, selection=other)
+    rows = slice(0, layout.num_tokens)
+    if lever == "gradual":  # more tokens start; none of them reaches the last layer
+        assert second.num_recomputed_tokens > first.num_recomputed_tokens
+        assert not torch.equal(first.kv.v[-1, rows], second.kv.v[-1, rows])
+    else:
+        assert first.num_recomputed_tokens == second.num_recomputed_tokens
+        assert not torch.equal(first.recomputed_positions, second.recomputed_positions)
+
+
+def test_chunk_start_lever_recomputes_each_chunks_first_tokens(generator):
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+    selection = RecomputeConfig(chunk_start_tokens=2)
+    chosen = set(generator.prefill(layout, sources, selection=selection).recomputed_positions)
+    for start in layout.cu_segments[1:-2]:
+        assert {start, start + 1} <= {int(p) for p in chosen}
+
+
+@pytest.mark.parametrize("lever", LEVERS)
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_ratio_one_with_a_lever_matches_full_prefill(lever, family, tiny_checkpoints, tiny_config):
+    generator = _generator(tiny_checkpoints, tiny_config, family)
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    full = generator.prefill(layout)
+    sources, _, _ = independent_sources(generator, layout, ratio=1.0)
+    fused = generator.prefill(layout, sources, selection=RecomputeConfig(**LEVERS[lever]))
+    rows = slice(0, layout.num_tokens)
+    torch.testing.assert_close(fused.kv.k[:, rows], full.kv.k[:, rows], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused.kv.v[:, rows], full.kv.v[:, rows], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused.logits, full.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_output_oracle_recomputes_the_positions_scored_highest(generator):
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(generator, layout, ratio=0.2)
+    selection = RecomputeConfig(selection_policy="output_oracle")
+    with pytest.raises(InputError, match="output_oracle.*position_scores"):
+        generator.prefill(layout, sources, selection=selection)
+    scores = torch.zeros(layout.num_tokens)
+    first_chunk = range(layout.cu_segments[1], layout.cu_segments[2])
+    scores[list(first_chunk)] = torch.arange(1, len(first_chunk) + 1, dtype=torch.float32)
+    output = generator.prefill(layout, sources, selection=selection, position_scores=scores)
+    chosen = [int(p) for p in output.recomputed_positions if p < layout.cu_segments[-2]]
+    chosen = [p for p in chosen if p >= layout.cu_segments[1]]
+    assert 0 < len(chosen) < len(first_chunk)
+    assert chosen == list(first_chunk)[-len(chosen) :]  # the best-scored, all from chunk one
+
+
+def test_key_bias_adds_to_the_logits_and_never_unmasks_the_future():
+    from adarag.kernels.selective_attention import selective_attention_ref
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 8), torch.randn(10, 2, 8), torch.randn(10, 2, 8)
+    positions = torch.tensor([4, 7, 9])
+    bias = torch.zeros(10)
+    bias[2:6] = -1.5
+    out = selective_attention_ref(q, k, v, positions, 0.35, key_bias=bias)
+    keys = k.repeat_interleave(2, dim=1)
+    logits = torch.einsum("qhd,khd->qhk", q, keys) * 0.35 + bias
+    logits = logits.masked_fill(torch.arange(10)[None, None] > positions[:, None, None], -1e9)
+    expected = torch.einsum("qhk,khd->qhd", logits.softmax(-1), v.repeat_interleave(2, dim=1))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    later = k.clone()
+    later[8:] += 5.0  # keys after the first query's position
+    changed = selective_attention_ref(q, later, v, positions, 0.35, key_bias=bias)
+    torch.testing.assert_close(changed[0], out[0])
+
+
+def test_attention_rescaling_changes_reused_rows_only(generator):
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(generator, layout, ratio=0.0)
+    plain = generator.prefill(layout, sources)
+    rescaled = generator.prefill(
+        layout, sources, selection=RecomputeConfig(context_temperature=0.9, context_scale=0.9)
+    )
+    assert not torch.allclose(plain.logits, rescaled.logits)
+    system = slice(0, len(layout.system_ids))
+    torch.testing.assert_close(rescaled.kv.k[:, system], plain.kv.k[:, system])  # exact prefix
+    chunk = slice(layout.cu_segments[1], layout.cu_segments[2])
+    torch.testing.assert_close(rescaled.kv.k[:, chunk], plain.kv.k[:, chunk] / 0.9)
+    full_sources, _, _ = independent_sources(generator, layout, ratio=1.0)
+    full = generator.prefill(layout)
+    at_one = generator.prefill(
+        layout, full_sources, selection=RecomputeConfig(context_temperature=0.9, context_scale=0.9)
+    )
+    torch.testing.assert_close(at_one.logits, full.logits, atol=1e-5, rtol=1e-5)

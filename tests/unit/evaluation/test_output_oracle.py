@@ -1,0 +1,61 @@
+"""The output-aware oracle's differentiable pass is the engine's forward, and its gradient is."""
+
+from __future__ import annotations
+
+import torch
+
+from adarag.config import RecomputeConfig
+from adarag.evaluation.output_oracle import AnswerLoss, output_oracle_scores
+from adarag.evaluation.reuse import independent_chunks, reuse_sources
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
+
+
+def _setup(tiny_checkpoints, tiny_config):
+    generator = load_generator(tiny_config(tiny_checkpoints["qwen2"]))
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    full = generator.prefill(layout)
+    system_kv, chunk_kvs = independent_chunks(generator, layout)
+    reused = generator.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
+    answer = [int(full.logits.argmax()), 5, 7]
+    return generator, layout, full, reused, (system_kv, chunk_kvs), answer
+
+
+def test_mixed_pass_reproduces_the_engine_at_both_ends(tiny_checkpoints, tiny_config):
+    generator, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
+    loss = AnswerLoss(generator, layout, reused.kv, full.kv, answer)
+    context = layout.cu_segments[-2]
+    with torch.no_grad():
+        exact = loss.logits(torch.ones(context))[0]
+        cached = loss.logits(torch.zeros(context))[0]
+    torch.testing.assert_close(exact, full.logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(cached, reused.logits, atol=1e-4, rtol=1e-4)
+
+
+def test_gain_is_the_loss_derivative(tiny_checkpoints, tiny_config):
+    generator, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
+    loss = AnswerLoss(generator, layout, reused.kv, full.kv, answer)
+    context = layout.cu_segments[-2]
+    mix = torch.zeros(context, dtype=torch.float64).float()
+    gain = loss.gain(mix)
+    position = int(torch.argmax(gain.abs()))
+    step = torch.zeros(context)
+    step[position] = 1e-2
+    with torch.no_grad():
+        before = float(loss._loss(mix))
+        after = float(loss._loss(mix + step))
+    assert abs((before - after) / 1e-2 - float(gain[position])) < 0.05 * abs(float(gain[position]))
+
+
+def test_scores_pick_the_budget_and_drive_the_output_oracle(tiny_checkpoints, tiny_config):
+    generator, layout, full, reused, (system_kv, chunk_kvs), answer = _setup(
+        tiny_checkpoints, tiny_config
+    )
+    scores = output_oracle_scores(generator, layout, reused.kv, full.kv, answer, ratio=0.2)
+    budget = sum(-(-len(ids) * 2 // 10) for ids in layout.chunk_ids)
+    assert int((scores >= 1e6).sum()) == budget
+    assert torch.isinf(scores[: layout.cu_segments[1]]).all()  # the system prefix is exact
+    sources = reuse_sources(system_kv, chunk_kvs, 0.2)
+    selection = RecomputeConfig(selection_policy="output_oracle")
+    output = generator.prefill(layout, sources, selection=selection, position_scores=scores)
+    chosen = set(output.recomputed_positions.tolist())
+    assert {int(p) for p in (scores >= 1e6).nonzero().squeeze(1)} <= chosen
