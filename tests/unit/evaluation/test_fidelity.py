@@ -44,3 +44,26 @@ def test_summaries_and_the_smallest_ratio_meeting_a_target(rows):
     strict = Target(min_exact_agreement=100.0, min_gold_f1_share=0.0)
     hit = smallest_ratio_meeting(summaries, "oracle", strict)
     assert hit is not None and hit.exact_agreement == 100.0
+
+
+def test_rows_resume_from_their_file_and_a_torn_last_line_is_measured_again(rows, tmp_path):
+    from adarag.evaluation.fidelity import append_rows, read_rows
+
+    path = tmp_path / "tiny.rows.jsonl"
+    append_rows(path, rows[:3])
+    append_rows(path, rows[3:])
+    assert read_rows(path) == rows
+    with path.open("a") as handle:
+        handle.write('{"dataset": "tiny", "qid": "q2", "ru')  # a run killed mid-write
+    assert read_rows(path) == rows
+    assert read_rows(tmp_path / "missing.jsonl") == []
+
+
+def test_done_rows_are_not_measured_again(tiny_checkpoints, tiny_config):
+    rag = AdaRAG(tiny_config(tiny_checkpoints["llama"]))
+    run = FidelityRun(
+        rag, {"kv": RecomputeConfig()}, [0.0, 0.5], GenerationParams(max_new_tokens=4)
+    )
+    item = BenchQuestion("q1", QUESTION, ("paris",), CHUNKS)
+    rest = run.question("tiny", item, done={("kv", 0.0)})
+    assert [(row.rule, row.ratio) for row in rest] == [("kv", 0.5)]
