@@ -283,6 +283,7 @@ class RecomputeConfig(_Frozen):
         "cross_attention",
         "kv_deviation",
         "query_attention",
+        "query_deviation",
         "stored_rank",
         "random",
         "oracle",
@@ -293,6 +294,8 @@ class RecomputeConfig(_Frozen):
         "CacheBlend's value deviation at the check layer; 'cross_attention': AdaCache's "
         "first-layer cross-chunk attention ratio; 'query_attention': "
         "the query suffix's attention over the cached KV (A3, ProphetKV, FusionRAG); "
+        "'query_deviation': the value deviation weighted by that attention (the first-order "
+        "effect of a token's stale V on the query); "
         "'stored_rank': the ranking stored with each cached chunk variant (Cache-Craft: its "
         "tokens' attention to the chunks before it when it was computed; other chunks score "
         "zero); 'random' and 'oracle' "

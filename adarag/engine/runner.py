@@ -198,7 +198,10 @@ class Runner:
         stream = self._new_stream(batch.token_ids[plan.processed], processed)
         layer_at = scoring_layer(selection)
         query_mass = None  # the query's attention per position, when a lever or rule reads it
-        if selection.chunk_allocation == "query" or selection.selection_policy == "query_attention":
+        if selection.chunk_allocation == "query" or selection.selection_policy in (
+            "query_attention",
+            "query_deviation",
+        ):
             query_mass = self._query_attention(batch, plan, kv)
         weights = None
         if selection.chunk_allocation == "query":
@@ -230,8 +233,11 @@ class Runner:
         q, k, v = layer.project_qkv(stream.hidden)
         q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
         is_candidate = plan.candidate_mask().to(self.device)
-        if selection.selection_policy == "kv_deviation":
+        if selection.selection_policy in ("kv_deviation", "query_deviation"):
             scores = value_deviation(v[is_candidate], kv.v[layer_at, plan.candidates])
+            if selection.selection_policy == "query_deviation":
+                assert query_mass is not None
+                scores = scores.cpu() * query_mass[plan.candidates]
         self._write(kv, layer_at, k, v, processed)
         if selection.selection_policy == "cross_attention":
             mass = self._segment_mass(layer_at, q[is_candidate], processed[is_candidate], kv, cu)

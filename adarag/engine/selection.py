@@ -14,6 +14,10 @@ best within the budget. The rules (``RecomputeConfig.selection_policy``, chosen 
 - ``query_attention`` (A3, ProphetKV, FusionRAG's online step): the query suffix first runs over
   the re-positioned cached KV; a token's score is the attention the query pays it, averaged over
   heads, query tokens and the chosen layers.
+- ``query_deviation``: the V deviation at the check layer times the attention the query suffix
+  pays the token (``query_attention``'s pass). It is the first-order change of the query's
+  attention output from making the token's V exact, ``a_qj · ||V_j^fresh − V_j^cached||²``,
+  the term the ``output_oracle``'s gradient is made of, with what the engine can know.
 - ``stored_rank`` (Cache-Craft section 3.3): the ranking stored with each cached chunk variant,
   computed when the variant was (its tokens' attention to the chunks before it); no pass is
   needed. Segments without a stored ranking score zero (ties keep the earlier position).
@@ -50,7 +54,7 @@ from adarag.config import RecomputeConfig
 from adarag.engine.batch import SegmentPlan
 from adarag.engine.kv_cache import KVCache
 
-SCORING_LAYER_RULES = ("cross_attention", "kv_deviation")
+SCORING_LAYER_RULES = ("cross_attention", "kv_deviation", "query_deviation")
 """Rules that score inside the layer loop (after layers computed for every candidate)."""
 
 
@@ -113,7 +117,7 @@ def scoring_layer(selection: RecomputeConfig) -> int | None:
     """The layer at which the rule scores (layers below run for every candidate), or None."""
     if selection.selection_policy == "cross_attention":
         return 0
-    if selection.selection_policy == "kv_deviation":
+    if selection.selection_policy in ("kv_deviation", "query_deviation"):
         return selection.deviation_check_layer
     return None
 
