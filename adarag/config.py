@@ -289,13 +289,14 @@ class RecomputeConfig(_Frozen):
         "oracle",
         "output_oracle",
     ] = Field(
-        default="kv_deviation",
-        description="'kv_deviation' (the default, chosen on the fidelity calibration split): "
-        "CacheBlend's value deviation at the check layer; 'cross_attention': AdaCache's "
-        "first-layer cross-chunk attention ratio; 'query_attention': "
-        "the query suffix's attention over the cached KV (A3, ProphetKV, FusionRAG); "
-        "'query_deviation': the value deviation weighted by that attention (the first-order "
-        "effect of a token's stale V on the query); "
+        default="query_deviation",
+        description="'query_deviation' (the default, chosen on the fidelity calibration split "
+        "by exact agreement with full recomputation and gold F1): CacheBlend's value deviation "
+        "at the check layer weighted by the attention the query suffix pays each token (the "
+        "first-order effect of a token's stale V on the query); 'kv_deviation': the value "
+        "deviation alone (CacheBlend); 'cross_attention': AdaCache's first-layer cross-chunk "
+        "attention ratio; 'query_attention': the query suffix's attention over the cached KV "
+        "(A3, ProphetKV, FusionRAG); "
         "'stored_rank': the ranking stored with each cached chunk variant (Cache-Craft: its "
         "tokens' attention to the chunks before it when it was computed; other chunks score "
         "zero); 'random' and 'oracle' "
@@ -304,7 +305,9 @@ class RecomputeConfig(_Frozen):
         "answer of a full prefill (adarag.evaluation.output_oracle).",
     )
     deviation_check_layer: int = Field(
-        default=1, ge=0, description="Layer whose V deviation ranks tokens (kv_deviation)."
+        default=1,
+        ge=0,
+        description="Layer whose V deviation ranks tokens (kv_deviation, query_deviation).",
     )
     query_layers: tuple[int, int] | None = Field(
         default=None,

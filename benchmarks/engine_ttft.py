@@ -38,7 +38,7 @@ from adarag.config import RecomputeConfig
 from adarag.engine.generator import Generator
 from adarag.evaluation.reuse import reuse_sources
 
-RATIOS = (0.0, 0.15, 0.3, 1.0)
+RATIOS = (0.0, 0.15, 0.2, 0.3, 1.0)
 
 
 def ours_decode(generator: Generator, layout, num_tokens: int) -> Callable[[], float]:  # type: ignore[no-untyped-def]
@@ -104,6 +104,8 @@ def vllm_worker(connection, engine: dict, num_tokens: int) -> None:  # type: ign
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="default", help="a packaged name or a checkpoint")
+    parser.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
     parser.add_argument("--questions", type=int, default=5)
     parser.add_argument("--passages", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per variant")
@@ -123,7 +125,7 @@ def main() -> None:
             rules[f" {spec}"] = RecomputeConfig(selection_policy=policy, budget=budget or "global")
 
     load_before = os.getloadavg()
-    rag = AdaRAG(engine={"dtype": args.dtype})
+    rag = AdaRAG(engine={"dtype": args.dtype, "model": args.model})
     generator = rag.generator
     hf_model = AutoModelForCausalLM.from_pretrained(
         generator.checkpoint.path, dtype=getattr(torch, args.dtype)
@@ -132,12 +134,13 @@ def main() -> None:
     if args.vllm:
         engine = {
             "backend": "vllm",
+            "model": args.model,
             "dtype": args.dtype,
             "vllm_kv_cache_bytes": int(args.kv_cache_gib * 2**30),
         }
         # vLLM's TTFT of a full prefill and its seconds per decoding step (EOS ignored)
         vllm = ChildWorker(vllm_worker, engine, args.decode_tokens)
-    fused_names = [f"fused@{r}{rule}" for r in RATIOS for rule in rules]
+    fused_names = [f"fused@{r}{rule}" for r in args.ratios for rule in rules]
     times: dict[str, list[float]] = {"hf": [], "full": [], **{name: [] for name in fused_names}}
     decode: dict[str, list[float]] = {"hf": [], "ours": []}
     if vllm is not None:
@@ -151,7 +154,7 @@ def main() -> None:
             "hf": lambda token_ids=token_ids: hf_model(token_ids, logits_to_keep=1).logits.argmax(),
             "full": lambda layout=layout: generator.prefill(layout).logits.argmax(),
         }
-        for ratio in RATIOS:
+        for ratio in args.ratios:
             sources = reuse_sources(system_kv, chunk_kvs, ratio)
             for rule, selection in rules.items():
                 variants[f"fused@{ratio}{rule}"] = (
@@ -191,7 +194,8 @@ def main() -> None:
     info = machine()
     reference = "vllm_full" if "vllm_full" in stats else "full"
     lines = [
-        f"Engine speed ({args.dtype}), {len(num_tokens)} musique questions x "
+        f"Engine speed ({generator.checkpoint.name}, {args.dtype}), {len(num_tokens)} musique "
+        "questions x "
         f"{args.passages} passages "
         f"(mean {statistics.fmean(num_tokens):.0f} tokens), {args.repeats} interleaved runs each"
         f"; selection: {', '.join(args.rules) or 'the default'}.",
