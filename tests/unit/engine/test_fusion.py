@@ -20,10 +20,17 @@ from tests.unit.engine.helpers import (
     load_generator,
 )
 
-POLICIES = ["cross_attention", "kv_deviation", "query_attention", "query_deviation", "random", "oracle"]
+POLICIES = [
+    "cross_attention",
+    "kv_deviation",
+    "query_attention",
+    "query_deviation",
+    "random",
+    "oracle",
+]
 # query-aware selection reads the query, so a later (query) token may change which chunk
 # tokens are recomputed; the other rules never look past a chunk token's own position
-QUERY_BLIND = [policy for policy in POLICIES if policy != "query_attention"]
+QUERY_BLIND = [p for p in POLICIES if p not in ("query_attention", "query_deviation")]
 
 
 def _generator(tiny_checkpoints, tiny_config, family="llama"):

@@ -22,7 +22,14 @@ from tests.unit.engine.helpers import (
     load_generator,
 )
 
-RULES = ["cross_attention", "kv_deviation", "query_attention", "query_deviation", "random", "oracle"]
+RULES = [
+    "cross_attention",
+    "kv_deviation",
+    "query_attention",
+    "query_deviation",
+    "random",
+    "oracle",
+]
 
 
 @pytest.fixture()
