@@ -54,7 +54,11 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # Inputs stay out of a ValidationError's text: a secret setting is never echoed (messages
+    # built by AdaRagConfig.build show values, but not secrets).
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -598,29 +602,30 @@ def _remote_url_problem(url: str) -> str | None:
 
 
 _SECRET_QUERY_PARAMETER = re.compile(
-    r"(?i)((?:^|[&;])[^=&;]*(?:pass|pwd|secret|token|auth)[^=&;]*=)[^&;#]*"
+    r"(?i)((?:^|[&;])[^=&;]*(?:pass|pwd|secret|token|auth)[^=&;]*=)[^&;]*"
 )
 
 
 def redact_url(url: str) -> str:
     """``url`` without its secrets, for messages and logs.
 
-    Whatever stands before the last ``@`` of the authority is hidden (the user name is kept
-    when it is plainly one, before a ``:``), whatever the password's characters; so is the value
-    of every query parameter whose name says password, secret, token or auth.
+    Whatever stands before the last ``@`` is hidden (the user name is kept when it is plainly
+    one, before a ``:``), whatever the password's characters; so is the value of every query
+    parameter whose name says password, secret, token or auth, up to the next ``&``.
     """
     scheme, separator, rest = url.partition("://")
     if not separator:
         scheme, rest = "", url
-    rest, question, query = rest.partition("?")
+    hidden = ""
     if "@" in rest:
-        userinfo, _, host = rest.rpartition("@")
+        userinfo, _, rest = rest.rpartition("@")
         user, colon, _ = userinfo.partition(":")
-        shown_user = user if colon and "/" not in user else ""
-        rest = f"{shown_user}{':' if shown_user else ''}***@{host}"
+        plain = colon and user and not any(mark in user for mark in "/?#")
+        hidden = f"{user}:***@" if plain else "***@"
+    rest, question, query = rest.partition("?")
     if question:
         query = _SECRET_QUERY_PARAMETER.sub(r"\1***", query)
-    return f"{scheme}{separator}{rest}{question}{query}"
+    return f"{scheme}{separator}{hidden}{rest}{question}{query}"
 
 
 class FusionConfig(_Frozen):
