@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from adarag import AdaRAG
-from adarag.cache.disk import STAGING_MAX_AGE_S, STAGING_PREFIX, SUFFIX
+from adarag.cache.disk import STAGING_MAX_AGE_S, STAGING_PREFIX, SUFFIX, _writer_id
 from adarag.cache.entry import ChunkKV
 from adarag.cache.store import TieredKVStore
 from adarag.config import AdaRagConfig, StoreConfig
@@ -175,22 +175,6 @@ def test_an_error_opening_a_valid_file_keeps_it_and_serves_it_later(
     assert store.snapshot().disk_read_errors == 1
 
 
-def _staging_writer(directory: Path) -> subprocess.Popen:
-    """A live process that holds a staging file open (a writer mid-write), named as ours."""
-    code = (
-        "import sys, time, uuid\n"
-        "from pathlib import Path\n"
-        "from adarag.cache.disk import STAGING_PREFIX, _writer_id\n"
-        "path = Path(sys.argv[1]) / f'{STAGING_PREFIX}{_writer_id()}-{uuid.uuid4().hex}'\n"
-        "path.write_bytes(b'partial')\n"
-        "print(path.name, flush=True)\n"
-        "time.sleep(60)\n"
-    )
-    return subprocess.Popen(
-        [sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True
-    )
-
-
 def test_staging_files_of_other_namespaces_are_aged_out_never_judged_by_pid(tmp_path, ledger):
     directory = tmp_path / "kv"
     directory.mkdir()
@@ -202,21 +186,71 @@ def test_staging_files_of_other_namespaces_are_aged_out_never_judged_by_pid(tmp_
     old_foreign.write_bytes(b"partial")
     old = time.time() - STAGING_MAX_AGE_S - 1
     os.utime(old_foreign, (old, old))
-    # a live writer of this namespace, and a dead one
-    writer = _staging_writer(directory)
-    try:
-        live = directory / writer.stdout.readline().strip()
-        namespace = live.name.removeprefix(STAGING_PREFIX).split("-")[0]
-        dead = directory / f"{STAGING_PREFIX}{namespace}-{dead_pid}-{'2' * 32}"
-        dead.write_bytes(b"partial")
-        _disk_store(directory)  # opening the directory cleans up
-        kept = foreign.exists() and live.exists()
-        removed = not old_foreign.exists() and not dead.exists()
-    finally:
-        writer.kill()
-        writer.wait()
+    # a live writer of this namespace (this process), and a dead one
+    namespace = _writer_id().split("-")[0]
+    live = directory / f"{STAGING_PREFIX}{_writer_id()}-{'3' * 32}"
+    live.write_bytes(b"partial")
+    dead = directory / f"{STAGING_PREFIX}{namespace}-{dead_pid}-{'2' * 32}"
+    dead.write_bytes(b"partial")
+    _disk_store(directory)  # opening the directory cleans up
+    kept = foreign.exists() and live.exists()
+    removed = not old_foreign.exists() and not dead.exists()
     ledger.record(
         "another container's live staging file", detected=int(kept), data_lost=int(not kept)
     )
     assert kept, "a live writer's staging file was deleted"
     assert removed, "a dead writer's (or an old foreign) staging file was kept"
+
+
+_CONTAINER_WRITER = """
+import os, sys, time
+from pathlib import Path
+import torch
+from adarag.cache.entry import ChunkKV
+from adarag.cache.store import TieredKVStore
+from adarag.config import StoreConfig
+
+# a pid this namespace has and the test's has not (its pid_max is lower)
+Path("/proc/sys/kernel/ns_last_pid").write_text("299999")
+pid = os.fork()
+if pid == 0:
+    def stalled_fsync(fd):  # a slow disk: the write stays staged while the test looks
+        print("staging", os.getpid(), flush=True)
+        time.sleep(120)
+    os.fsync = stalled_fsync
+    store = TieredKVStore(StoreConfig(), Path(sys.argv[1]), "model-a")
+    shape = (2, 8, 2, 4)
+    store.put(["key"], ChunkKV(torch.ones(shape), torch.ones(shape), 0), persist=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_live_writer_in_another_pid_namespace_keeps_its_staging_file(tmp_path, ledger):
+    """Two containers on one KV volume: the other's live writer has a pid that is dead here."""
+    directory = tmp_path / "kv"
+    directory.mkdir()
+    command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c"]
+    writer = subprocess.Popen(
+        [*command, _CONTAINER_WRITER, str(directory)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line = writer.stdout.readline().split()
+        if not line:
+            pytest.skip(f"cannot start a PID namespace here: {writer.stderr.read()[-300:]}")
+        writer_pid = int(line[1])
+        assert not os.path.exists(f"/proc/{writer_pid}"), "the writer's pid also exists here"
+        (staging,) = directory.glob(f"{STAGING_PREFIX}*")
+        _disk_store(directory)  # another container opens the volume
+        kept = staging.exists()
+    finally:
+        os.killpg(writer.pid, 9)
+        writer.wait()
+    ledger.record(
+        "live writer in another PID namespace", detected=int(kept), data_lost=int(not kept)
+    )
+    assert kept, "another container's live staging file was deleted"
