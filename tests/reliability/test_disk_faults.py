@@ -132,6 +132,48 @@ def test_a_full_or_read_only_kv_directory_leaves_every_answer_and_every_file(
     assert answers[0][1][:3] == ("hard", "independent", "independent")
 
 
+def test_a_server_on_a_full_kv_directory_answers_every_request_and_says_why(
+    pipelines, generator, ledger
+):
+    """`adarag serve` used to answer the first question, then fail every request with 500."""
+    from adarag import Chunk, MemoryRetriever
+    from tests.integration.test_serve import API_KEY, running
+
+    make, mountpoint = pipelines
+    writer = make()
+    writer.warm(CHUNKS)
+    writer.close()
+    fill(mountpoint)
+    rag = make()
+    rag.retriever = MemoryRetriever([Chunk(text) for text in (*CHUNKS, *MORE_CHUNKS)])
+    questions = [*QUESTIONS, "what runs through berlin?", "where is madrid?"]
+    with running(rag) as server:
+        client = server.client()
+        statuses = []
+        for question in questions:
+            try:
+                client.chat.completions.create(
+                    model="adarag",
+                    messages=[{"role": "user", "content": question}],
+                    max_tokens=4,
+                )
+                statuses.append(200)
+            except Exception as err:  # any failed request is what this test looks for
+                statuses.append(getattr(err, "status_code", 0))
+        rag.close()  # the flush at shutdown writes nothing and raises nothing
+        health = server.health()
+    failed = sum(status != 200 for status in statuses)
+    ledger.record(
+        "adarag serve on a full KV directory",
+        cases=len(questions),
+        detected=len(questions) - failed,
+        wrong_answers=failed,
+    )
+    assert failed == 0, statuses
+    assert "ENOSPC" in (health.get("kv_disk_problem") or ""), health
+    assert API_KEY  # the server required it
+
+
 def _kv(value: float) -> ChunkKV:
     shape = (2, 8, 2, 4)
     return ChunkKV(torch.full(shape, value), torch.full(shape, -value), 3)
