@@ -565,7 +565,8 @@ def _check_signing_key(key: str, what: str) -> None:
     """Refuse a key too short to resist guessing, or one that is a masked placeholder."""
     if len(key.encode()) < MIN_SIGNING_KEY_BYTES:
         raise ValueError(
-            f"{what} is shorter than {MIN_SIGNING_KEY_BYTES} bytes; use a long random secret, "
+            f"{what} is shorter than {MIN_SIGNING_KEY_BYTES} bytes; use a long random secret "
+            f"(in the setting or ${SIGNING_KEY_ENV}), "
             "e.g. `openssl rand -hex 32`"
         )
     if set(key) == {"*"}:
@@ -757,7 +758,7 @@ class RetrievalConfig(_Frozen):
         "naming it (before any is stored), never read into memory.",
     )
     max_line_chars: int = Field(
-        default=1024**2,
+        default=8 * 1024**2,
         ge=1,
         description="Longest line (characters) of a file ingest accepts; a longer one is refused "
         "with an error naming the file and line. Splitting is linear in the line's length.",

@@ -84,7 +84,13 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
                 raise InputError(
                     f"cannot list directory {path}: {err.strerror or err}; check its permissions"
                 ) from err
-            found = _inside(found, path)
+            inside = _inside(found, path)
+            if found and not inside:
+                raise InputError(
+                    f"directory {path} holds only links leading outside it, which are not "
+                    "followed; pass their targets (or the folder they are in) instead"
+                )
+            found = inside
             if not found:
                 raise InputError(
                     f"directory {path} holds no .txt, .md or .jsonl files; pass a folder of "
