@@ -13,10 +13,10 @@ opening or reading it (too many open files, permission denied, an I/O error) is 
 may pass, else reported, and the read is a miss that leaves the file in place.
 
 Files are written under a staging name that carries the writer's PID namespace and pid, synced
-and renamed into place, so a crash (even ``kill -9``) never leaves a partial entry visible;
-staging files of processes of this namespace that are no longer running are removed when a store
-opens the directory, and those of another host or container only once they are
-:data:`STAGING_MAX_AGE_S` old (its pids mean nothing here).
+and renamed into place, so a crash (even ``kill -9``) never leaves a partial entry visible; a
+store opening the directory removes the staging files of writers that are gone
+(:mod:`adarag.cache.staging`: by pid in its own namespace, by age from another host or
+container).
 
 A directory on a read-only or full file system still serves the entries it holds: the first
 failed write logs one warning, and writes stop (:attr:`DiskTier.write_problem` says why) until
@@ -26,10 +26,8 @@ failed write logs one warning, and writes stop (:attr:`DiskTier.write_problem` s
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
-import socket
 import stat
 import threading
 import time
@@ -48,16 +46,18 @@ from adarag.cache.entry_format import (
     header_metadata,
 )
 from adarag.cache.keys import digest
+from adarag.cache.staging import (
+    STAGING_PREFIX,
+    remove_orphaned_staging,
+    writer_id,
+)
 from adarag.errors import CacheError
-from adarag.files import process_running
+from adarag.files import unlink_quietly
 
 logger = logging.getLogger(__name__)
 
 SUFFIX = ".kv.safetensors"
-STAGING_PREFIX = ".tmp-"
 QUARANTINE = "quarantine"
-STAGING_MAX_AGE_S = 3600.0
-"""A staging file of another host or PID namespace is removed once it is this old."""
 WRITE_RETRY_S = 60.0
 """After a write failed for want of space or a writable file system, seconds before the next."""
 UNWRITABLE_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM})
@@ -125,7 +125,7 @@ class DiskTier:
                 ) from err
             self._stop_writes(err)
             return
-        _remove_orphaned_staging(directory)
+        remove_orphaned_staging(directory)
 
     @property
     def is_writable(self) -> bool:
@@ -175,7 +175,7 @@ class DiskTier:
         if not self.is_writable:
             return None
         final = self.path(entry_id)
-        staging = self.directory / f"{STAGING_PREFIX}{_writer_id()}-{uuid.uuid4().hex}"
+        staging = self.directory / f"{STAGING_PREFIX}{writer_id()}-{uuid.uuid4().hex}"
         try:
             with staging.open("wb") as handle:
                 handle.write(data)
@@ -189,7 +189,7 @@ class DiskTier:
                 logger.warning("cannot write KV cache file %s (%s); kept in memory", final, err)
             return None
         finally:
-            _unlink_quietly(staging)
+            unlink_quietly(staging)
         if self.write_problem is not None:
             logger.info("the KV cache directory %s is writable again", self.directory)
             self.write_problem = None
@@ -234,7 +234,7 @@ class DiskTier:
 
     def remove(self, entry_id: str) -> None:
         """Delete an entry's file (on a read-only file system, it stays)."""
-        _unlink_quietly(self.path(entry_id))
+        unlink_quietly(self.path(entry_id))
 
     def _stop_writes(self, err: OSError) -> None:
         """Stop writing for :data:`WRITE_RETRY_S` after ``err`` (warned once, not per write)."""
@@ -291,7 +291,7 @@ class DiskTier:
             return
         if rejected.outdated:
             self.num_outdated_removed += 1  # reported once per scan, not per file
-            _unlink_quietly(path)
+            unlink_quietly(path)
             return
         if rejected.unsigned:
             with self._counts_lock:
@@ -339,46 +339,3 @@ def _open_regular(path: Path) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
-
-
-def _writer_id() -> str:
-    """``<namespace>-<pid>``: the host and PID namespace of this process, and its pid there."""
-    return f"{_pid_namespace()}-{os.getpid()}"
-
-
-def _pid_namespace() -> str:
-    """A short digest of this host (boot) and PID namespace: pids compare only within it."""
-    parts = [socket.gethostname()]
-    try:
-        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
-        parts.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
-    except OSError:
-        pass  # no /proc: the host name alone
-    return hashlib.blake2b("\x00".join(parts).encode(), digest_size=6).hexdigest()
-
-
-def _remove_orphaned_staging(directory: Path) -> None:
-    """Delete staging files of a crashed writer: a dead pid of this namespace, else by age."""
-    namespace = _pid_namespace()
-    now = time.time()
-    for staging in directory.glob(f"{STAGING_PREFIX}*"):
-        fields = staging.name.removeprefix(STAGING_PREFIX).split("-")
-        if len(fields) == 3 and fields[0] == namespace and fields[1].isdigit():
-            if process_running(int(fields[1])):
-                continue  # a live writer of this namespace
-        else:  # another host or container (or an older name): its pid means nothing here
-            try:
-                age_s = now - staging.lstat().st_mtime
-            except FileNotFoundError:
-                continue
-            if age_s < STAGING_MAX_AGE_S:
-                continue
-        _unlink_quietly(staging)
-
-
-def _unlink_quietly(path: Path) -> None:
-    """Delete ``path`` if it is there; a file system that refuses (read-only) keeps it."""
-    try:
-        path.unlink(missing_ok=True)
-    except OSError as err:
-        logger.debug("cannot delete %s (%s)", path, err)

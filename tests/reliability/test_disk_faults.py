@@ -24,8 +24,9 @@ import pytest
 import torch
 
 from adarag import AdaRAG
-from adarag.cache.disk import STAGING_MAX_AGE_S, STAGING_PREFIX, SUFFIX, _writer_id
+from adarag.cache.disk import SUFFIX
 from adarag.cache.entry import ChunkKV
+from adarag.cache.staging import STAGING_MAX_AGE_S, STAGING_PREFIX, writer_id
 from adarag.cache.store import TieredKVStore
 from adarag.config import AdaRagConfig, StoreConfig
 from adarag.schema import GenerationParams
@@ -229,8 +230,8 @@ def test_staging_files_of_other_namespaces_are_aged_out_never_judged_by_pid(tmp_
     old = time.time() - STAGING_MAX_AGE_S - 1
     os.utime(old_foreign, (old, old))
     # a live writer of this namespace (this process), and a dead one
-    namespace = _writer_id().split("-")[0]
-    live = directory / f"{STAGING_PREFIX}{_writer_id()}-{'3' * 32}"
+    namespace = writer_id().split("-")[0]
+    live = directory / f"{STAGING_PREFIX}{writer_id()}-{'3' * 32}"
     live.write_bytes(b"partial")
     dead = directory / f"{STAGING_PREFIX}{namespace}-{dead_pid}-{'2' * 32}"
     dead.write_bytes(b"partial")

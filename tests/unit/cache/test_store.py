@@ -10,8 +10,9 @@ import time
 import pytest
 import torch
 
-from adarag.cache.disk import STAGING_MAX_AGE_S, SUFFIX
+from adarag.cache.disk import SUFFIX
 from adarag.cache.entry import ChunkKV
+from adarag.cache.staging import STAGING_MAX_AGE_S
 from adarag.cache.store import TieredKVStore
 from adarag.config import StoreConfig
 from adarag.errors import CacheError
