@@ -45,6 +45,8 @@ test-fast: install
 
 # The reliability suite at full size (longer soak, more fuzz examples and crash points; the fast
 # size runs in `make test`); its per-fault table and soak figures go to benchmarks/results.
+# The file-system fault cases mount a small tmpfs and a PID namespace: run as root (elsewhere
+# they are skipped).
 reliability: install
 	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 ADARAG_RELIABILITY=full \
 		ADARAG_RELIABILITY_REPORT=benchmarks/results/reliability $(BIN)/python -m pytest tests/reliability

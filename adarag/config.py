@@ -39,6 +39,12 @@ def default_home() -> Path:
     return Path(xdg_cache).expanduser() / "adarag"
 
 
+SECRET_FIELDS = frozenset({"remote_password", "signing_key"})
+"""Settings whose values never appear in a message or a log."""
+SIGNING_KEY_ENV = "ADARAG_KV_SIGNING_KEY"
+"""Environment variable read for ``cache.store.signing_key`` when the setting is not given."""
+MIN_SIGNING_KEY_BYTES = 16
+
 MAX_CONFIG_FILE_BYTES = 1 << 20
 """A configuration file larger than this is refused (it is never a configuration)."""
 
@@ -48,7 +54,11 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # Inputs stay out of a ValidationError's text: a secret setting is never echoed (messages
+    # built by AdaRagConfig.build show values, but not secrets).
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -501,12 +511,36 @@ class StoreConfig(_Frozen):
         description="After the server fails a request, seconds the local tiers serve alone "
         "before it is tried again.",
     )
+    remote_max_entry_bytes: int = Field(
+        default=64 * 1024**2,
+        ge=1024,
+        description="Largest entry read from or written to the shared tier, in bytes: a larger "
+        "value there is dropped after reading at most this many bytes of it (a bounded read), "
+        "never fetched whole.",
+    )
     remote_key_prefix: str = Field(
         default="adarag",
         min_length=1,
         max_length=64,
         description="First part of every key on the server (the entry format and the model "
         "namespace follow); deployments sharing one server database may each take their own.",
+    )
+
+    signing_key: SecretStr | None = Field(
+        default_factory=lambda: _secret_from_env(SIGNING_KEY_ENV),
+        description="Secret (at least 16 characters) with which every stored chunk-KV entry, on "
+        "disk and in the shared tier, carries an HMAC-SHA256 over its metadata and tensors; a "
+        "store with the key rejects, deletes and recomputes any entry whose signature is "
+        "missing or wrong (counted in its stats as signature_failures), so whoever can write "
+        "the KV directory or the shared server cannot plant KV that is served. Default: the "
+        f"${SIGNING_KEY_ENV} environment variable, else none (or signing_key_file). Without a "
+        "key every entry passing its checksum is served: the store trusts everyone who can "
+        "write to its directory or shared server. Never logged.",
+    )
+    signing_key_file: Path | None = Field(
+        default=None,
+        description="File holding signing_key (its first line), read when the store opens; "
+        "instead of signing_key.",
     )
 
     @field_validator("remote_url")
@@ -547,7 +581,58 @@ class StoreConfig(_Frozen):
             )
         if (self.remote_tls_key_file is None) != (self.remote_tls_cert_file is None):
             raise ValueError("remote_tls_cert_file and remote_tls_key_file go together; set both")
+        if self.signing_key is not None and self.signing_key_file is not None:
+            raise ValueError(
+                "signing_key and signing_key_file both given (signing_key may come from "
+                f"${SIGNING_KEY_ENV}); keep one"
+            )
+        if self.signing_key is not None:
+            _check_signing_key(self.signing_key.get_secret_value(), "signing_key")
         return self
+
+    def signing_key_bytes(self) -> bytes | None:
+        """The signing key (read from ``signing_key_file`` when that is set), or None.
+
+        Raises:
+            ConfigError: The file cannot be read, or its key is too short.
+        """
+        if self.signing_key is not None:
+            return self.signing_key.get_secret_value().encode()
+        if self.signing_key_file is None:
+            return None
+        try:
+            text = _read_config_file(self.signing_key_file)
+        except (OSError, ValueError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise ConfigError(
+                f"cannot read cache.store.signing_key_file {self.signing_key_file}: {reason}; "
+                "point it at a readable file holding the key"
+            ) from None
+        key = text.split("\n", 1)[0].strip()
+        try:
+            _check_signing_key(key, f"the key in {self.signing_key_file}")
+        except ValueError as err:
+            raise ConfigError(f"cache.store.signing_key_file: {err}") from None
+        return key.encode()
+
+
+def _secret_from_env(name: str) -> SecretStr | None:
+    value = os.environ.get(name)
+    return SecretStr(value) if value else None
+
+
+def _check_signing_key(key: str, what: str) -> None:
+    """Refuse a key too short to resist guessing, or one that is a masked placeholder."""
+    if len(key.encode()) < MIN_SIGNING_KEY_BYTES:
+        raise ValueError(
+            f"{what} is shorter than {MIN_SIGNING_KEY_BYTES} bytes; use a long random secret "
+            f"(in the setting or ${SIGNING_KEY_ENV}), "
+            "e.g. `openssl rand -hex 32`"
+        )
+    if set(key) == {"*"}:
+        raise ValueError(
+            f"{what} is a masked placeholder ('****'), not the key; pass the key itself"
+        )
 
 
 def _remote_url_problem(url: str) -> str | None:
@@ -556,7 +641,13 @@ def _remote_url_problem(url: str) -> str | None:
         parsed = urlsplit(url)
         port = parsed.port
     except ValueError as err:
-        return str(err)
+        if "@" not in url and "?" not in url:
+            return str(err)  # no password to quote
+        # the parser's message may quote part of a password: it is not repeated
+        return (
+            "its host or port cannot be read (a password holding '/', '?' or '#' must be "
+            "percent-encoded, or given as remote_password)"
+        )
     if parsed.scheme not in ("redis", "rediss", "unix"):
         return f"unknown scheme {parsed.scheme + ':' if parsed.scheme else 'none'}"
     if parsed.scheme == "unix":
@@ -567,13 +658,35 @@ def _remote_url_problem(url: str) -> str | None:
         return "port 0"
     database = parsed.path.strip("/")
     if database and not database.isdigit():
-        return f"database {database!r} is not a number"
+        return "the database after the host is not a number"
     return None
 
 
+_SECRET_QUERY_PARAMETER = re.compile(
+    r"(?i)((?:^|[&;])[^=&;]*(?:pass|pwd|secret|token|auth)[^=&;]*=)[^&;]*"
+)
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for messages and logs)."""
-    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
+    """``url`` without its secrets, for messages and logs.
+
+    Whatever stands before the last ``@`` is hidden (the user name is kept when it is plainly
+    one, before a ``:``), whatever the password's characters; so is the value of every query
+    parameter whose name says password, secret, token or auth, up to the next ``&``.
+    """
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        scheme, rest = "", url
+    hidden = ""
+    if "@" in rest:
+        userinfo, _, rest = rest.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        plain = colon and user and not any(mark in user for mark in "/?#")
+        hidden = f"{user}:***@" if plain else "***@"
+    rest, question, query = rest.partition("?")
+    if question:
+        query = _SECRET_QUERY_PARAMETER.sub(r"\1***", query)
+    return f"{scheme}{separator}{hidden}{rest}{question}{query}"
 
 
 class FusionConfig(_Frozen):
@@ -698,6 +811,18 @@ class RetrievalConfig(_Frozen):
         "error before the retriever is asked (a prompt holds only what fits the model's context).",
     )
     chunk_tokens: int = Field(default=256, ge=16, description="Tokens per ingested chunk.")
+    max_file_bytes: int = Field(
+        default=256 * 1024**2,
+        ge=1,
+        description="Largest file ingest reads, in bytes; a larger one is refused with an error "
+        "naming it (before any is stored), never read into memory.",
+    )
+    max_line_chars: int = Field(
+        default=8 * 1024**2,
+        ge=1,
+        description="Longest line (characters) of a file ingest accepts; a longer one is refused "
+        "with an error naming the file and line. Splitting is linear in the line's length.",
+    )
     chunk_overlap_tokens: int = Field(default=32, ge=0, description="Overlap of adjacent chunks.")
     splitter: Literal["tokens", "sentences", "markdown"] = Field(
         default="markdown",
@@ -1063,12 +1188,22 @@ def _describe(err: ValidationError) -> str:
         if kind not in ("value_error", "assertion_error", "extra_forbidden") and not isinstance(
             value, dict | list
         ):
-            shown = repr(value)
+            shown = _shown_value(loc, value)
             text += f" (got {shown[:60] + '...' if len(shown) > 60 else shown})"
         parts.append(text)
     if len(parts) > 3:
         parts = [*parts[:3], f"and {len(parts) - 3} more"]
     return "; ".join(parts)
+
+
+def _shown_value(loc: tuple[Any, ...], value: Any) -> str:
+    """``value`` for an error message: a secret is never shown, a URL without its password."""
+    field = next((part for part in reversed(loc) if isinstance(part, str)), "")
+    if field in SECRET_FIELDS:
+        return "*** (a secret, not shown)"
+    if field == "remote_url" and isinstance(value, str):
+        return repr(redact_url(value))
+    return repr(value)
 
 
 def _is_union_member(part: str) -> bool:

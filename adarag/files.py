@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 
 def process_running(pid: int) -> bool:
@@ -16,3 +20,11 @@ def process_running(pid: int) -> bool:
     except PermissionError:
         return True  # it exists, owned by another user
     return True
+
+
+def unlink_quietly(path: Path) -> None:
+    """Delete ``path`` if it is there; a file system that refuses (read-only) keeps it."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as err:
+        logger.debug("cannot delete %s (%s)", path, err)

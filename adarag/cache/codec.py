@@ -18,15 +18,21 @@ from adarag.cache.entry import ChunkKV
 
 StorageFormat = Literal["float32", "float16", "bfloat16", "int8"]
 _LEVELS = 255
+MAX_POSITIONS = 1 << 31
+"""Positions an entry may span when the model's context is not given (int32 positions)."""
 
 
 @dataclass(frozen=True)
 class TokenLayout:
-    """What every token of an entry holds: ``[num_layers, *, num_kv_heads, head_dim]``."""
+    """What every token of an entry holds: ``[num_layers, *, num_kv_heads, head_dim]``.
+
+    ``max_positions`` is the model's context: an entry's tokens must lie within it.
+    """
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    max_positions: int = MAX_POSITIONS
 
 
 @dataclass(frozen=True)
@@ -100,8 +106,9 @@ class KVCodec:
         tensors = stored.tensors
         if set(tensors) != self.tensor_names:
             raise InvalidEntry(f"tensors {sorted(tensors)}, not {sorted(self.tensor_names)}")
-        if stored.start_position < 0:
-            raise InvalidEntry(f"negative start position {stored.start_position}")
+        start = stored.start_position
+        if start < 0:
+            raise InvalidEntry(f"negative start position {start}")
         if self.float_dtype is not None:
             k, v = tensors["k"], tensors["v"]
             if k.dtype != self.float_dtype or v.dtype != self.float_dtype:
@@ -113,6 +120,12 @@ class KVCodec:
         if k.shape != v.shape or k.dim() != 4:
             raise InvalidEntry(f"shapes {tuple(k.shape)} and {tuple(v.shape)} are not one KV")
         layout = self.layout
+        max_positions = MAX_POSITIONS if layout is None else layout.max_positions
+        if start + k.shape[1] > max_positions:
+            raise InvalidEntry(
+                f"its {k.shape[1]} tokens at position {start} run past the model's "
+                f"{max_positions} positions"
+            )
         if layout is not None:
             expected = (layout.num_layers, layout.num_kv_heads, layout.head_dim)
             if (k.shape[0], k.shape[2], k.shape[3]) != expected:

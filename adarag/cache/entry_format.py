@@ -7,12 +7,20 @@ shapes and dtypes. An entry's id is the digest of its sorted keys. :func:`decode
 before anything is served: the header parses, the format and namespace are the reader's, the keys
 hash to the id the entry was found under, the tensors have the codec's dtype and the model's
 layer/head layout, and the checksum matches. Nothing is pickled.
+
+**Signed entries.** With a signing key (``cache.store.signing_key``), every entry also carries
+an HMAC-SHA256 under that key over the same metadata and tensors, and a reader with the key
+rejects an entry whose signature is missing or wrong: an entry forged with a consistent checksum
+is then told from a genuine one. Without a key the checksum only detects damage, so the store
+trusts everyone who can write to its directory or shared server.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -24,6 +32,8 @@ from adarag.cache.keys import digest
 FORMAT = "adarag-kv-2"
 OUTDATED_FORMATS = frozenset({"adarag-kv-1"})  # written by earlier adarag versions
 MAX_HEADER_BYTES = 1 << 20  # an entry's header (a few keys) is far smaller
+_UNHASHED = frozenset({"checksum", "signature"})  # metadata the digests do not cover
+_SIGNATURE_CONTEXT = b"adarag-kv-entry-signature\x00"
 
 
 class RejectedEntry(Exception):
@@ -32,18 +42,35 @@ class RejectedEntry(Exception):
     Attributes:
         foreign: Another model's or format's entry (intact, but not the reader's).
         outdated: Written by an earlier adarag version.
+        unsigned: Its signature is missing or wrong under the reader's signing key (forged, or
+            written by a store without the key).
     """
 
-    def __init__(self, reason: str, *, foreign: bool = False, outdated: bool = False) -> None:
+    def __init__(
+        self,
+        reason: str,
+        *,
+        foreign: bool = False,
+        outdated: bool = False,
+        unsigned: bool = False,
+    ) -> None:
         super().__init__(reason)
         self.foreign = foreign
         self.outdated = outdated
+        self.unsigned = unsigned
 
 
 def encode_entry(
-    model_fingerprint: str, keys: tuple[str, ...], stored: StoredKV, created_ns: int
+    model_fingerprint: str,
+    keys: tuple[str, ...],
+    stored: StoredKV,
+    created_ns: int,
+    signing_key: bytes | None = None,
 ) -> bytes:
-    """The bytes of an entry stored under ``keys`` at ``created_ns`` (nanoseconds since epoch)."""
+    """The bytes of an entry stored under ``keys`` at ``created_ns`` (nanoseconds since epoch).
+
+    With ``signing_key``, the entry carries an HMAC-SHA256 of its metadata and tensors.
+    """
     tensors = {name: t.contiguous() for name, t in stored.tensors.items()}
     metadata = {
         "format": FORMAT,
@@ -52,14 +79,23 @@ def encode_entry(
         "start_position": str(stored.start_position),
         "created_ns": str(created_ns),
     }
-    metadata["checksum"] = entry_checksum(metadata, tensors)
+    checksum, signature = entry_digests(metadata, tensors, signing_key)
+    metadata["checksum"] = checksum
+    if signature is not None:
+        metadata["signature"] = signature
     return save(tensors, metadata=metadata)
 
 
 def decode_entry(
-    data: bytes, entry_id: str, model_fingerprint: str, codec: KVCodec
+    data: bytes,
+    entry_id: str,
+    model_fingerprint: str,
+    codec: KVCodec,
+    signing_key: bytes | None = None,
 ) -> tuple[tuple[str, ...], StoredKV]:
     """The keys and KV of entry bytes found under ``entry_id``, once every check passes.
+
+    With ``signing_key``, the entry's signature must also verify under it.
 
     Raises:
         RejectedEntry: The bytes fail a check (see the module docstring).
@@ -74,8 +110,15 @@ def decode_entry(
         raise RejectedEntry(str(invalid)) from invalid
     except (SafetensorError, ValueError, KeyError, RuntimeError) as err:
         raise RejectedEntry(f"unreadable ({err})") from err
-    if metadata.get("checksum") != entry_checksum(metadata, tensors):
+    checksum, signature = entry_digests(metadata, tensors, signing_key)
+    if metadata.get("checksum") != checksum:
         raise RejectedEntry("checksum mismatch")
+    if signature is not None:
+        found = metadata.get("signature")
+        if found is None:
+            raise RejectedEntry("unsigned, and this store requires signed entries", unsigned=True)
+        if not hmac.compare_digest(found.encode(), signature.encode()):
+            raise RejectedEntry("its signature does not verify (forged or re-keyed)", unsigned=True)
     return keys, stored
 
 
@@ -125,12 +168,31 @@ def header_metadata(data: bytes) -> dict[str, str]:
 
 
 def entry_checksum(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> str:
-    """BLAKE2b of the metadata (but the checksum) and each tensor's name, dtype, shape, bytes."""
-    hasher = hashlib.blake2b(digest_size=16)
-    signed = {name: value for name, value in metadata.items() if name != "checksum"}
-    hasher.update(json.dumps(signed, sort_keys=True).encode())
+    """BLAKE2b of the metadata (but checksum, signature) and each tensor's dtype, shape, bytes."""
+    return entry_digests(metadata, tensors, None)[0]
+
+
+def entry_digests(
+    metadata: dict[str, str], tensors: dict[str, torch.Tensor], signing_key: bytes | None
+) -> tuple[str, str | None]:
+    """The checksum and (with ``signing_key``) the HMAC-SHA256 signature of an entry.
+
+    Both cover the metadata but the checksum and signature, and each tensor's name, dtype,
+    shape and bytes; the tensor bytes are read once for both.
+    """
+    hashers: list[Any] = [hashlib.blake2b(digest_size=16)]
+    if signing_key is not None:
+        hashers.append(hmac.new(signing_key, _SIGNATURE_CONTEXT, hashlib.sha256))
+    covered = {name: value for name, value in metadata.items() if name not in _UNHASHED}
+    described_metadata = json.dumps(covered, sort_keys=True).encode()
+    for hasher in hashers:
+        hasher.update(described_metadata)
     for name in sorted(tensors):
         tensor = tensors[name]
-        hasher.update(f"{name}:{tensor.dtype}{tuple(tensor.shape)}".encode())
-        hasher.update(tensor.contiguous().view(torch.uint8).numpy().data)
-    return hasher.hexdigest()
+        described = f"{name}:{tensor.dtype}{tuple(tensor.shape)}".encode()
+        data = tensor.contiguous().view(torch.uint8).numpy().data
+        for hasher in hashers:
+            hasher.update(described)
+            hasher.update(data)
+    checksum = hashers[0].hexdigest()
+    return checksum, (hashers[1].hexdigest() if signing_key is not None else None)

@@ -14,8 +14,10 @@ prefix), so an entry is only ever found by prompts it was computed for.
 of its keys: the first writer of an entry or a key wins, writing it again changes nothing, and a
 key becomes visible only with a whole entry behind it (a single ``SET`` of a value is atomic).
 
-**Reads** verify the bytes (checksum, format, namespace, keys, the model's layout) before they
-are served. An entry failing a check is deleted from the server and reported as a miss, so the
+**Reads** fetch at most ``remote_max_entry_bytes`` of an entry (a bounded ``GETRANGE``) and
+verify the bytes (checksum, signature when the store has a signing key, format, namespace, keys,
+the model's layout and positions) before they are served. An entry failing a check, larger than
+the bound, or of another Redis type is deleted from the server and reported as a miss, so the
 chunk is recomputed; a key whose entry is gone (expired, evicted) is deleted too.
 
 **Failures.** A connection error, timeout or refused command marks the server down: one warning
@@ -25,6 +27,7 @@ names it, and for ``remote_retry_s`` every call answers as a miss without touchi
 
 from __future__ import annotations
 
+import enum
 import logging
 import re
 import threading
@@ -42,6 +45,15 @@ logger = logging.getLogger(__name__)
 
 _ENTRY_ID = re.compile(rb"[0-9a-f]{32}")
 _T = TypeVar("_T")
+
+
+class _Refused(enum.Enum):
+    """The server refused a command for its key's value (not a server failure)."""
+
+    REFUSED = enum.auto()
+
+
+_REFUSED = _Refused.REFUSED
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,8 @@ class RemoteStats:
     write_bytes: int = 0
     dropped: int = 0  # entries that failed a check, deleted from the server
     failures: int = 0  # requests that failed (server unreachable, timed out, refused)
+    signature_failures: int = 0  # of the dropped: signature missing or wrong
+    oversized: int = 0  # of the dropped: larger than remote_max_entry_bytes
 
 
 class RemoteTier:
@@ -79,12 +93,20 @@ class RemoteTier:
         config: ``remote_url`` (set) and the other ``remote_*`` settings.
         model_fingerprint: The model namespace; part of every key on the server.
         codec: The storage format and model layout every entry must have.
+        signing_key: When given, entries are signed with it, and one whose signature does not
+            verify is dropped.
 
     Raises:
         MissingDependencyError: The ``redis`` package is not installed.
     """
 
-    def __init__(self, config: StoreConfig, model_fingerprint: str, codec: KVCodec) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        model_fingerprint: str,
+        codec: KVCodec,
+        signing_key: bytes | None = None,
+    ) -> None:
         assert config.remote_url is not None, "a remote tier needs remote_url"
         try:
             import redis
@@ -95,6 +117,8 @@ class RemoteTier:
         self.config = config
         self.model_fingerprint = model_fingerprint
         self.codec = codec
+        self.signing_key = signing_key
+        self.max_entry_bytes = config.remote_max_entry_bytes
         self.url = redact_url(config.remote_url)
         self.prefix = f"{config.remote_key_prefix}:{FORMAT}:{model_fingerprint}:"
         self.stats = RemoteStats()
@@ -115,6 +139,7 @@ class RemoteTier:
             options["ssl_keyfile"] = str(config.remote_tls_key_file)
         self._client = redis.Redis.from_url(config.remote_url, **options)
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._refusal: type[BaseException] = redis.ResponseError  # e.g. WRONGTYPE, this exactly
         self._lock = threading.Lock()
         self._down_until: float | None = None  # None: up (as far as we know)
         self._call(self._client.ping)  # an unreachable server is reported now, once
@@ -138,6 +163,9 @@ class RemoteTier:
         if not self.is_available:
             return None
         pointer = self._call(self._client.get, self.key_name(key))
+        if pointer is _REFUSED:
+            self._drop(None, key, "its key holds a value of another type")
+            return None
         if not isinstance(pointer, bytes):
             self._count(misses=1)
             return None
@@ -145,15 +173,27 @@ class RemoteTier:
             self._drop(None, key, "its key holds no entry id")
             return None
         entry_id = pointer.decode()
-        data = self._call(self._client.get, self.entry_name(entry_id))
-        if not isinstance(data, bytes):
+        # at most one byte past the bound: a larger value is never moved whole
+        data = self._call(self._client.getrange, self.entry_name(entry_id), 0, self.max_entry_bytes)
+        if data is _REFUSED:
+            self._drop(entry_id, key, "its entry holds a value of another type")
+            return None
+        if not isinstance(data, bytes) or not data:
             if self.is_available:  # expired or evicted: the key points at nothing
                 self._call(self._client.delete, self.key_name(key))
             self._count(misses=1)
             return None
+        if len(data) > self.max_entry_bytes:
+            self._count(oversized=1)
+            self._drop(entry_id, key, f"it is larger than {self.max_entry_bytes} bytes")
+            return None
         try:
-            keys, stored = decode_entry(data, entry_id, self.model_fingerprint, self.codec)
+            keys, stored = decode_entry(
+                data, entry_id, self.model_fingerprint, self.codec, self.signing_key
+            )
         except RejectedEntry as rejected:
+            if rejected.unsigned:
+                self._count(signature_failures=1)
             self._drop(entry_id, key, str(rejected))
             return None
         if key not in keys:
@@ -170,7 +210,7 @@ class RemoteTier:
 
     def write(self, entry_id: str, keys: tuple[str, ...], data: bytes) -> bool:
         """Store an entry's bytes under ``keys`` unless they are there; whether it was sent."""
-        if not self.is_available:
+        if not self.is_available or len(data) > self.max_entry_bytes:
             return False
         ttl = self.config.remote_ttl_seconds
         pipe = self._client.pipeline(transaction=True)
@@ -178,7 +218,7 @@ class RemoteTier:
         for key in keys:
             pipe.set(self.key_name(key), entry_id, nx=True, ex=ttl)
         replies = self._call(pipe.execute)
-        if replies is None:
+        if replies is None or replies is _REFUSED:
             return False
         if replies[0]:  # None when the entry was there already
             self._count(writes=1, write_bytes=len(data))
@@ -200,11 +240,17 @@ class RemoteTier:
 
     # --- internals
 
-    def _call(self, request: Callable[..., _T], *args: Any) -> _T | None:
-        """``request(*args)``, or None once the server failed it (marked down, warned once)."""
+    def _call(self, request: Callable[..., _T], *args: Any) -> _T | None | _Refused:
+        """``request(*args)``, or None once the server failed it (marked down, warned once).
+
+        A plain refusal of the command for its key (a value of another type: ``WRONGTYPE``) is
+        :data:`_REFUSED`: the key is bad, the server is not down.
+        """
         try:
             result = request(*args)
         except self._errors as err:
+            if type(err) is self._refusal:
+                return _REFUSED
             self._mark_down(err)
             return None
         if self._down_until is not None:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from adarag.cache.codec import KVCodec, StoredKV, TokenLayout
-from adarag.cache.disk import DiskTier
+from adarag.cache.codec import InvalidEntry, KVCodec, StoredKV, TokenLayout
+from adarag.cache.disk import DiskTier, EntryUnreadable
 from adarag.cache.entry import ChunkKV
 from adarag.cache.entry_format import encode_entry
 from adarag.cache.eviction import EntryUsage, make_policy
@@ -73,6 +73,8 @@ class StoreStats:
     disk_evictions: int = 0
     disk_reads: int = 0
     disk_writes: int = 0
+    disk_read_errors: int = 0  # reads that failed with an OS error (the file was kept)
+    signature_failures: int = 0  # entries (disk and shared tier) whose signature failed
     remote_hits: int = 0
     remote_misses: int = 0
     remote_writes: int = 0
@@ -80,6 +82,8 @@ class StoreStats:
     remote_write_bytes: int = 0
     remote_dropped: int = 0
     remote_failures: int = 0
+    remote_signature_failures: int = 0
+    remote_oversized: int = 0
 
 
 @dataclass
@@ -92,6 +96,7 @@ class _Entry:
     disk_bytes: int = 0  # 0: not on disk
     remote: bool = False  # sent to (or read from) the shared tier
     probation: bool = False  # evicted first, never spilled
+    unreadable: bool = False  # its file could not be read last time (kept: it may be valid)
 
 
 @dataclass
@@ -113,9 +118,17 @@ class TieredKVStore:
     Both local tiers stay within their byte caps at every moment: room is made before an entry
     is written, and an entry larger than a tier's cap is not kept in that tier. With
     ``config.remote_url`` a shared tier sits under them (its size is the server's to cap).
+    With a signing key (``config.signing_key``) every entry written is signed, and an entry read
+    from disk or the shared tier whose signature fails is deleted and counted
+    (``signature_failures``); without one, the store trusts whoever can write its directory or
+    server.
+
+    A disk directory on a read-only or full file system leaves the store serving: the entries
+    there are read, new ones stay in memory, and :attr:`disk_problem` says why.
 
     Raises:
-        CacheError: The disk directory is not writable.
+        CacheError: The disk directory cannot be created or written (but for a read-only or
+            full file system), or ``config.signing_key_file`` cannot be read.
         MissingDependencyError: ``remote_url`` is set and the ``redis`` package is missing.
     """
 
@@ -129,13 +142,14 @@ class TieredKVStore:
         self.config = config
         self.model_fingerprint = model_fingerprint
         self.codec = KVCodec(config.storage_dtype, layout)
+        self.signing_key = config.signing_key_bytes()
         self.policy = make_policy(config.eviction_policy)
         self.stats = StoreStats()
         self._lock = threading.RLock()
         self._index = _Index()
         self.disk: DiskTier | None = None
         if directory is not None and config.disk_capacity_bytes > 0:
-            self.disk = DiskTier(directory, model_fingerprint, self.codec)
+            self.disk = DiskTier(directory, model_fingerprint, self.codec, self.signing_key)
         if self.disk is not None:
             for header in self.disk.scan():  # oldest first: a newer file's keys win
                 for key in header.keys:
@@ -150,7 +164,12 @@ class TieredKVStore:
             self._evict_disk()
         self.remote: RemoteTier | None = None
         if config.remote_url is not None:
-            self.remote = RemoteTier(config, model_fingerprint, self.codec)
+            self.remote = RemoteTier(config, model_fingerprint, self.codec, self.signing_key)
+
+    @property
+    def disk_problem(self) -> str | None:
+        """Why chunk KV is not written to disk now (read-only or full), or None when it is."""
+        return None if self.disk is None else self.disk.write_problem
 
     def get(self, key: str) -> ChunkKV | None:
         """The entry under ``key`` (loaded from disk or the shared tier if needed), or None."""
@@ -161,7 +180,26 @@ class TieredKVStore:
                 with self._lock:
                     self._promote(hit)
                 stored = hit.stored
-        return None if stored is None else self.codec.decode(stored)
+        if stored is None:
+            return None
+        try:
+            return self.codec.decode(stored)
+        except InvalidEntry as invalid:  # checked when read; never kept where it was found
+            logger.warning("dropping KV cache entry under %s from every tier: %s", key, invalid)
+            self._drop_everywhere(key)
+            return None
+
+    def _drop_everywhere(self, key: str) -> None:
+        """Forget the entry under ``key`` with all its keys, in memory, on disk and shared."""
+        with self._lock:
+            entry_id = self._index.key_to_entry.get(key)
+            keys = {key}
+            if entry_id is not None:
+                keys |= self._index.entries[entry_id].keys
+                self._forget(entry_id)
+        if self.remote is not None:
+            for dropped in keys:
+                self.remote.forget(dropped)
 
     def _get_local(self, key: str) -> StoredKV | None:
         """The stored entry under ``key`` in memory or on disk (read into memory), or None."""
@@ -174,11 +212,17 @@ class TieredKVStore:
             entry.usage.last_access = time.time()
             stored = entry.stored
             if stored is None:
-                stored = self.disk.read(entry_id) if self.disk is not None else None
                 self.stats.disk_reads += 1
+                try:
+                    stored = self.disk.read(entry_id) if self.disk is not None else None
+                except EntryUnreadable:  # not proven bad: the file stays, this read misses
+                    self.stats.disk_read_errors += 1
+                    entry.unreadable = True
+                    return None
                 if stored is None:  # corrupted or removed behind our back: a clean miss
                     self._forget(entry_id)
                     return None
+                entry.unreadable = False
                 entry.stored, entry.memory_bytes = stored, stored.nbytes
                 self.stats.memory_bytes += stored.nbytes
                 self._evict_memory(keep=entry_id)
@@ -247,6 +291,9 @@ class TieredKVStore:
             if self.remote is not None:
                 for name, value in vars(self.remote.snapshot()).items():
                     setattr(self.stats, f"remote_{name}", value)
+            self.stats.signature_failures = self.stats.remote_signature_failures + (
+                self.disk.num_signature_failures if self.disk is not None else 0
+            )
             return StoreStats(**vars(self.stats))
 
     # --- internals (called with the lock held)
@@ -261,6 +308,13 @@ class TieredKVStore:
         probation: bool = False,
     ) -> _Entry:
         entry_id = digest(*sorted(keys))
+        previous = self._index.entries.get(entry_id)
+        kept_file = 0
+        if previous is not None and previous.unreadable and previous.disk_bytes:
+            # The same keys name the same KV: a file that could not be read now (not proven
+            # bad) stays as this entry's file instead of being deleted.
+            kept_file, previous.disk_bytes = previous.disk_bytes, 0
+            self.stats.disk_bytes -= kept_file
         for key in keys:
             self._unlink_key(key)
         if entry_id in self._index.entries:
@@ -270,6 +324,8 @@ class TieredKVStore:
         entry = _Entry(set(keys), usage, tuple(sorted(keys)), stored, stored.nbytes)
         entry.remote = on_remote
         entry.probation = probation
+        entry.disk_bytes = kept_file
+        self.stats.disk_bytes += kept_file
         self._link(entry_id, entry)
         self.stats.memory_bytes += stored.nbytes
         if persist:
@@ -290,7 +346,9 @@ class TieredKVStore:
         if stored is None or not (to_disk or to_remote):
             return
         created_ns = int(entry.usage.inserted * 1e9)
-        data = encode_entry(self.model_fingerprint, entry.created_keys, stored, created_ns)
+        data = encode_entry(
+            self.model_fingerprint, entry.created_keys, stored, created_ns, self.signing_key
+        )
         if to_disk:
             self._write_disk(entry_id, entry, data)
         if self.remote is not None and to_remote:
@@ -328,10 +386,15 @@ class TieredKVStore:
             self.stats.disk_bytes -= entry.disk_bytes
             entry.disk_bytes = 0
             self.disk.remove(entry_id)
+        if not self.disk.is_writable:
+            return  # a read-only or full file system: memory only (the files there are kept)
         self._evict_disk(keep=entry_id, room=len(data))
         if self.stats.disk_bytes + len(data) > self.config.disk_capacity_bytes:
             return  # larger than the whole tier: memory only
-        entry.disk_bytes = self.disk.write(entry_id, data)
+        written = self.disk.write(entry_id, data)
+        if written is None:
+            return  # the write failed (logged by the tier): memory only
+        entry.disk_bytes = written
         self.stats.disk_bytes += entry.disk_bytes
         self.stats.disk_writes += 1
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from adarag.cli.options import add_knowledge_base_arguments, add_model_arguments, build_config
+from adarag.errors import CacheError
 from adarag.pipeline import AdaRAG
 from adarag.retrievers import IngestReport, KnowledgeBase
 from adarag.schema import Chunk
@@ -74,11 +75,24 @@ def ingest_and_warm(
 
 
 def warm_chunks(rag: AdaRAG, chunks: Sequence[Chunk], desc: str = "warming chunk KV") -> int:
-    """Precompute the independent KV of ``chunks`` with a progress bar; returns how many."""
+    """Precompute the independent KV of ``chunks`` with a progress bar; returns how many.
+
+    Raises:
+        CacheError: The KV cache directory stopped taking writes (a full or read-only file
+            system): warming is for the disk, so it stops there. What is stored stays.
+    """
     started = time.perf_counter()
     computed = 0
     for chunk in tqdm(chunks, desc=desc, unit="chunk", leave=False):
         computed += rag.warm([chunk])
+        problem = rag.cache_disk_problem
+        if problem is not None:
+            raise CacheError(
+                f"cannot write chunk KV to {rag.kv_directory}: {problem}; {computed} chunk(s) "
+                "were warmed, the chunks stay in the knowledge base; free space (or make the "
+                "directory writable, or set cache.store.directory) and run `adarag ingest` "
+                "again to warm the rest"
+            )
     print(
         f"precomputed the KV of {computed} chunk(s) ({len(chunks) - computed} already cached) "
         f"in {time.perf_counter() - started:.1f} s"

@@ -71,7 +71,7 @@ class Checkpoint:
             ) from err
         check_spec(spec, path)
         try:
-            fingerprint = model_fingerprint(path)
+            fingerprint = model_fingerprint(path, home / "checkpoint_hashes.json")
         except OSError as err:
             raise ModelLoadError(
                 f"cannot read the checkpoint files of {path}: {err}; check the directory"

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from adarag.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 """HF ``model_type`` values the engine runs: pre-norm decoders with RoPE, GQA and SwiGLU."""
@@ -109,23 +114,66 @@ def read_hf_config(path: Path) -> dict[str, Any]:
         raise ModelLoadError(f"cannot read {config_file}: {err}") from err
 
 
-def model_fingerprint(path: Path) -> str:
-    """A short digest that tells two checkpoints apart without hashing every weight byte.
+def model_fingerprint(path: Path, cache_file: Path | None = None) -> str:
+    """A short digest of the checkpoint: ``config.json`` and every byte of every weights file.
 
-    It covers ``config.json`` and, for each safetensors file, its size, its header (tensor names,
-    shapes, offsets) and 64 evenly spaced 4 KiB samples of its data.
+    Each safetensors file is hashed whole (SHA-256), so any edited weight -- one matrix negated
+    -- gives another fingerprint, hence another KV namespace. A file's hash is reused while its
+    size, modification and change times and inode are unchanged: in this process, and across
+    processes through ``cache_file`` (a JSON file; None: hashed once per process).
+
+    Raises:
+        OSError: A file cannot be read.
     """
     digest = hashlib.sha256((path / "config.json").read_bytes())
+    cached = _read_hash_cache(cache_file)
+    updated = False
     for weights in sorted(path.glob("*.safetensors")):
-        size = weights.stat().st_size
-        digest.update(f"{weights.name}:{size}".encode())
-        with weights.open("rb") as handle:
-            header_len = int.from_bytes(handle.read(8), "little")
-            digest.update(handle.read(min(header_len, 1 << 24)))
-            for sample_idx in range(64):
-                handle.seek(size * sample_idx // 64)
-                digest.update(handle.read(4096))
+        info = weights.stat()
+        identity = f"{info.st_size}:{info.st_mtime_ns}:{info.st_ctime_ns}:{info.st_ino}"
+        resolved = str(weights.resolve())
+        entry = cached.get(resolved)
+        if isinstance(entry, dict) and entry.get("identity") == identity:
+            file_hash = str(entry.get("sha256"))
+        else:
+            file_hash = _file_sha256(resolved, identity)
+            cached[resolved] = {"identity": identity, "sha256": file_hash}
+            updated = True
+        digest.update(f"{weights.name}:{info.st_size}:{file_hash}".encode())
+    if updated and cache_file is not None:
+        _write_hash_cache(cache_file, cached)
     return digest.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, identity: str) -> str:
+    """SHA-256 of a file's bytes (``identity``: its size, times and inode, the memo's key)."""
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 24):
+            hasher.update(block)
+    return hasher.hexdigest()
+
+
+def _read_hash_cache(cache_file: Path | None) -> dict[str, Any]:
+    if cache_file is None:
+        return {}
+    try:
+        data = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        return {}  # missing or damaged: the files are hashed again
+    return data if isinstance(data, dict) else {}
+
+
+def _write_hash_cache(cache_file: Path, cached: dict[str, Any]) -> None:
+    staging = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        staging.write_text(json.dumps(cached, indent=1))
+        os.replace(staging, cache_file)
+    except OSError as err:  # a read-only home: hashed again next time
+        logger.debug("cannot write the checkpoint hash cache %s (%s)", cache_file, err)
+        staging.unlink(missing_ok=True)
 
 
 def _rope_spec(config: dict[str, Any]) -> RopeSpec:

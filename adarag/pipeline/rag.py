@@ -197,11 +197,24 @@ class AdaRAG:
         with self._engine_lock:  # one store per pipeline, also when first used concurrently
             if self._store is None:
                 spec = self.generator.spec
-                layout = TokenLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim)
+                # the model's positions (not this run's context cap, which may change)
+                max_positions = max(spec.max_position_embeddings, self.generator.max_context_tokens)
+                layout = TokenLayout(
+                    spec.num_layers, spec.num_kv_heads, spec.head_dim, max_positions
+                )
                 self._store = TieredKVStore(
                     self.config.cache.store, self.kv_directory, self.kv_namespace, layout
                 )
             return self._store
+
+    @property
+    def cache_disk_problem(self) -> str | None:
+        """Why chunk KV is not written to the disk tier now (a full or read-only file system).
+
+        None while the disk tier takes writes, has none, or the cache is not opened yet.
+        """
+        store = self._store
+        return None if store is None else store.disk_problem
 
     def cache_stats(self) -> CacheReport:
         """Hits per tier, recomputed tokens, and the store's sizes and evictions."""

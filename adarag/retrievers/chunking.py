@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import stat
@@ -21,6 +22,8 @@ from typing import Any
 
 from adarag.errors import InputError
 from adarag.schema import Chunk
+
+logger = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = frozenset({".txt", ".md", ".markdown", ".rst", ".text"})
 JSONL_SUFFIXES = frozenset({".jsonl"})
@@ -56,9 +59,10 @@ class SourceFile:
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
     """Files named by ``paths``, directories expanded to their text, markdown and JSONL files.
 
-    Inside a directory, only regular files (or links to them) with those suffixes are taken;
-    FIFOs, devices, sockets and broken or looping links are skipped. A file named twice (also
-    through a link or a ``..`` path) is taken once.
+    Inside a directory, only regular files (or links to them within the directory) with those
+    suffixes are taken; FIFOs, devices, sockets, broken or looping links, and links that lead out
+    of the directory (a warning names them) are skipped: a folder's content is what is inside
+    it. A file named twice (also through a link or a ``..`` path) is taken once.
 
     Raises:
         InputError: A path does not exist, is a link loop or a broken link, is not a regular
@@ -80,6 +84,13 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
                 raise InputError(
                     f"cannot list directory {path}: {err.strerror or err}; check its permissions"
                 ) from err
+            inside = _inside(found, path)
+            if found and not inside:
+                raise InputError(
+                    f"directory {path} holds only links leading outside it, which are not "
+                    "followed; pass their targets (or the folder they are in) instead"
+                )
+            found = inside
             if not found:
                 raise InputError(
                     f"directory {path} holds no .txt, .md or .jsonl files; pass a folder of "
@@ -97,6 +108,30 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
         except (OSError, RuntimeError) as err:  # RuntimeError: a link loop (Python < 3.13)
             raise InputError(f"cannot resolve {file}: {err}; pass the file itself") from err
     return list(dict.fromkeys(resolved))
+
+
+def _inside(files: list[Path], directory: Path) -> list[Path]:
+    """The ``files`` that resolve inside ``directory``; the others are skipped with a warning."""
+    root = directory.resolve()
+    kept, outside = [], []
+    for file in files:
+        try:
+            file.resolve(strict=True).relative_to(root)
+        except ValueError:
+            outside.append(file)
+            continue
+        except (OSError, RuntimeError):
+            pass  # a broken or looping link: reported when it is resolved
+        kept.append(file)
+    if outside:
+        logger.warning(
+            "skipped %d link(s) in %s leading outside it (e.g. %s); pass their targets "
+            "explicitly to ingest them",
+            len(outside),
+            directory,
+            _shown(outside[0]),
+        )
+    return kept
 
 
 def _shown(path: Path) -> str:
@@ -134,15 +169,23 @@ def _path_kind(path: Path) -> str:
     return "is not a regular file"
 
 
-def read_source_file(path: Path) -> SourceFile:
+def read_source_file(
+    path: Path, *, max_file_bytes: int | None = None, max_line_chars: int | None = None
+) -> SourceFile:
     """Read one file into documents.
+
+    Args:
+        path: The file.
+        max_file_bytes: A larger file is refused before it is read (None: no bound).
+        max_line_chars: A file with a longer line is refused (None: no bound).
 
     Raises:
         InputError: The file cannot be read, is not a regular file (a FIFO or a device is never
-            read from), is not UTF-8 text, holds NUL bytes (binary), or a JSONL line is not a
+            read from), is larger than ``max_file_bytes``, is not UTF-8 text, holds NUL bytes
+            (binary), has a line longer than ``max_line_chars``, or a JSONL line is not a
             passage.
     """
-    data = _read_regular_file(path)
+    data = _read_regular_file(path, max_file_bytes)
     try:
         content = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -155,6 +198,8 @@ def read_source_file(path: Path) -> SourceFile:
             f"{path} looks binary (it holds a NUL byte at offset {data.index(0)}); pass text, "
             "markdown or JSONL files"
         )
+    if max_line_chars is not None:
+        _check_line_lengths(content, path, max_line_chars)
     digest = hashlib.sha256(data).hexdigest()
     if path.suffix.lower() in JSONL_SUFFIXES:
         documents: list[SourceDocument] = []
@@ -174,11 +219,28 @@ def read_source_file(path: Path) -> SourceFile:
     return SourceFile(path, digest, (document,) if document else ())
 
 
-def _read_regular_file(path: Path) -> bytes:
+def _check_line_lengths(content: str, path: Path, max_line_chars: int) -> None:
+    """Refuse a text with a line over ``max_line_chars`` (one linear pass)."""
+    start = 0
+    line_no = 1
+    while start <= len(content):
+        end = content.find("\n", start)
+        end = len(content) if end < 0 else end
+        if end - start > max_line_chars:
+            raise InputError(
+                f"{path}:{line_no}: a line of {end - start} characters, longer than "
+                f"retrieval.max_line_chars={max_line_chars}; break the line, or raise the setting"
+            )
+        start = end + 1
+        line_no += 1
+
+
+def _read_regular_file(path: Path, max_bytes: int | None = None) -> bytes:
     """The bytes of ``path``, refusing anything but a regular file without blocking on it.
 
     The file is opened non-blocking and checked with ``fstat`` before a byte is read, so a FIFO
-    never blocks the open and ``/dev/zero`` is never read forever.
+    never blocks the open and ``/dev/zero`` is never read forever; a file over ``max_bytes``
+    (None: no bound) is refused, and at most one byte past the bound is ever read.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -197,9 +259,18 @@ def _read_regular_file(path: Path) -> bytes:
         if not stat.S_ISREG(mode):
             kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
             raise InputError(f"{path} is {kind}; pass text, markdown or JSONL files")
+        too_large = InputError(
+            f"{path} is larger than retrieval.max_file_bytes={max_bytes}; split it into smaller "
+            "files, or raise the setting"
+        )
+        if max_bytes is not None and os.fstat(fd).st_size > max_bytes:
+            raise too_large
         with os.fdopen(fd, "rb", closefd=True) as handle:
             fd = -1
-            return handle.read()
+            data = handle.read() if max_bytes is None else handle.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise too_large  # it grew while it was read
+        return data
     except OSError as err:
         raise InputError(
             f"cannot read {path}: {err.strerror or err}; pass text, markdown or JSONL files"

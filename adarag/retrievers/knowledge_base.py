@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ from adarag.retrievers.splitting import split_document
 from adarag.schema import Chunk
 
 logger = logging.getLogger(__name__)
+
+WRITE_BATCH_SIZE = 1000
+"""Ids per Chroma update or delete call (under every backend's batch limit)."""
 
 ProgressCallback = Callable[[int, int], None]
 """Called with (chunks embedded so far, chunks to embed) while ingesting."""
@@ -231,10 +235,21 @@ class KnowledgeBase:
             on_progress: Called as chunks are embedded.
 
         Raises:
-            InputError: A path is missing, not UTF-8, or a JSONL line is not a passage. Every
-                path is read before anything is written.
+            InputError: A path is missing, not UTF-8 (its content or its name), larger than
+                ``max_file_bytes`` or with a line over ``max_line_chars``, or a JSONL line is not
+                a passage. Every path is read before anything is written.
         """
-        sources = [read_source_file(path) for path in expand_paths(paths)]
+        files = expand_paths(paths)
+        for path in files:
+            _check_file_name(path)
+        sources = [
+            read_source_file(
+                path,
+                max_file_bytes=self.config.max_file_bytes,
+                max_line_chars=self.config.max_line_chars,
+            )
+            for path in files
+        ]
         changed = [source for source in sources if not self._holds(source)]
         spans = tokenizer_spans(tokenizer)
         planned = {source.path: self._chunk_file(source, spans) for source in changed}
@@ -251,11 +266,11 @@ class KnowledgeBase:
         self._add(new_chunks, on_progress)
         for source in changed:  # kept chunks now belong to the new version of their file
             ids = kept[source.path]
-            if ids:
-                by_id = {str(c.chunk_id): c for c in planned[source.path]}
-                self.collection.update(ids=ids, metadatas=[by_id[i].metadata for i in ids])
-        if stale:
-            self.collection.delete(ids=stale)
+            by_id = {str(c.chunk_id): c for c in planned[source.path]}
+            for batch in _batches(ids):
+                self.collection.update(ids=batch, metadatas=[by_id[i].metadata for i in batch])
+        for batch in _batches(stale):
+            self.collection.delete(ids=batch)
         report = IngestReport(
             num_files=len(sources),
             num_files_unchanged=len(sources) - len(changed),
@@ -290,7 +305,8 @@ class KnowledgeBase:
             if source and not Path(source).exists():
                 gone.setdefault(source, []).append(chunk_id)
         for source, ids in gone.items():
-            self.collection.delete(ids=ids)
+            for batch in _batches(ids):
+                self.collection.delete(ids=batch)
             logger.info("pruned %d chunks of %s (the file no longer exists)", len(ids), source)
         return {source: len(ids) for source, ids in gone.items()}
 
@@ -383,6 +399,28 @@ class KnowledgeBase:
             )
             if on_progress is not None:
                 on_progress(start + len(batch), len(chunks))
+
+
+def _batches(ids: Sequence[str]) -> Iterable[list[str]]:
+    """``ids`` in slices Chroma accepts in one call (its limit is 5,461 with SQLite)."""
+    for start in range(0, len(ids), WRITE_BATCH_SIZE):
+        yield list(ids[start : start + WRITE_BATCH_SIZE])
+
+
+def _check_file_name(path: Path) -> None:
+    """Refuse a path that is not valid UTF-8 (Chroma stores the source name as text).
+
+    Raises:
+        InputError: Naming the file (undecodable bytes escaped) and the fix.
+    """
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", errors="backslashreplace")
+        raise InputError(
+            f"{shown}: the file name is not valid UTF-8, which the knowledge base cannot store; "
+            "rename the file (e.g. `convmv -f latin1 -t utf-8`)"
+        ) from None
 
 
 def _check_chunk_text(text: object, idx: int) -> None:

@@ -4,7 +4,8 @@ A chunk holds whole sentences (a line, or text ending in ``.``, ``!`` or ``?`` b
 whitespace) up to ``chunk_tokens`` tokens of the model's tokenizer; only a sentence longer than
 the budget is cut inside, between words (:func:`split_by_tokens`). A markdown file is first cut
 into sections at its headings (outside fenced code), each section split on its own: its first
-chunk starts with the heading, and every chunk of it records the heading path. Editing one
+chunk starts with the heading, and every chunk of it records the heading path (each heading
+shortened to :data:`MAX_HEADING_CHARS`). Editing one
 section then changes only that section's chunks, so the others keep their content-hashed ids.
 """
 
@@ -19,9 +20,10 @@ from typing import Literal
 from adarag.retrievers.chunking import TokenSpans, split_by_tokens
 
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
+MAX_HEADING_CHARS = 200
+"""A longer heading is shortened in the heading path every chunk of its section records."""
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*[ \t]+|\n+")
-_HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.+?)[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(```|~~~)")
 
 
@@ -77,19 +79,46 @@ def markdown_sections(text: str) -> list[Section]:
     for line in text.splitlines(keepends=True):
         if _FENCE.match(line):
             in_fence = not in_fence
-        found = None if in_fence else _HEADING.match(line.rstrip("\n"))
+        found = None if in_fence else atx_heading(line.rstrip("\n"))
         if found is not None:
             if "".join(lines).strip():
                 sections.append(Section(heading, "".join(lines).strip()))
-            level = len(found.group(1))
+            level, title = found
             path = [(depth, title) for depth, title in path if depth < level]
-            path.append((level, found.group(2).strip()))
+            path.append((level, _shortened(title.strip())))
             heading = " > ".join(title for _, title in path)
             lines = []
         lines.append(line)
     if "".join(lines).strip():
         sections.append(Section(heading, "".join(lines).strip()))
     return sections
+
+
+def _shortened(title: str) -> str:
+    """A heading as its chunks record it: at most :data:`MAX_HEADING_CHARS` characters."""
+    if len(title) <= MAX_HEADING_CHARS:
+        return title
+    return title[: MAX_HEADING_CHARS - 3].rstrip() + "..."
+
+
+def atx_heading(line: str) -> tuple[int, str] | None:
+    """``(level, title)`` of an ATX heading line (``## Title ##``), or None for other lines.
+
+    Up to three spaces, one to six ``#``, a space or tab, the title; trailing spaces, tabs and
+    ``#`` are not part of it. Parsed in one pass (no backtracking regex: a line of the form
+    ``# a # # # ... x`` takes time linear in its length).
+    """
+    body = line.lstrip(" ")
+    if len(line) - len(body) > 3:
+        return None
+    level = len(body) - len(body.lstrip("#"))
+    rest = body[level:]
+    if not 1 <= level <= 6 or not rest or rest[0] not in " \t":
+        return None
+    text = rest.lstrip(" \t")
+    if text:
+        return level, text[0] + text[1:].rstrip(" \t#")
+    return (level, rest[-1]) if len(rest) > 1 else None  # blank title: "#  " is a heading
 
 
 def split_sentences(

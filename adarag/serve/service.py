@@ -169,4 +169,6 @@ class EngineService:
             "model": self.model_id,
             "active_requests": self.slots.num_active,
             "queued_requests": self.slots.num_queued,
+            # None, or why chunk KV is not written to disk (answers are still served)
+            "kv_disk_problem": self.rag.cache_disk_problem,
         }

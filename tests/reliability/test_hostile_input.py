@@ -482,7 +482,8 @@ def test_hostile_ingest_file_is_one_clear_error_and_loses_nothing(good_kb, tmp_p
 def test_links_and_dot_dot_paths_to_a_stored_file_are_that_file(
     good_kb, corpus_dir, tmp_path, ledger
 ):
-    """``sub/../good.md``, a link to it and a folder of links ingest it once, unchanged."""
+    """``sub/../good.md`` and a link to it ingest it once, unchanged; a folder of links leading
+    out of it (and a FIFO, and a link to a device) is refused with one clear error."""
     (tmp_path / "sub").mkdir()
     folder = tmp_path / "links"
     folder.mkdir()
@@ -496,12 +497,14 @@ def test_links_and_dot_dot_paths_to_a_stored_file_are_that_file(
     with no_hang(20):
         report, err = attempt(
             lambda: good_kb.ingest(
-                [dotted, folder, corpus_dir / "good.md"], tokenizer=WordTokenizer()
+                [dotted, folder / "alias.md", corpus_dir / "good.md"], tokenizer=WordTokenizer()
             )
         )
+        _, folder_err = attempt(lambda: good_kb.ingest([folder], tokenizer=WordTokenizer()))
     handled = err is None and report.num_files == 1 and report.num_files_unchanged == 1
+    handled = handled and is_clear(folder_err) and "leading outside it" in str(folder_err)
     ledger.record("hostile ingest file", cases=1, detected=int(handled))
-    assert handled, repr(err)
+    assert handled, repr(err or folder_err)
     assert stored(good_kb) == before
 
 

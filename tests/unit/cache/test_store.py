@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 
 import pytest
 import torch
 
 from adarag.cache.disk import SUFFIX
 from adarag.cache.entry import ChunkKV
+from adarag.cache.staging import STAGING_MAX_AGE_S
 from adarag.cache.store import TieredKVStore
 from adarag.config import StoreConfig
 from adarag.errors import CacheError
@@ -132,7 +135,10 @@ def test_corrupted_file_is_dropped_with_a_warning(tmp_path, caplog, damage):
 def test_half_written_file_is_never_visible(tmp_path):
     store = _store(tmp_path)
     store.put(["key"], _kv(1.0), persist=True)
-    (tmp_path / "kv" / ".tmp-deadbeef-1").write_bytes(b"partial")
+    staging = tmp_path / "kv" / ".tmp-deadbeef-1"  # not this namespace's: removed by age
+    staging.write_bytes(b"partial")
+    old = time.time() - STAGING_MAX_AGE_S - 1
+    os.utime(staging, (old, old))
     reopened = _store(tmp_path)
     assert reopened.snapshot().disk_entries == 1
     assert not list((tmp_path / "kv").glob(".tmp-*"))
