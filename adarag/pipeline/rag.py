@@ -284,22 +284,25 @@ class AdaRAG:
     def standalone_question(self, question: str, history: Sequence[Turn] = ()) -> str:
         """What a conversation's ``question`` is retrieved with (``chat.standalone_question``).
 
-        ``"concatenate"``: the earlier questions, then this one (:func:`retrieval_query`);
-        ``"condense"``: the model's rewrite of the question and the earlier turns as one
-        standalone question (greedy, at most ``chat.max_condense_tokens`` tokens; its first
-        line), or the concatenation when the rewrite comes out empty. Without history it is
-        ``question`` itself.
+        ``"turns"``: the earlier questions, this one, then the earlier answers
+        (:func:`retrieval_query` with answers), so a follow-up finds what an earlier answer
+        named; ``"concatenate"``: the earlier questions, then this one; ``"condense"``: the
+        model's rewrite of the question and the earlier turns as one standalone question
+        (greedy, at most ``chat.max_condense_tokens`` tokens; its first line), or the turns
+        when the rewrite comes out empty. Without history it is ``question`` itself.
         """
         chat = self.config.chat
-        if not history or chat.standalone_question == "concatenate":
-            return retrieval_query(question, history)
+        if not history or chat.standalone_question != "condense":
+            return retrieval_query(
+                question, history, with_answers=chat.standalone_question == "turns"
+            )
         prompt = condense_prompt(chat.condense_prompt, question, history)
         params = GenerationParams(max_new_tokens=chat.max_condense_tokens)
         rewrite = self.generate([{"role": "user", "content": prompt}], params=params).answer()
         lines = [line.strip() for line in rewrite.text.strip().splitlines() if line.strip()]
         if not lines:
             logger.warning("the condensed question came out empty; retrieving with the turns")
-            return retrieval_query(question, history)
+            return retrieval_query(question, history, with_answers=True)
         return lines[0]
 
     def warm(self, chunks: Sequence[Chunk | str]) -> int:
