@@ -123,7 +123,7 @@ class AdaRAG:
         self.retriever = retriever
         self._generator = generator
         self._engine_lock = engine_lock or threading.RLock()
-        self._warned_static = False
+        self._logged_static = False
         self._store: TieredKVStore | None = None
         self._variants: VariantIndex | None = None  # Cache-Craft's metadata, beside the store
         self._cache: TieredCache | None = None
@@ -138,6 +138,11 @@ class AdaRAG:
                     config = self.config
                     self._generator = Generator.load(config.engine, config.kernels, config.home)
         return self._generator
+
+    @property
+    def model_name(self) -> str:
+        """The checkpoint's name (``SmolLM2-135M-Instruct``), for traces and usage (loads it)."""
+        return str(self.generator.checkpoint.name)
 
     @property
     def profile(self) -> ModelProfile:
@@ -688,9 +693,10 @@ class AdaRAG:
         uncalibrated = agreement is None or agreement.threshold is None
         rule = augment.stop_rule
         if static_fallback and augment.enabled and rule == "agreement" and uncalibrated:
-            if not self._warned_static:
-                self._warned_static = True
-                logger.warning(_static_fallback_message(self.profile.model, agreement))
+            if not self._logged_static:
+                self._logged_static = True
+                # the documented default of both packaged models, not a fault: info, not warning
+                logger.info(_static_fallback_message(self.profile.model, agreement))
             augment = augment.model_copy(update={"enabled": False})
         return AugmentedPrefill(
             self.generator,
