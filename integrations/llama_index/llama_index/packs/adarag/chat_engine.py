@@ -3,10 +3,10 @@
 Each message is answered like a query, with the recent grounded turns carried as chat turns
 after the context (``AdaRAG.stream(history=...)``) and their messages and answers added to the
 retrieval query (``chat.standalone_question``), so a follow-up ("When did she die?") finds and
-answers about what the conversation is about. The model call is AdaRagLLM's, so LlamaIndex's
-LLM events report it inside the chat call's span, and ``astream_chat`` streams deltas to
-``async_response_gen`` as they are decoded. The context chunks' KV stays reusable across turns. A turn answered
-without context is not carried into later prompts.
+answers about what the conversation is about. The model call is AdaRagLLM's, so LlamaIndex's LLM
+events report it inside the chat call's span, and ``astream_chat`` streams deltas to
+``async_response_gen`` as they are decoded. The context chunks' KV stays reusable across turns.
+A turn answered without context is not carried into later prompts.
 """
 
 from __future__ import annotations
