@@ -124,8 +124,8 @@ def test_ctrl_c_before_the_first_token_cancels_only_that_answer(chat_config):
     time.sleep(0.05)
     terminal.send("\x03")  # Ctrl-C
     cancelled = terminal.expect(TURN_END)
-    # nothing of the answer was printed: cancelled before its first token
-    assert re.match(r"\s*\(answer cancelled", cancelled), cancelled
+    # nothing of the answer was printed (the terminal echoes ^C): cancelled before its first token
+    assert re.match(r"(\^C)?\s*\(answer cancelled", cancelled), cancelled
     terminal.send("Who was the mother of Lothair II?\r")
     assert "Ermengarde of Tours" in terminal.expect(TURN_END)  # the chat goes on
     terminal.send("exit\r")

@@ -67,3 +67,26 @@ def test_scores_are_cosine_similarities_whatever_the_space_and_vector_lengths(cl
         assert chunk.metadata["space"] == space
     scores = [chunk.score for chunk in found]
     assert scores == sorted(scores, reverse=True)  # best first
+
+
+class _DirectionFunction(chromadb.EmbeddingFunction):
+    """A chromadb embedding function without a config (its base class's get_config)."""
+
+    def __init__(self):
+        pass
+
+    def __call__(self, input):
+        return [VECTORS.get(text.split()[1], QUERY) for text in input]
+
+    @staticmethod
+    def name():
+        return "directions-4"
+
+
+def test_a_chromadb_embedding_function_without_a_config_is_the_embedder(client):
+    """Regression: its get_config() returned NotImplemented and the wrapper failed on it."""
+    function = _DirectionFunction()
+    collection = client.create_collection(f"f-{uuid.uuid4().hex[:6]}", embedding_function=function)
+    collection.add(ids=list(VECTORS), documents=[f"the {name} passage" for name in VECTORS])
+    found = ChromaRetriever(collection, function).retrieve("the north way", top_k=4)
+    assert found[0].chunk_id == "north" and found[0].score == pytest.approx(1.0)
