@@ -117,7 +117,8 @@ def test_a_chat_follow_up_and_a_cancelled_answer(chat_config):
 
 def test_ctrl_c_before_the_first_token_cancels_only_that_answer(chat_config):
     """Regression: Ctrl-C during retrieval or prefill ended the chat with a traceback."""
-    terminal = Terminal([sys.executable, "-m", "adarag", "chat", "--config", str(chat_config)])
+    argv = [sys.executable, "-m", "adarag", "chat", "--config", str(chat_config)]
+    terminal = Terminal([*argv, "--max-new-tokens", "16"])
     terminal.expect(r">>> ")
     terminal.send("Which film was released first, Aas Ka Panchhi or Phoolwari?\r")
     terminal.expect(r"Phoolwari\?\r\n")  # the line is read: retrieval and prefill begin
