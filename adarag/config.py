@@ -1007,18 +1007,17 @@ CONDENSE_PROMPT = (
 class ChatConfig(_Frozen):
     """How a conversation's follow-up is retrieved for and its earlier context carried."""
 
-    standalone_question: Literal["concatenate", "condense"] = Field(
-        default="concatenate",
-        description="What a follow-up is retrieved with: 'concatenate' (the earlier questions, "
-        "then the follow-up; no model call) or 'condense' (the model rewrites the follow-up "
-        "and the earlier turns into a standalone question, as LlamaIndex's "
-        "CondenseQuestionChatEngine does). In benchmarks/standalone_question.py (20 "
-        "2WikiMultihopQA follow-ups such as 'Where was this person born?') condensing put the "
-        "gold passage in the top 4 for 20% of follow-ups with Qwen2.5-0.5B and 10% with "
-        "SmolLM2-135M, concatenation for none, at one model call (0.9-1.5 s on 2 CPU cores); "
-        "answer F1 stayed near zero either way (0.05 vs 0.00 with Qwen). 'concatenate' stays the "
-        "default because a small model's rewrite often repeats the first question or its own "
-        "(possibly wrong) first answer; choose 'condense' with a capable model.",
+    standalone_question: Literal["turns", "concatenate", "condense"] = Field(
+        default="turns",
+        description="What a follow-up is retrieved with: 'turns' (the earlier questions, the "
+        "follow-up, then the earlier answers, so 'Where was she born?' after the answer 'Marta "
+        "Kowalski.' is searched with the name; no model call), 'concatenate' (the earlier "
+        "questions, then the follow-up) or 'condense' (the model rewrites the follow-up and the "
+        "earlier turns into a standalone question, as LlamaIndex's CondenseQuestionChatEngine "
+        "does). In benchmarks/standalone_question.py (20 2WikiMultihopQA follow-ups such as "
+        "'Where was this person born?') the gold passage was in the top 4 for 30% of follow-ups "
+        "with Qwen2.5-0.5B and 10% with SmolLM2 with 'turns', none with 'concatenate', 20% and "
+        "10% with 'condense' (one model call of 0.9-1.5 s on 2 CPU cores).",
     )
     condense_prompt: str = Field(
         default=CONDENSE_PROMPT,

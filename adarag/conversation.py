@@ -1,11 +1,11 @@
 """A multi-turn conversation: which earlier turns a new message carries.
 
 The pipeline puts the carried turns into the prompt as chat turns after the context (so the
-system prefix and the chunks' KV stay reusable) and retrieves for their messages together with
-the new one, so a follow-up such as "When did she die?" still finds the passages about the
-person asked about before. A turn answered without context (nothing relevant was retrieved) is
-not carried: its answer says nothing about the knowledge base, and a model shown it tends to
-repeat it.
+system prefix and the chunks' KV stay reusable) and retrieves for their messages and answers
+together with the new one (``chat.standalone_question``), so a follow-up such as "When did she
+die?" still finds the passages about the person asked or told about before. A turn answered
+without context (nothing relevant was retrieved) is not carried: its answer says nothing about
+the knowledge base, and a model shown it tends to repeat it.
 
 With ``chat.deduplicate`` the conversation also carries its context: the last grounded answer's
 chunks, in listed order, which open the next turn's context (a hard prefix of the previous

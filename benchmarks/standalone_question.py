@@ -3,21 +3,25 @@
 Two-turn conversations from 2WikiMultihopQA (``followups.py``): the model answers the first
 question from the top-k passages of the 6,119-passage corpus (MiniLM cosine search), then the
 follow-up ("Where was this person born?") is retrieved for with each ``chat.standalone_question``
-method and answered with the first turn as history. Reported per method: recall of the
+method ("concatenate": the questions; "turns": the questions and the first answer; "condense":
+the model's rewrite) and answered with the first turn as history. Reported per method: recall of the
 follow-up's gold passage in the top 4 and top 10, answer F1 / EM against the original
 question's answers, and the seconds spent making the retrieval text (the condensing call).
 "The follow-up alone" is retrieval without the conversation, for reference (recall only).
 
     python benchmarks/standalone_question.py --model default --questions 20
+    python benchmarks/standalone_question.py --replay results/standalone_question_<model>.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -27,9 +31,10 @@ from followups import DenseIndex, build_followups  # noqa: E402
 from adarag import AdaRAG  # noqa: E402
 from adarag.evaluation.machine import describe_machine  # noqa: E402
 from adarag.evaluation.metrics import best_exact_match, best_f1  # noqa: E402
+from adarag.pipeline import retrieval_query  # noqa: E402
 from adarag.schema import GenerationParams  # noqa: E402
 
-METHODS = ("follow-up alone", "concatenate", "condense")
+METHODS = ("follow-up alone", "concatenate", "turns", "condense")
 TOP_K = 4
 
 
@@ -39,13 +44,31 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=20)
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/adarag-standalone-question"))
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        help="an earlier run's .json: no model runs; its first answers and condensed questions "
+        "are reused, every method's retrieval is measured again, and methods it lacks are "
+        "measured for retrieval only (their answer F1 is left blank)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
-    followups = build_followups(load_jsonl("2wikimqa_dev.jsonl", args.data_dir), args.questions)
     index = DenseIndex(
         load_jsonl("2wikimqa_corpus.jsonl", args.data_dir), args.work_dir / "corpus.npy"
     )
+    if args.replay is not None:
+        earlier = json.loads(args.replay.read_text())
+        rows = [_replayed(row, index) for row in earlier["rows"]]
+        model, host = earlier["model"], earlier["machine"]
+        note = (
+            f" Replayed from the run of {host['date']}: its first answers and condensed "
+            "questions reused, each method's retrieval measured again; methods without answer "
+            "F1 were measured for retrieval only."
+        )
+        _report(model, host, rows, note)
+        return
+    followups = build_followups(load_jsonl("2wikimqa_dev.jsonl", args.data_dir), args.questions)
     rag = AdaRAG(
         engine={"model": args.model},
         augment={"enabled": False},
@@ -53,8 +76,7 @@ def main() -> None:
     )
     params = GenerationParams(max_new_tokens=24, stop=("\n",))
     pipelines = {
-        method: rag.with_config(chat={"standalone_question": method})
-        for method in ("concatenate", "condense")
+        method: rag.with_config(chat={"standalone_question": method}) for method in METHODS[1:]
     }
     rows = []
     for item in followups:
@@ -101,7 +123,33 @@ def main() -> None:
             }
         rows.append(row)
         print(f"{len(rows)}/{len(followups)} {row['methods']['condense']['query']!r}", flush=True)  # noqa: T201
+    _report(rag.generator.checkpoint.name, machine(), rows, "")
 
+
+def _replayed(row: dict[str, Any], index: DenseIndex) -> dict[str, Any]:
+    """``row`` of an earlier run with every method's retrieval measured again (no model)."""
+    history = [(row["first"], row["first_answer"])]
+    queries = {
+        "follow-up alone": row["follow_up"],
+        "concatenate": retrieval_query(row["follow_up"], history),
+        "turns": retrieval_query(row["follow_up"], history, with_answers=True),
+        "condense": row["methods"]["condense"]["query"],
+    }
+    methods = {}
+    for method, query in queries.items():
+        titles = [chunk.metadata["title"] for chunk in index.search(query, 10)]
+        recorded = row["methods"].get(method, {"standalone_s": 0.0})
+        methods[method] = {
+            **recorded,
+            "query": query,
+            "recall_at_4": row["gold_title"] in titles[:TOP_K],
+            "recall_at_10": row["gold_title"] in titles,
+        }
+    return {**row, "methods": methods}
+
+
+def _report(model: str, host: dict[str, Any], rows: list[dict[str, Any]], note: str) -> None:
+    """Write the summary table and the JSON of ``rows``."""
     summary = {}
     for method in METHODS:
         per = [row["methods"][method] for row in rows]
@@ -113,15 +161,14 @@ def main() -> None:
             "standalone_s_mean": statistics.fmean(p["standalone_s"] for p in per),
             "standalone_s_p50": statistics.median(p["standalone_s"] for p in per),
         }
-    model = rag.generator.checkpoint.name
-    host = machine()
     lines = [
         f"# Standalone question for follow-ups: {model}",
         "",
         f"{len(rows)} two-turn conversations from 2WikiMultihopQA compositional questions "
         "(benchmarks/followups.py); retrieval: MiniLM cosine over the 6,119-passage corpus; "
         f"answers from the top {TOP_K} with the first turn as history, greedy, 24 tokens. "
-        + describe_machine(host),
+        + describe_machine(host)
+        + note,
         "",
         "| method | gold passage in top 4 | in top 10 | answer F1 | EM "
         "| making the query, mean s | p50 s |",

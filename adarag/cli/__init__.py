@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 from adarag.cli import ask, bench, calibrate, chat, demo, ingest, profile, serve, setup
 from adarag.errors import AdaRagError
@@ -43,12 +44,39 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", help="JSON configuration file (AdaRagConfig fields)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    parser.add_argument("--version", action="version", version=f"adarag {_version()}")
+    _add_common_arguments(parser, default=None)
+    # the same options after the command (`adarag chat --config FILE`); SUPPRESS keeps a value
+    # given before the command when none is given after it
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common_arguments(common, default=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, module in _COMMANDS.items():
-        module.add_arguments(commands.add_parser(name, help=module.HELP, description=module.HELP))
+        module.add_arguments(
+            commands.add_parser(name, help=module.HELP, description=module.HELP, parents=[common])
+        )
     return parser
+
+
+def _version() -> str:
+    try:
+        return version("adarag")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
+def _add_common_arguments(parser: argparse.ArgumentParser, default: object) -> None:
+    """--config and --verbose, taken before or after the command."""
+    parser.add_argument(
+        "--config", default=default, help="JSON configuration file (AdaRagConfig fields)"
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=False if default is None else default,
+        help="log progress to stderr",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from adarag.cli.options import (
 )
 from adarag.conversation import Conversation
 from adarag.pipeline import AdaRAG
+from adarag.pipeline.stream import AnswerStream
 from adarag.schema import GenerationParams
 
 HELP = "chat with the knowledge base; each answer shows its sources, TTFT and cache tiers"
@@ -33,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--condense",
         action="store_true",
         help="retrieve for a follow-up with the model's standalone rewrite of it "
-        "(chat.standalone_question='condense') instead of the questions concatenated",
+        "(chat.standalone_question='condense') instead of the earlier questions and answers "
+        "joined to it",
     )
     parser.add_argument(
         "--citations", action="store_true", help="number the passages and cite them as [1], [2]"
@@ -57,23 +59,36 @@ def run(args: argparse.Namespace) -> int:
         conversation = Conversation(max_turns=args.history_turns)
         print(f"chatting with {kb.count()} chunks of {config.retrieval.collection!r}; 'exit' ends")
         while (message := _read(">>> ")) is not None:
-            if not message:
-                continue
-            stream = rag.stream(
-                message,
-                history=conversation.history(),
-                params=params,
-                conversation_chunks=conversation.chunks,
-            )
             try:
-                answer = stream_answer(stream)
+                if message:
+                    _turn(rag, message, conversation, params)
             except KeyboardInterrupt:  # Ctrl-C cancels this answer, not the chat
-                stream.close()
                 print("\n   (answer cancelled; the turn is not kept)")
-                continue
-            print("\n".join(describe(answer)))
-            conversation.add_turn(message, answer.text, chunks=answer.chunks)
     return 0
+
+
+def _turn(rag: AdaRAG, message: str, conversation: Conversation, params: GenerationParams) -> None:
+    """Answer ``message``, show its figures and keep the turn.
+
+    Ctrl-C may come during retrieval and prefill (before the first token) or while tokens
+    stream; either way the stream is closed, so the engine is free for the next message, and
+    the KeyboardInterrupt goes on to the caller.
+    """
+    stream: AnswerStream | None = None
+    try:
+        stream = rag.stream(
+            message,
+            history=conversation.history(),
+            params=params,
+            conversation_chunks=conversation.chunks,
+        )
+        answer = stream_answer(stream)
+    except KeyboardInterrupt:
+        if stream is not None:
+            stream.close()
+        raise
+    print("\n".join(describe(answer)))
+    conversation.add_turn(message, answer.text, chunks=answer.chunks)
 
 
 def _read(prompt: str) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from adarag.config import AdaRagConfig
@@ -11,6 +12,7 @@ from adarag.errors import ConfigError, InputError, KnowledgeBaseError
 from adarag.retrievers import KnowledgeBase
 
 _CONFIG_FIX = "fix the value in the configuration file or the override"
+SOURCE_KEY = "source"  # the metadata key ingest stores each chunk's file path under
 
 
 def positive_int(text: str) -> int:
@@ -113,7 +115,10 @@ def build_config(
             retrieval[field] = getattr(args, option)
             from_flags[f"retrieval.{field}"] = "--" + option.replace("_", "-")
     if getattr(args, "where", None):
-        retrieval["where"] = dict(_metadata_pair(item) for item in args.where)
+        retrieval["where"] = {
+            key: _stored_source(value) if key == SOURCE_KEY else value
+            for key, value in (_metadata_pair(item) for item in args.where)
+        }
     try:
         return AdaRagConfig.build(base, engine=engine, retrieval=retrieval, **overrides)
     except ConfigError as err:
@@ -145,11 +150,19 @@ def _metadata_pair(item: str) -> tuple[str, Any]:
         return key.strip(), value
 
 
+def _stored_source(value: Any) -> Any:
+    """A ``source`` value as ingest stores it: a relative path resolved against the cwd."""
+    if isinstance(value, str) and value and not Path(value).is_absolute():
+        return str(Path(value).resolve())
+    return value
+
+
 def open_knowledge_base(config: AdaRagConfig) -> KnowledgeBase:
     """The configured knowledge base, for reading (never created).
 
     Raises:
-        KnowledgeBaseError: There is no such collection, or it is empty.
+        KnowledgeBaseError: There is no such collection, it is empty, or no chunk passes the
+            metadata filter (``--where``).
     """
     kb = KnowledgeBase.from_config(config, create=False)
     if kb.count() == 0:
@@ -157,5 +170,17 @@ def open_knowledge_base(config: AdaRagConfig) -> KnowledgeBase:
         raise KnowledgeBaseError(
             f"the knowledge base (collection {config.retrieval.collection!r}) is empty; "
             "add documents first with `adarag ingest PATH...` (or run `adarag demo`)"
+        )
+    if not kb.has_filtered_chunks():
+        count = kb.count()
+        kb.close()
+        given = " ".join(
+            f"--where {key}={value}" for key, value in (config.retrieval.where or {}).items()
+        )
+        raise KnowledgeBaseError(
+            f"the filter ({given}) matched no chunk of the {count} in collection "
+            f"{config.retrieval.collection!r}; values must equal the stored metadata exactly "
+            "(source is the file's absolute path, as `adarag ingest` stored it; a relative "
+            "source= is resolved against the current directory). Fix or drop --where"
         )
     return kb

@@ -137,13 +137,20 @@ def ttft_vs_quality(summaries: Sequence[PolicySummary], title: str, path: Path) 
     return ttft_scatter(points, panels, title, path)
 
 
+MARKERS = "osD^vP*Xph<>"
+
+
 def ttft_scatter(
     points: Sequence[tuple[str, float]],
     panels: Sequence[tuple[str, Sequence[float | None]]],
     title: str,
     path: Path,
 ) -> Path:
-    """One panel per ``(label, values)``: each policy's mean TTFT against its value (None: skipped).
+    """One panel per ``(label, values)``: each policy's mean TTFT against its value.
+
+    Policies are told apart by colour and marker, named in one legend below the panels (labels
+    next to the points overprint where policies score alike). A None value is skipped; a panel
+    with no value at all is left out.
 
     Args:
         points: Each policy's name and mean TTFT (s).
@@ -152,18 +159,30 @@ def ttft_scatter(
         path: The PNG written (its folder is made).
     """
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
-    for axis, (label, values) in zip(axes[0], panels, strict=True):
-        for (policy, ttft), y in zip(points, values, strict=True):
+    shown = [(label, values) for label, values in panels if any(v is not None for v in values)]
+    fig, axes = plt.subplots(1, max(len(shown), 1), figsize=(5.5 * max(len(shown), 1), 4.6))
+    axes = list(axes) if len(shown) > 1 else [axes]
+    colours = plt.get_cmap("tab20").colors
+    for axis, (label, values) in zip(axes, shown, strict=False):
+        for idx, ((policy, ttft), y) in enumerate(zip(points, values, strict=True)):
             if y is None:
                 continue
-            axis.scatter(ttft, y, s=40)
-            axis.annotate(policy, (ttft, y), fontsize=8, xytext=(4, 4), textcoords="offset points")
+            style = {"color": colours[idx % len(colours)], "marker": MARKERS[idx % len(MARKERS)]}
+            axis.scatter(ttft, y, s=48, alpha=0.85, label=policy, **style)
         axis.set_xlabel("mean TTFT (s)")
         axis.set_ylabel(label)
         axis.set_xlim(left=0)
+        axis.grid(alpha=0.3)
+    legend: dict[str, Any] = {}  # one entry per policy, from whichever panel shows it
+    for axis in axes:
+        for handle, policy in zip(*axis.get_legend_handles_labels(), strict=True):
+            legend.setdefault(policy, handle)
+    handles, labels = list(legend.values()), list(legend)
+    num_columns = min(len(labels), 6) or 1
+    fig.legend(handles, labels, loc="lower center", ncol=num_columns, fontsize=8, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
+    num_rows = -(-len(labels) // num_columns)
+    fig.tight_layout(rect=(0, 0.06 * num_rows, 1, 1))
     return _save(fig, plt, path)
 
 

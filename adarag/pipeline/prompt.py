@@ -302,9 +302,19 @@ def cited_numbers(text: str) -> list[int]:
     return list(dict.fromkeys(int(found) for found in _CITATION.findall(text)))
 
 
-def retrieval_query(question: str, history: Sequence[Turn] = ()) -> str:
-    """What a conversation's question is retrieved with: the earlier questions, then this one."""
-    return "\n".join([*(asked for asked, _ in history), question])
+def retrieval_query(
+    question: str, history: Sequence[Turn] = (), *, with_answers: bool = False
+) -> str:
+    """What a conversation's question is retrieved with: the earlier questions, then this one.
+
+    With ``with_answers`` the earlier answers follow (newest first), so a follow-up such as
+    "Where was she born?" after the answer "Marta Kowalski." is retrieved with the name. The
+    questions come first: an embedding model that truncates long texts cuts answers, not them.
+    """
+    answers = [answered for _, answered in reversed(history) if answered.strip()]
+    return "\n".join(
+        [*(asked for asked, _ in history), question, *(answers if with_answers else [])]
+    )
 
 
 def check_text(text: object, what: str) -> None:

@@ -123,7 +123,7 @@ class AdaRAG:
         self.retriever = retriever
         self._generator = generator
         self._engine_lock = engine_lock or threading.RLock()
-        self._warned_static = False
+        self._logged_static = False
         self._store: TieredKVStore | None = None
         self._variants: VariantIndex | None = None  # Cache-Craft's metadata, beside the store
         self._cache: TieredCache | None = None
@@ -138,6 +138,11 @@ class AdaRAG:
                     config = self.config
                     self._generator = Generator.load(config.engine, config.kernels, config.home)
         return self._generator
+
+    @property
+    def model_name(self) -> str:
+        """The checkpoint's name (``SmolLM2-135M-Instruct``), for traces and usage (loads it)."""
+        return str(self.generator.checkpoint.name)
 
     @property
     def profile(self) -> ModelProfile:
@@ -297,22 +302,25 @@ class AdaRAG:
     def standalone_question(self, question: str, history: Sequence[Turn] = ()) -> str:
         """What a conversation's ``question`` is retrieved with (``chat.standalone_question``).
 
-        ``"concatenate"``: the earlier questions, then this one (:func:`retrieval_query`);
-        ``"condense"``: the model's rewrite of the question and the earlier turns as one
-        standalone question (greedy, at most ``chat.max_condense_tokens`` tokens; its first
-        line), or the concatenation when the rewrite comes out empty. Without history it is
-        ``question`` itself.
+        ``"turns"``: the earlier questions, this one, then the earlier answers
+        (:func:`retrieval_query` with answers), so a follow-up finds what an earlier answer
+        named; ``"concatenate"``: the earlier questions, then this one; ``"condense"``: the
+        model's rewrite of the question and the earlier turns as one standalone question
+        (greedy, at most ``chat.max_condense_tokens`` tokens; its first line), or the turns
+        when the rewrite comes out empty. Without history it is ``question`` itself.
         """
         chat = self.config.chat
-        if not history or chat.standalone_question == "concatenate":
-            return retrieval_query(question, history)
+        if not history or chat.standalone_question != "condense":
+            return retrieval_query(
+                question, history, with_answers=chat.standalone_question == "turns"
+            )
         prompt = condense_prompt(chat.condense_prompt, question, history)
         params = GenerationParams(max_new_tokens=chat.max_condense_tokens)
         rewrite = self.generate([{"role": "user", "content": prompt}], params=params).answer()
         lines = [line.strip() for line in rewrite.text.strip().splitlines() if line.strip()]
         if not lines:
             logger.warning("the condensed question came out empty; retrieving with the turns")
-            return retrieval_query(question, history)
+            return retrieval_query(question, history, with_answers=True)
         return lines[0]
 
     def warm(self, chunks: Sequence[Chunk | str]) -> int:
@@ -698,9 +706,10 @@ class AdaRAG:
         uncalibrated = agreement is None or agreement.threshold is None
         rule = augment.stop_rule
         if static_fallback and augment.enabled and rule == "agreement" and uncalibrated:
-            if not self._warned_static:
-                self._warned_static = True
-                logger.warning(_static_fallback_message(self.profile.model, agreement))
+            if not self._logged_static:
+                self._logged_static = True
+                # the documented default of both packaged models, not a fault: info, not warning
+                logger.info(_static_fallback_message(self.profile.model, agreement))
             augment = augment.model_copy(update={"enabled": False})
         return AugmentedPrefill(
             self.generator,

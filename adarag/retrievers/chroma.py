@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 from urllib.parse import urlsplit
@@ -217,9 +218,11 @@ class ChromaRetriever:
     """Top-k chunks of a Chroma collection by cosine similarity to the query.
 
     Scores are cosine similarities in [-1, 1], higher is better, whatever the collection's
-    distance space (embeddings are normalised: cosine = 1 - d for ``cosine`` and ``ip``, and
-    1 - d / 2 for squared ``l2``). Each chunk's metadata also carries the raw ``distance`` and the
-    ``space``. Works on collections written by adarag, LlamaIndex, LangChain or plain chromadb.
+    distance space: 1 - d in a ``cosine`` space, and in ``l2`` and ``ip`` spaces the cosine of the
+    query with each returned vector (stored vectors need not be normalised there). The chunks are
+    the collection's own nearest neighbours, ordered by that score. Each chunk's metadata also
+    carries the raw ``distance`` and the ``space``. Works on collections written by adarag,
+    LlamaIndex, LangChain or plain chromadb.
 
     Args:
         collection: A chromadb collection.
@@ -264,23 +267,32 @@ class ChromaRetriever:
                 f"the knowledge base (Chroma collection {self.collection.name!r}) is empty; "
                 "ingest documents first, e.g. `adarag ingest notes.md passages.jsonl`"
             )
+        query_vector = self.embedder.embed_query(query)
+        is_cosine = self.space == "cosine"
         result = self.collection.query(
-            query_embeddings=[self.embedder.embed_query(query)],
+            query_embeddings=[query_vector],
             n_results=top_k,
             where=self.where,
-            include=["documents", "metadatas", "distances"],
+            include=["documents", "metadatas", "distances"] + ([] if is_cosine else ["embeddings"]),
         )
+        distances = result["distances"][0]
+        if is_cosine:
+            scores = [1.0 - float(distance) for distance in distances]
+        else:  # l2 and ip distances depend on the stored vectors' lengths
+            scores = [_cosine(query_vector, vector) for vector in result["embeddings"][0]]
         chunks = [
-            self._chunk(chunk_id, text, metadata, distance)
-            for chunk_id, text, metadata, distance in zip(
+            self._chunk(chunk_id, text, metadata, distance, score)
+            for chunk_id, text, metadata, distance, score in zip(
                 result["ids"][0],
                 result["documents"][0],
                 result["metadatas"][0],
-                result["distances"][0],
+                distances,
+                scores,
                 strict=True,
             )
             if text
         ]
+        chunks.sort(key=lambda chunk: -float(chunk.score or 0.0))
         best_score = chunks[0].score if chunks else None
         threshold = self.min_top_score
         if best_score is not None and threshold is not None and best_score < threshold:
@@ -289,9 +301,13 @@ class ChromaRetriever:
         return chunks
 
     def _chunk(
-        self, chunk_id: str, text: str, metadata: dict[str, Any] | None, distance: float
+        self,
+        chunk_id: str,
+        text: str,
+        metadata: dict[str, Any] | None,
+        distance: float,
+        score: float,
     ) -> Chunk:
-        score = 1.0 - distance / 2.0 if self.space == "l2" else 1.0 - distance
         kept = {
             key: value
             for key, value in (metadata or {}).items()
@@ -299,3 +315,10 @@ class ChromaRetriever:
         }
         kept.update(distance=float(distance), space=self.space)
         return Chunk(text, chunk_id=chunk_id, score=float(score), metadata=kept)
+
+
+def _cosine(query: Sequence[float], vector: Sequence[float]) -> float:
+    """Cosine similarity of ``query`` and ``vector`` (0 for a zero vector)."""
+    dot = sum(float(q) * float(v) for q, v in zip(query, vector, strict=True))
+    norms = math.sqrt(sum(float(q) ** 2 for q in query) * sum(float(v) ** 2 for v in vector))
+    return dot / norms if norms else 0.0

@@ -118,7 +118,9 @@ class ChromaFunctionEmbedder:
 
     def __init__(self, function: Any) -> None:
         self.function = function
-        config = _call_or(function, "get_config", {}) or {}
+        config = _call_or(function, "get_config", {})
+        if not isinstance(config, dict):  # chromadb's base class returns NotImplemented
+            config = {}
         self.name: str = str(
             config.get("model_name") or _call_or(function, "name", type(function).__name__)
         )

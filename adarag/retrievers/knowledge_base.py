@@ -203,6 +203,13 @@ class KnowledgeBase:
         """Chunks stored."""
         return int(self.collection.count())
 
+    def has_filtered_chunks(self) -> bool:
+        """Whether any stored chunk passes the metadata filter (``retrieval.where``)."""
+        where = chroma_where(self.config.where)
+        if where is None:
+            return self.count() > 0
+        return bool(self.collection.get(where=where, limit=1, include=[])["ids"])
+
     def chunks(self, sources: Sequence[str] | None = None) -> list[Chunk]:
         """Every stored chunk (of ``sources`` only, when given), in Chroma's order."""
         if sources is not None and not sources:

@@ -19,7 +19,8 @@ from adarag.config import ServeConfig
 from adarag.errors import AdaRagError
 from adarag.pipeline import AdaRAG
 from adarag.schema import GenerationParams
-from adarag.serve.errors import APIError, invalid_request, unauthorized
+from adarag.serve.errors import APIError, invalid_request, model_not_found, unauthorized
+from adarag.serve.http_errors import add_http_error_handler
 from adarag.serve.protocol import ChatCompletionRequest, CompletionRequest, RagQueryRequest
 from adarag.serve.responses import Completion, rag_answer
 from adarag.serve.service import EngineService, StartAnswer, api_error
@@ -89,6 +90,12 @@ def _routes(service: EngineService, check_key: Callable[[Request], None]) -> API
                 {"id": service.model_id, "object": "model", "created": 0, "owned_by": "adarag"}
             ],
         }
+
+    @router.get("/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != service.model_id:
+            raise model_not_found(model_id, service.model_id)
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "adarag"}
 
     @router.post("/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest) -> Any:
@@ -162,6 +169,8 @@ def _key_check(api_key: str | None) -> Callable[[Request], None]:
 
 
 def _add_error_handlers(app: FastAPI) -> None:
+    add_http_error_handler(app)  # 404 and 405 in OpenAI's format too
+
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, err: APIError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)

@@ -52,6 +52,18 @@ def invalid_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, error_type="invalid_request_error", param=param, code="invalid")
 
 
+def model_not_found(model_id: str, served: str) -> APIError:
+    """404: ``GET /v1/models/{id}`` names a model the server does not list."""
+    return APIError(
+        404,
+        f"the model {model_id!r} does not exist here: this server serves one model, {served!r} "
+        "(chat and completion requests naming any model get its answers)",
+        error_type="invalid_request_error",
+        code="model_not_found",
+        param="model",
+    )
+
+
 def unauthorized() -> APIError:
     """401: the API key is missing or wrong."""
     return APIError(

@@ -1,8 +1,9 @@
 """Request bodies: OpenAI's chat and text completions, and adarag's RAG query.
 
-Fields OpenAI defines that adarag does not serve (several choices, tools, log-probabilities,
-echo) are refused with 400 when set; other unknown fields of the OpenAI bodies are ignored, as
-OpenAI-compatible servers do, so clients that send optional extras keep working.
+Fields OpenAI defines that adarag does not serve (several choices, tools, JSON response
+formats, log-probabilities, echo) are refused with 400 when set; other unknown fields of the
+OpenAI bodies are ignored, as OpenAI-compatible servers do, so clients that send optional
+extras keep working.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class ChatCompletionRequest(_OpenAIBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=8192)
     tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
     rag: bool = True
 
     @field_validator("tools")
@@ -126,6 +128,18 @@ class ChatCompletionRequest(_OpenAIBody):
     def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
         if value:
             raise ValueError("tool calling is not served; send no tools")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type", "text") != "text":
+            raise ValueError(
+                f"response_format {value.get('type')!r} is not served: adarag has no constrained "
+                "(JSON schema) decoding, so JSON output cannot be guaranteed; leave "
+                "response_format unset (or {'type': 'text'}), ask for JSON in the prompt and "
+                "parse the answer"
+            )
         return value
 
     def _max_tokens(self) -> int | None:

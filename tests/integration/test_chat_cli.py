@@ -113,3 +113,38 @@ def test_a_chat_follow_up_and_a_cancelled_answer(chat_config):
     terminal.send("exit\r")
     assert terminal.close() == 0
     assert "Traceback" not in terminal.output
+
+
+def test_ctrl_c_before_the_first_token_cancels_only_that_answer(chat_config):
+    """Regression: Ctrl-C during retrieval or prefill ended the chat with a traceback."""
+    argv = [sys.executable, "-m", "adarag", "chat", "--config", str(chat_config)]
+    terminal = Terminal([*argv, "--max-new-tokens", "16"])
+    terminal.expect(r">>> ")
+    terminal.send("Which film was released first, Aas Ka Panchhi or Phoolwari?\r")
+    terminal.expect(r"Phoolwari\?\r\n")  # the line is read: retrieval and prefill begin
+    time.sleep(0.05)
+    terminal.send("\x03")  # Ctrl-C
+    cancelled = terminal.expect(TURN_END)
+    # nothing of the answer was printed (the terminal echoes ^C): cancelled before its first token
+    assert re.match(r"(\^C)?\s*\(answer cancelled", cancelled), cancelled
+    terminal.send("Who was the mother of Lothair II?\r")
+    assert "Ermengarde of Tours" in terminal.expect(TURN_END)  # the chat goes on
+    terminal.send("exit\r")
+    assert terminal.close() == 0
+    assert "Traceback" not in terminal.output
+
+
+def test_version_module_entry_point_and_options_after_the_command(tmp_path):
+    """``adarag --version``, ``python -m adarag`` and ``adarag chat --config FILE``."""
+    version = Terminal([sys.executable, "-m", "adarag", "--version"])
+    assert re.search(r"^adarag \d+\.\d+", version.expect(r"adarag \S+\r\n"))
+    assert version.close() == 0
+    config = AdaRagConfig.build(
+        retrieval={"chroma_directory": str(tmp_path / "chroma"), "collection": "nowhere"}
+    )
+    path = tmp_path / "config.json"
+    path.write_text(config.model_dump_json())
+    chat = Terminal([sys.executable, "-m", "adarag", "chat", "--config", str(path), "-v"])
+    # the file given after the command was read: its collection is the one looked for
+    chat.expect(r"there is no collection 'nowhere'")
+    assert chat.close() == 2

@@ -11,8 +11,9 @@ import time
 import pytest
 
 from adarag import AdaRagConfig
-from adarag.cli import main
+from adarag.cli import build_parser, main
 from adarag.cli.ingest import ingest_and_warm
+from adarag.cli.options import build_config, open_knowledge_base
 from adarag.config import RetrievalConfig
 from adarag.errors import KnowledgeBaseError
 from adarag.pipeline.stream import NO_CONTEXT_ANSWER
@@ -197,3 +198,23 @@ def test_cli_prune_forgets_deleted_files_and_chat_refuses_a_mistyped_collection(
     with KnowledgeBase(RetrievalConfig(chroma_directory=chroma, collection="notes")) as kb:
         names = [c.name for c in kb.collection._client.list_collections()]
     assert names == ["notes"]  # the typo created nothing
+
+
+def test_a_where_filter_matching_nothing_is_named_and_a_relative_source_is_resolved(
+    kb_config, knowledge_base, corpus_path, monkeypatch, capsys
+):
+    """Regression: such a filter answered "no chunk ... is relevant enough" and exited 0."""
+    common = ["--chroma-dir", str(kb_config.retrieval.chroma_directory), "--collection", "tests"]
+    common += ["--model", str(kb_config.engine.model)]
+    assert main(["ask", LOTHAIR_QUESTION, "--where", "title=No Such Title", *common]) == 2
+    err = capsys.readouterr().err
+    assert "the filter (--where title=No Such Title) matched no chunk of the" in err
+    # a relative source= path names the file as ingest stored it (absolute)
+    monkeypatch.chdir(corpus_path.parent)
+    args = build_parser().parse_args(["ask", "q", "--where", f"source={corpus_path.name}"])
+    config = build_config(args)
+    assert config.retrieval.where == {"source": str(corpus_path.resolve())}
+    filtered = AdaRagConfig.build(kb_config, retrieval={"where": config.retrieval.where})
+    with open_knowledge_base(filtered) as kb:
+        found = kb.retrieve(LOTHAIR_QUESTION, 3)
+    assert found and {chunk.metadata["source"] for chunk in found} == {str(corpus_path.resolve())}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import warnings
 
 import pytest
 
@@ -15,8 +16,10 @@ from langchain_adarag import (  # noqa: E402
     AdaRagEmbeddings,
     ChatAdaRag,
 )
+from langchain_core._api import LangChainDeprecationWarning  # noqa: E402
 from langchain_core.callbacks import BaseCallbackHandler, UsageMetadataCallbackHandler  # noqa: E402
 from langchain_core.documents import Document  # noqa: E402
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage  # noqa: E402
 from langchain_core.prompts import ChatPromptTemplate, PromptTemplate  # noqa: E402
 from langchain_core.runnables import (
     ConfigurableField,
@@ -108,9 +111,46 @@ def test_generation_is_a_chat_model_run_with_streamed_tokens_and_usage(chain):
 def test_usage_handler_counts_the_generation(chain):
     handler = UsageMetadataCallbackHandler()
     out = chain.invoke(LOTHAIR_QUESTION, config={"callbacks": [handler]})
-    (usage,) = handler.usage_metadata.values()  # one model: the pipeline's
+    (name,) = handler.usage_metadata  # one model: the pipeline's, by its checkpoint's name
+    assert name == chain.rag.generator.checkpoint.name != "default"
+    usage = handler.usage_metadata[name]
     assert usage["input_tokens"] == out["usage_metadata"]["input_tokens"] > 0
     assert usage["output_tokens"] == out["usage_metadata"]["output_tokens"] > 0
+
+
+def test_the_chat_model_names_its_checkpoint_in_metadata_usage_and_traces(kb_rag):
+    """Regression: the model was named "default" (the config value)."""
+    model = ChatAdaRag(rag=kb_rag, max_tokens=4)
+    handler = UsageMetadataCallbackHandler()
+    reply = model.invoke("Say hi.", config={"callbacks": [handler]})
+    name = kb_rag.generator.checkpoint.name
+    assert reply.response_metadata["model_name"] == name != "default"
+    assert list(handler.usage_metadata) == [name]
+    assert model._get_ls_params()["ls_model_name"] == name
+
+
+def test_the_chat_model_counts_tokens_with_its_own_tokenizer(kb_rag):
+    """Regression: counting fell back to GPT-2's tokenizer, unavailable offline, and gave 0."""
+    model = ChatAdaRag(rag=kb_rag, max_tokens=4)
+    text = "Ermengarde of Tours was the mother of Lothair II."
+    expected = len(kb_rag.tokenizer.encode(text, add_special_tokens=False))
+    assert model.get_num_tokens(text) == expected > 0
+    messages = [SystemMessage("Answer briefly."), HumanMessage("Name a prime number.")]
+    reply = model.invoke(messages)
+    assert model.get_num_tokens_from_messages(messages) == reply.usage_metadata["input_tokens"]
+
+
+def test_tools_and_structured_output_are_refused_saying_why(kb_rag):
+    model = ChatAdaRag(rag=kb_rag)
+
+    def lookup(city: str) -> str:
+        """The weather in ``city``."""
+        return "sunny"
+
+    with pytest.raises(NotImplementedError, match="does not support tool calling: adarag"):
+        model.bind_tools([lookup])
+    with pytest.raises(NotImplementedError, match="no constrained \\(JSON schema\\) decoding"):
+        model.with_structured_output({"title": "City", "type": "object", "properties": {}})
 
 
 def test_a_stream_closed_early_ends_its_chat_model_run_with_an_error(chain):
@@ -338,24 +378,19 @@ class TestAdaptiveCachedRetrieverStandard(RetrieversIntegrationTests):
         return LOTHAIR_QUESTION
 
 
-def test_a_message_history_conversation_carries_its_earlier_turns(chain):
-    from langchain_core.chat_history import InMemoryChatMessageHistory
-    from langchain_core.runnables.history import RunnableWithMessageHistory
-
-    sessions: dict[str, InMemoryChatMessageHistory] = {}
-    conversational = RunnableWithMessageHistory(
-        chain,
-        lambda session_id: sessions.setdefault(session_id, InMemoryChatMessageHistory()),
-        input_messages_key="input",
-        history_messages_key="chat_history",
-        output_messages_key="answer",
-    )
-    config = {"configurable": {"session_id": "reader"}}
-    first = conversational.invoke({"input": LOTHAIR_QUESTION}, config)
-    second = conversational.invoke({"input": "Where did she live?"}, config)
-    third = conversational.invoke({"input": "And her husband?"}, config)
-    assert len(sessions["reader"].messages) == 6 and first["answer"] and third["answer"]
-    # the follow-up is retrieved with the first question, and the first turn is in its prompt
+def test_a_message_list_conversation_carries_its_earlier_turns(chain):
+    """The README's conversation recipe, with no deprecated LangChain class."""
+    history: list = []
+    outputs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LangChainDeprecationWarning)
+        for question in (LOTHAIR_QUESTION, "Where did she live?", "And her husband?"):
+            out = chain.invoke({"input": question, "chat_history": history})
+            history += [HumanMessage(question), AIMessage(out["answer"])]
+            outputs.append(out)
+    first, second, third = outputs
+    assert len(history) == 6 and first["answer"] and third["answer"]
+    # the follow-up is retrieved with the first turn, and the first turn is in its prompt
     assert {d.id for d in second["context"]} & {d.id for d in first["context"]}
     with_turn = second["usage_metadata"]["input_tokens"]
     same_chunks = chain.rag.query(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from contextlib import contextmanager
 
@@ -187,7 +188,21 @@ def _llm_events(recorder):
     return [e for e in recorder.events if e.class_name().startswith("LLMChat")]
 
 
-def test_generation_is_reported_as_llm_chat_events_inside_a_synthesize_span(engine):
+def _ancestors(spans, span_id):
+    """``span_id`` and the spans it is nested in, innermost first."""
+    chain = []
+    while span_id is not None:
+        chain.append(span_id)
+        span_id = spans.spans.get(span_id)
+    return chain
+
+
+def _inside(spans, span_id, name):
+    """Whether ``span_id`` is a span named ``name`` or nested in one."""
+    return any(s.startswith(name + "-") for s in _ancestors(spans, span_id))
+
+
+def test_generation_is_reported_as_llm_chat_events_inside_a_synthesize_span(engine, kb_rag):
     with recording() as (recorder, spans):
         response = engine.query(LOTHAIR_QUESTION)
     llm = _llm_events(recorder)
@@ -198,21 +213,69 @@ def test_generation_is_reported_as_llm_chat_events_inside_a_synthesize_span(engi
     assert used in start.messages[-1].content and LOTHAIR_QUESTION in start.messages[-1].content
     assert end.response.message.content == response.response
     assert end.response.raw["usage"] == response.metadata["adarag"]["usage"]
+    assert start.model_dict["model_name"] == kb_rag.model_name != "default"
     name = "AdaptiveCachedQueryEngine.synthesize"
     synthesize = [span for span in spans.spans if span.startswith(name)]
-    assert len(synthesize) == 1 and start.span_id == synthesize[0]
+    assert len(synthesize) == 1 and start.span_id == end.span_id
+    assert synthesize[0] in _ancestors(spans, start.span_id)  # AdaRagLLM.chat, inside it
     assert spans.spans[synthesize[0]].startswith("AdaptiveCachedQueryEngine._query")
 
 
-def test_streamed_generation_reports_each_delta(streaming_engine):
-    with recording() as (recorder, _):
+def test_streamed_generation_reports_each_delta_inside_the_synthesize_span(streaming_engine):
+    """Regression: streamed in-progress and end events had span_id None."""
+    with recording() as (recorder, spans):
         response = streaming_engine.query(FILM_QUESTION)
         deltas = list(response.response_gen)
     llm = _llm_events(recorder)
     progress = [e for e in llm if e.class_name() == "LLMChatInProgressEvent"]
     assert llm[0].class_name() == "LLMChatStartEvent" and llm[-1].class_name() == "LLMChatEndEvent"
-    assert [e.response.delta for e in progress] == deltas and len(deltas) > 1
+    assert [e.response.delta for e in progress if e.response.delta] == deltas and len(deltas) > 1
     assert llm[-1].response.message.content == "".join(deltas)
+    assert llm[-1].response.raw["usage"] == response.metadata["adarag"]["usage"]
+    for event in llm:
+        assert _inside(spans, event.span_id, "AdaptiveCachedQueryEngine.synthesize"), event
+
+
+def test_async_streamed_generation_reports_its_events_inside_the_asynthesize_span(
+    streaming_engine,
+):
+    async def stream():
+        response = await streaming_engine.aquery(FILM_QUESTION)
+        return [token async for token in response.async_response_gen()]
+
+    with recording() as (recorder, spans):
+        deltas = asyncio.run(stream())
+    llm = _llm_events(recorder)
+    assert len(deltas) > 1 and llm[-1].class_name() == "LLMChatEndEvent"
+    assert llm[-1].response.raw["usage"]["completion_tokens"] > 0
+    for event in llm:
+        assert _inside(spans, event.span_id, "AdaptiveCachedQueryEngine.asynthesize"), event
+
+
+def test_the_chat_engine_streams_async_deltas_as_they_are_decoded(engine, capsys):
+    """Regression: async_response_gen yielded one '' after the whole answer."""
+    chat = engine.as_chat_engine()
+
+    async def first_delta_then_rest():
+        response = await chat.astream_chat(LOTHAIR_QUESTION)
+        deltas = []
+        async for delta in response.async_response_gen():
+            if not deltas:
+                done_at_first = response.is_done
+            deltas.append(delta)
+        return response, deltas, done_at_first
+
+    response, deltas, done_at_first = asyncio.run(first_delta_then_rest())
+    assert len([d for d in deltas if d]) > 1 and not done_at_first
+    assert response.source_nodes and response.response == "".join(deltas).strip()
+    assert chat.chat_history[-1].content == response.response  # the turn is remembered
+
+    async def printed():
+        await (await chat.astream_chat("Where did she live?")).aprint_response_stream()
+
+    capsys.readouterr()
+    asyncio.run(printed())
+    assert capsys.readouterr().out.strip() == chat.chat_history[-1].content != ""
 
 
 def test_the_chat_engine_reports_its_turns_to_the_model(engine):
@@ -241,6 +304,33 @@ def test_warming_indexed_nodes_makes_their_first_query_a_cache_hit(kb_rag):
     response = engine.query(f"When was the {tag} lighthouse built?")
     tiers = [tier for step in response.metadata["adarag"]["steps"] for tier in step["tiers"]]
     assert tiers and "miss" not in tiers
+
+
+def test_warming_a_chroma_backed_index_warms_its_nodes(kb_rag, caplog):
+    """Regression: warm(index.docstore.docs.values()) warmed 0 nodes, silently, over Chroma."""
+    tag = uuid.uuid4().hex[:8]
+    client = chromadb.EphemeralClient()
+    collection = client.create_collection(f"warm-{tag}")
+    storage = StorageContext.from_defaults(
+        vector_store=ChromaVectorStore(chroma_collection=collection)
+    )
+    documents = [
+        Document(text=f"The {tag} observatory sits on Mount Orrin, opened in 1903."),
+        Document(text=f"Mount Orrin's {tag} railway climbs it twice a day."),
+    ]
+    index = VectorStoreIndex.from_documents(
+        documents, storage_context=storage, embed_model=AdaRagEmbedding()
+    )
+    engine = AdaptiveCachedQueryEngine.from_index(index, kb_rag, similarity_top_k=2)
+    with caplog.at_level("WARNING"):
+        assert engine.warm(index.docstore.docs.values()) == 0  # empty with a vector store
+    assert "engine.warm_index(index)" in caplog.text
+    assert engine.warm_index(index) == 2
+    assert engine.warm_index(index) == 0  # already cached
+    response = engine.query(f"When did the {tag} observatory open?")
+    tiers = [tier for step in response.metadata["adarag"]["steps"] for tier in step["tiers"]]
+    assert tiers and "miss" not in tiers
+    client.delete_collection(collection.name)
 
 
 def test_from_vector_store_index_over_the_adarag_collection(kb_rag, knowledge_base):
@@ -289,6 +379,46 @@ def test_from_chroma_collection_written_by_llama_index(kb_rag):
     client.delete_collection(collection.name)
 
 
+def test_from_chroma_collection_with_the_collections_chroma_embedding_function(kb_rag):
+    function = _WordFunction()
+    client = chromadb.EphemeralClient()
+    collection = client.create_collection(f"fn-{uuid.uuid4().hex[:8]}", embedding_function=function)
+    collection.add(
+        ids=["river", "bells"],
+        documents=["The Zorblat river flows through Quenby.", "Quenby rings its glass bells."],
+    )
+    engine = AdaptiveCachedQueryEngine.from_chroma_collection(
+        collection, kb_rag, similarity_top_k=1, embedding_function=function
+    )
+    nodes = engine.retrieve(QueryBundle("which river flows there"))
+    assert [n.node.node_id for n in nodes] == ["river"] and 0 < nodes[0].score <= 1
+    with pytest.raises(ConfigError, match="embedding_model .* or embedding_function, not both"):
+        AdaptiveCachedQueryEngine.from_chroma_collection(
+            collection, kb_rag, embedding_model="/some/model", embedding_function=function
+        )
+    client.delete_collection(collection.name)
+
+
+class _WordFunction(chromadb.EmbeddingFunction):
+    """A chromadb embedding function: bag-of-words counts over 32 hashed buckets."""
+
+    def __init__(self):
+        pass
+
+    def __call__(self, input):
+        vectors = []
+        for text in input:
+            vector = [0.0] * 32
+            for word in text.lower().replace(".", "").split():
+                vector[int(hashlib.sha256(word.encode()).hexdigest(), 16) % 32] += 1.0
+            vectors.append(vector)
+        return vectors
+
+    @staticmethod
+    def name():
+        return "word-buckets-32"
+
+
 def test_prompt_templates_are_exposed_and_updated(kb_rag, knowledge_base):
     engine = AdaptiveCachedQueryEngine.from_knowledge_base(
         knowledge_base, kb_rag, similarity_top_k=2, max_new_tokens=MAX_NEW_TOKENS
@@ -330,6 +460,7 @@ def test_llm_completes_chats_and_streams_with_usage(kb_rag):
     deltas = [part.delta for part in llm.stream_complete("Count: one, two,")]
     assert len([d for d in deltas if d]) > 1
     assert llm.metadata.is_chat_model and llm.metadata.context_window > 0
+    assert llm.metadata.model_name == kb_rag.generator.checkpoint.name  # not "default"
 
     async def run_async():
         answer = await llm.acomplete("Name a fruit.")

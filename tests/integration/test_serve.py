@@ -272,6 +272,36 @@ def test_a_bad_body_is_refused_naming_the_field(server, route, body, param):
     assert error["message"].startswith(param) or param in error["message"]
 
 
+def test_a_json_response_format_is_refused_saying_why(server):
+    """Regression: response_format was accepted and ignored."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(server.client(), LOTHAIR_QUESTION, response_format={"type": "json_object"})
+    error = caught.value.body
+    assert caught.value.status_code == 400 and error["param"] == "response_format"
+    assert "no constrained (JSON schema) decoding" in error["message"]
+    plain = ask(server.client(), LOTHAIR_QUESTION, response_format={"type": "text"})
+    assert plain.choices[0].message.content
+
+
+def test_unknown_routes_and_methods_get_openai_errors_and_models_can_be_retrieved(server):
+    """Regression: FastAPI's {"detail": ...} bodies, and no GET /v1/models/{id}."""
+    client = server.client()
+    served = client.models.list().data[0].id
+    assert client.models.retrieve(served).id == served
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-4o")
+    assert caught.value.body["code"] == "model_not_found" and served in caught.value.message
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    missing = httpx.post(f"{server.base_url}/embeddings", json={}, headers=headers)
+    assert missing.status_code == 404 and set(missing.json()) == {"error"}
+    assert missing.json()["error"]["code"] == "not_found"
+    assert "/v1/chat/completions" in missing.json()["error"]["message"]
+    wrong_method = httpx.get(f"{server.base_url}/chat/completions", headers=headers)
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    error = wrong_method.json()["error"]
+    assert error["code"] == "method_not_allowed" and "use POST" in error["message"]
+
+
 def test_a_body_that_is_not_json_is_refused(server):
     reply = httpx.post(
         f"{server.base_url}/chat/completions",

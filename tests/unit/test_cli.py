@@ -90,3 +90,25 @@ def test_a_bad_serve_option_is_named_before_anything_loads(capsys):
     assert main(["serve", "--timeout", "0", "--max-queued", "5"]) == 2
     error = capsys.readouterr().err
     assert "--timeout (config field serve.request_timeout_s)" in error and "fix --timeout" in error
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--config", "c.json", "-v", "chat"],
+        ["chat", "--config", "c.json", "-v"],
+        ["-v", "chat", "--config", "c.json"],
+    ],
+)
+def test_config_and_verbose_are_taken_before_or_after_the_command(argv):
+    from adarag.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert (args.command, args.config, args.verbose) == ("chat", "c.json", True)
+
+
+def test_without_config_and_verbose_the_defaults_hold():
+    from adarag.cli import build_parser
+
+    args = build_parser().parse_args(["chat"])
+    assert (args.config, args.verbose) == (None, False)

@@ -30,7 +30,7 @@ SERVING = {
     "data",
     "serve",
 }
-TOOLING = {"profile_tools", "evaluation", "cli"}
+TOOLING = {"profile_tools", "evaluation", "cli", "__main__"}
 TOOL_MODULES = {"profiles.sinks": "profile_tools", "profiles.calibration": "profile_tools"}
 
 # layer -> adarag layers it may import (itself included where it has several modules)
@@ -52,6 +52,7 @@ ALLOWED = {
     "profile_tools": SERVING | {"evaluation", "profile_tools"},
     "evaluation": SERVING | {"evaluation", "profile_tools"},
     "cli": SERVING | TOOLING,
+    "__main__": {"cli"},  # python -m adarag
 }
 FORBIDDEN_THIRD_PARTY = {
     "kernels": {"chromadb", "llama_index", "langchain_core", "vllm"},

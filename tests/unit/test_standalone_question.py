@@ -1,4 +1,4 @@
-"""A follow-up's retrieval text: the concatenated questions, or the model's condensed question."""
+"""A follow-up's retrieval text: the earlier turns joined to it, or the condensed question."""
 
 from __future__ import annotations
 
@@ -30,6 +30,29 @@ def test_concatenation_is_the_questions_in_order(make_rag):
         "when did she die?", HISTORY
     )
     assert rag.standalone_question("when did she die?") == "when did she die?"
+
+
+def test_by_default_a_follow_up_is_retrieved_with_the_earlier_answers(make_rag):
+    """Regression: only the earlier questions joined the follow-up, never the answers."""
+    history = [("Who is the founder we talked about?", "Marta Kowalski.")]
+    passages = [
+        Chunk("Marta Kowalski was born in Gdansk in 1961 and founded the Vistula press."),
+        Chunk("The founder of a company is the person who starts it; founders talk a lot."),
+        Chunk("Where a person was born is recorded on the birth certificate."),
+    ]
+    rag = make_rag()
+    assert rag.config.chat.standalone_question == "turns"
+    query = rag.standalone_question("Where was she born?", history)
+    assert query == retrieval_query("Where was she born?", history, with_answers=True)
+    assert "Marta Kowalski." in query and query.index("Where was she born?") < query.index("Marta")
+    rag.retriever = RecordingRetriever(passages)
+    answer = rag.query(
+        "Where was she born?", history=history, params=GenerationParams(max_new_tokens=1)
+    )
+    assert rag.retriever.queries == [query]
+    assert answer.chunks[0].text == passages[0].text  # found by the name the answer gave
+    questions_only = make_rag(chat={"standalone_question": "concatenate"})
+    assert "Marta" not in questions_only.standalone_question("Where was she born?", history)
 
 
 class RecordingRetriever(MemoryRetriever):

@@ -41,7 +41,7 @@ def run_messages(
 
 
 def _start_kwargs(rag: AdaRAG, params: GenerationParams) -> dict[str, Any]:
-    invocation = {"model_name": rag.config.engine.model, "_type": "adarag"}
+    invocation = {"model_name": rag.model_name, "_type": "adarag"}
     invocation |= {"max_tokens": params.max_new_tokens, "temperature": params.temperature}
     return {"name": RUN_NAME, "invocation_params": invocation}
 
@@ -50,7 +50,7 @@ def _final(rag: AdaRAG, answer: Answer) -> LLMResult:
     message = AIMessage(
         content=answer.text,
         usage_metadata=usage_metadata(answer),
-        response_metadata={"model_name": rag.config.engine.model, "ttft_s": answer.trace.ttft_s},
+        response_metadata={"model_name": rag.model_name, "ttft_s": answer.trace.ttft_s},
     )
     return LLMResult(generations=[[ChatGeneration(message=message)]])
 

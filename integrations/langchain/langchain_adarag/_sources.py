@@ -22,7 +22,7 @@ class ConversationRetriever:
 
     What ``create_history_aware_retriever`` builds (a prompt and a model condensing the
     conversation into a search query, then a retriever). It is given the conversation itself;
-    other retrievers get the earlier questions and the question joined as their query.
+    other retrievers get the conversation's retrieval text (``AdaRAG.standalone_question``).
     """
 
     def __init__(self, runnable: Runnable) -> None:

@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
 from pydantic import Field, PrivateAttr
 
 from adarag import AdaRAG, AdaRagConfig, Answer, GenerationParams
 from langchain_adarag._convert import chat_messages, usage_metadata
+
+TOOLS_UNSUPPORTED = (
+    "ChatAdaRag does not support tool calling: adarag decodes plain text and has no tool-call "
+    "format or parser, and its small local models are not trained to call tools. Call the "
+    "tools in your own code and pass their results in the messages, or give the agent a "
+    "tool-calling chat model and use adarag for the retrieval-grounded answers "
+    "(AdaptiveCachedRAG as a tool)"
+)
+STRUCTURED_OUTPUT_UNSUPPORTED = (
+    "ChatAdaRag does not support with_structured_output: adarag has no constrained (JSON "
+    "schema) decoding, so the output of its small local models is not guaranteed to parse. "
+    "Ask for the format in the prompt and parse the text (PydanticOutputParser, "
+    "JsonOutputParser), handling failures"
+)
 
 
 class ChatAdaRag(BaseChatModel):
@@ -32,8 +47,10 @@ class ChatAdaRag(BaseChatModel):
     Async (each engine step runs in a worker thread):
         >>> await model.ainvoke("...")
 
-    Usage is on the message (``usage_metadata``, on the last chunk when streaming). Tool
-    calling and structured output are not supported.
+    Usage is on the message (``usage_metadata``, on the last chunk when streaming), under the
+    checkpoint's name (``response_metadata["model_name"]``). ``get_num_tokens`` counts with the
+    model's tokenizer, ``get_num_tokens_from_messages`` the prompt the chat template makes.
+    ``bind_tools`` and ``with_structured_output`` raise ``NotImplementedError`` saying why.
     """
 
     adarag_config: AdaRagConfig = Field(default_factory=AdaRagConfig)
@@ -70,7 +87,7 @@ class ChatAdaRag(BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {
-            "model_name": self.adarag_config.engine.model,
+            "model_name": self._rag.model_name,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
         }
@@ -129,6 +146,48 @@ class ChatAdaRag(BaseChatModel):
             yield chunk
         yield self._last_chunk(await stream.answer(), params)
 
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "adarag"
+        params["ls_model_name"] = self._rag.model_name
+        return params
+
+    # --- tokens
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """The model's token ids of ``text`` (no special tokens)."""
+        return list(self._rag.tokenizer.encode(text, add_special_tokens=False))
+
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
+    ) -> int:
+        """Tokens of the prompt the model's chat template makes of ``messages``.
+
+        Raises:
+            NotImplementedError: ``tools`` are given (tool calling is not supported).
+        """
+        if tools:
+            raise NotImplementedError(TOOLS_UNSUPPORTED)
+        return len(self._rag.prompts.chat_ids(chat_messages(messages)))
+
+    # --- not supported
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[Any, Any]:
+        """Not supported.
+
+        Raises:
+            NotImplementedError: Always, saying why and what to do instead.
+        """
+        raise NotImplementedError(TOOLS_UNSUPPORTED)
+
+    def with_structured_output(self, schema: Any, **kwargs: Any) -> Runnable[Any, Any]:
+        """Not supported.
+
+        Raises:
+            NotImplementedError: Always, saying why and what to do instead.
+        """
+        raise NotImplementedError(STRUCTURED_OUTPUT_UNSUPPORTED)
+
     # --- internals
 
     def _params(self, stop: list[str] | None, **kwargs: Any) -> GenerationParams:
@@ -142,7 +201,7 @@ class ChatAdaRag(BaseChatModel):
     def _metadata(self, answer: Answer, params: GenerationParams) -> dict[str, Any]:
         hit_cap = answer.num_completion_tokens >= params.max_new_tokens
         return {
-            "model_name": self.adarag_config.engine.model,
+            "model_name": self._rag.model_name,
             "finish_reason": "length" if hit_cap else "stop",
             "ttft_s": answer.trace.ttft_s,
         }

@@ -46,9 +46,8 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         >>> chain = AdaptiveCachedRAG(rag=AdaRAG(retriever=knowledge_base))
 
     Invoke (a question, or ``{"input": question, "k": 4, "chat_history": messages}``; earlier
-    turns enter the prompt as chat turns and their questions the retrieval query, so
-    ``RunnableWithMessageHistory(chain, get_history, input_messages_key="input",
-    history_messages_key="chat_history", output_messages_key="answer")`` holds a conversation):
+    turns enter the prompt as chat turns and the retrieval query, so a message list kept per
+    conversation, each turn appended as ``HumanMessage`` and ``AIMessage``, holds one):
         >>> out = chain.invoke("Who directed Aas Ka Panchhi?")
         >>> out["answer"], out["context"], out["confidence"], out["stop_reason"]
         >>> out["usage_metadata"]["input_token_details"]["cache_read"]

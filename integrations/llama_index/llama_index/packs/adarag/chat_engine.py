@@ -1,30 +1,33 @@
 """AdaptiveChatEngine: a LlamaIndex chat engine over AdaptiveCachedQueryEngine.
 
 Each message is answered like a query, with the recent grounded turns carried as chat turns
-after the context (``AdaRAG.stream(history=...)``) and their user messages added to the
-retrieval query, so a follow-up ("When did she die?") finds and answers about what the
-conversation is about. The context chunks' KV stays reusable across turns. A turn answered
-without context is not carried into later prompts.
+after the context (``AdaRAG.stream(history=...)``) and their messages and answers added to the
+retrieval query (``chat.standalone_question``), so a follow-up ("When did she die?") finds and
+answers about what the conversation is about. The model call is AdaRagLLM's, so LlamaIndex's LLM
+events report it inside the chat call's span, and ``astream_chat`` streams deltas to
+``async_response_gen`` as they are decoded. The context chunks' KV stays reusable across turns.
+A turn answered without context is not carried into later prompts.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from dataclasses import dataclass
+from functools import partial
 from threading import Thread
 from typing import TYPE_CHECKING, Any
 
-from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.chat_engine.types import (
     AgentChatResponse,
     BaseChatEngine,
     StreamingAgentChatResponse,
 )
 from llama_index.core.schema import NodeWithScore, QueryBundle
-from llama_index.packs.adarag.llm_events import GenerationEvents
+from llama_index.packs.adarag.llm_events import PreparedAnswerLLM, prompt_messages
 from llama_index.packs.adarag.response import chunks_from_nodes, describe
 
-from adarag import AnswerStream
+from adarag import Answer, AnswerStream
 
 if TYPE_CHECKING:
     from llama_index.packs.adarag.query_engine import AdaptiveCachedQueryEngine
@@ -58,21 +61,25 @@ class AdaptiveChatEngine(BaseChatEngine):
         self, message: str, chat_history: list[ChatMessage] | None = None
     ) -> AgentChatResponse:
         """Answer ``message`` (``chat_history`` replaces the conversation so far when given)."""
-        stream, used, events = self._start(message, chat_history)
-        answer = stream.answer()
-        events.end(answer)
-        self._remember(message, answer.text, grounded=bool(answer.chunks))
-        return AgentChatResponse(response=answer.text, source_nodes=used)
+        turn = self._start(message, chat_history)
+        reply = turn.llm.chat(turn.messages)
+        self._remember(message, turn.stream.answer())
+        return AgentChatResponse(response=str(reply.message.content or ""), source_nodes=turn.used)
 
     def stream_chat(
         self, message: str, chat_history: list[ChatMessage] | None = None
     ) -> StreamingAgentChatResponse:
         """Stream the answer to ``message``; the turn is remembered when the stream ends."""
-        stream, used, events = self._start(message, chat_history)
+        turn = self._start(message, chat_history)
         response = StreamingAgentChatResponse(
-            chat_stream=self._chat_stream(message, stream, events), source_nodes=used
+            chat_stream=turn.llm.stream_chat(turn.messages), source_nodes=turn.used
         )
-        thread = Thread(target=response.write_response_to_history, args=(_Discard(),))
+        remember = partial(self._remember_streamed, message, turn.stream)
+        thread = Thread(
+            target=response.write_response_to_history,
+            args=(_Discard(),),
+            kwargs={"on_stream_end_fn": remember},
+        )
         response.write_response_to_history_thread = thread
         thread.start()
         return response
@@ -80,14 +87,28 @@ class AdaptiveChatEngine(BaseChatEngine):
     async def achat(
         self, message: str, chat_history: list[ChatMessage] | None = None
     ) -> AgentChatResponse:
-        """Async :meth:`chat` (the engine work runs in a worker thread)."""
-        return await asyncio.to_thread(self.chat, message, chat_history)
+        """Async :meth:`chat`: retrieval, prefill and each decoding step run in worker threads."""
+        turn = await asyncio.to_thread(self._start, message, chat_history)
+        reply = await turn.llm.achat(turn.messages)
+        self._remember(message, turn.stream.answer())
+        return AgentChatResponse(response=str(reply.message.content or ""), source_nodes=turn.used)
 
     async def astream_chat(
         self, message: str, chat_history: list[ChatMessage] | None = None
     ) -> StreamingAgentChatResponse:
-        """Async :meth:`stream_chat`: retrieval and prefill run in a worker thread."""
-        return await asyncio.to_thread(self.stream_chat, message, chat_history)
+        """Async :meth:`stream_chat`: deltas reach ``async_response_gen`` as they are decoded.
+
+        Retrieval, prefill and each decoding step run in worker threads.
+        """
+        turn = await asyncio.to_thread(self._start, message, chat_history)
+        response = StreamingAgentChatResponse(
+            achat_stream=await turn.llm.astream_chat(turn.messages), source_nodes=turn.used
+        )
+        remember = partial(self._remember_streamed, message, turn.stream)
+        response.awrite_response_to_history_task = asyncio.create_task(
+            response.awrite_response_to_history(_Discard(), on_stream_end_fn=remember)
+        )
+        return response
 
     # --- internals
 
@@ -102,41 +123,42 @@ class AdaptiveChatEngine(BaseChatEngine):
         ]
         return turns[-self._max_turns :] if self._max_turns else []
 
-    def _start(
-        self, message: str, chat_history: list[ChatMessage] | None
-    ) -> tuple[AnswerStream, list[NodeWithScore], GenerationEvents]:
+    def _start(self, message: str, chat_history: list[ChatMessage] | None) -> _Turn:
+        """Retrieve and prefill the answer to ``message``."""
         if chat_history is not None:
             self._messages = list(chat_history)
         turns = self._turns()
-        query = self._engine.rag.standalone_question(message, turns)
-        nodes = self._engine.retrieve(QueryBundle(query))
-        stream = self._engine.rag.stream(
-            message, chunks=chunks_from_nodes(nodes), params=self._engine.params, history=turns
-        )
+        rag = self._engine.rag
+        nodes = self._engine.retrieve(QueryBundle(rag.standalone_question(message, turns)))
+        params = self._engine.params
+        stream = rag.stream(message, chunks=chunks_from_nodes(nodes), params=params, history=turns)
         used, _ = describe(stream, nodes)
-        events = GenerationEvents(self._engine.rag, stream, message, turns)
-        events.start(self._engine.params)
-        return stream, used, events
+        llm = PreparedAnswerLLM(rag, stream, params, self._engine.callback_manager)
+        return _Turn(stream, used, llm, prompt_messages(rag, stream, message, turns))
 
-    def _chat_stream(
-        self, message: str, stream: AnswerStream, events: GenerationEvents
-    ) -> Generator[ChatResponse, None, None]:
-        text = ""
-        for delta in events.relay(stream):
-            text += delta
-            yield ChatResponse(
-                message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta
-            )
-        answer = stream.answer()
-        self._remember(message, answer.text, grounded=bool(answer.chunks))
+    def _remember_streamed(self, message: str, stream: AnswerStream) -> None:
+        """Record a streamed turn once its stream has ended."""
+        self._remember(message, stream.answer())
 
-    def _remember(self, message: str, answer: str, *, grounded: bool) -> None:
+    def _remember(self, message: str, answer: Answer) -> None:
         self._messages.append(ChatMessage(role=MessageRole.USER, content=message))
         self._messages.append(
             ChatMessage(
-                role=MessageRole.ASSISTANT, content=answer, additional_kwargs={GROUNDED: grounded}
+                role=MessageRole.ASSISTANT,
+                content=answer.text,
+                additional_kwargs={GROUNDED: bool(answer.chunks)},
             )
         )
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """A message's answer, prepared: its stream, the nodes used, the LLM relaying it."""
+
+    stream: AnswerStream
+    used: list[NodeWithScore]
+    llm: PreparedAnswerLLM
+    messages: list[ChatMessage]
 
 
 class _Discard:
@@ -144,3 +166,6 @@ class _Discard:
 
     def put(self, message: Any) -> None:
         """Ignore ``message`` (the engine records the turn when the stream ends)."""
+
+    async def aput(self, message: Any) -> None:
+        """Async :meth:`put`."""

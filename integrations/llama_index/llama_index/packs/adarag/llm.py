@@ -22,7 +22,14 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.llm import default_completion_to_prompt
 from llama_index.packs.adarag.response import token_usage
 
-from adarag import AdaRAG, AdaRagConfig, Answer, GenerationParams
+from adarag import (
+    AdaRAG,
+    AdaRagConfig,
+    Answer,
+    AnswerStream,
+    AsyncAnswerStream,
+    GenerationParams,
+)
 
 Prompt = str | list[dict[str, str]]
 
@@ -89,7 +96,7 @@ class AdaRagLLM(CustomLLM):
             context_window=self.config.engine.max_context_tokens or spec.max_position_embeddings,
             num_output=self.max_new_tokens,
             is_chat_model=True,
-            model_name=self.config.engine.model,
+            model_name=self._rag.model_name,
         )
 
     # --- completion
@@ -150,14 +157,14 @@ class AdaRagLLM(CustomLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Answer the conversation."""
-        stream = self._rag.generate(self._chat_prompt(messages), params=self._params(kwargs))
+        stream = self._chat_stream(messages, kwargs)
         answer = stream.answer()
         return ChatResponse(message=_assistant(answer.text), raw=_usage(answer))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        """Answer the conversation delta by delta."""
-        stream = self._rag.generate(self._chat_prompt(messages), params=self._params(kwargs))
+        """Answer the conversation delta by delta; the last response carries the usage."""
+        stream = self._chat_stream(messages, kwargs)
 
         def gen() -> Generator[ChatResponse, None, None]:
             for delta in stream:
@@ -170,7 +177,7 @@ class AdaRagLLM(CustomLLM):
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async :meth:`chat`."""
-        stream = await self._rag.agenerate(self._chat_prompt(messages), params=self._params(kwargs))
+        stream = await self._achat_stream(messages, kwargs)
         answer = await stream.answer()
         return ChatResponse(message=_assistant(answer.text), raw=_usage(answer))
 
@@ -179,7 +186,7 @@ class AdaRagLLM(CustomLLM):
         self, messages: Sequence[ChatMessage], **kwargs: Any
     ) -> ChatResponseAsyncGen:
         """Async :meth:`stream_chat`."""
-        stream = await self._rag.agenerate(self._chat_prompt(messages), params=self._params(kwargs))
+        stream = await self._achat_stream(messages, kwargs)
 
         async def gen() -> AsyncGenerator[ChatResponse, None]:
             async for delta in stream:
@@ -191,6 +198,16 @@ class AdaRagLLM(CustomLLM):
         return gen()
 
     # --- internals
+
+    def _chat_stream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> AnswerStream:
+        """The answer to ``messages``, prefilled, ready to decode."""
+        return self._rag.generate(self._chat_prompt(messages), params=self._params(kwargs))
+
+    async def _achat_stream(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> AsyncAnswerStream:
+        """Async :meth:`_chat_stream` (the prefill runs in a worker thread)."""
+        return await self._rag.agenerate(self._chat_prompt(messages), params=self._params(kwargs))
 
     def _params(self, kwargs: dict[str, Any]) -> GenerationParams:
         """Decoding options: the fields, overridden per call.

@@ -1,80 +1,78 @@
-"""The generation inside an adaptive answer, reported as LlamaIndex LLM chat events.
+"""The generation inside an adaptive answer, relayed through :class:`AdaRagLLM`'s chat methods.
 
-Instrumentation handlers see the model call of :class:`AdaptiveCachedQueryEngine` and
-:class:`AdaptiveChatEngine` as they see any LLM's: ``LLMChatStartEvent`` with the messages the
-model was given (the context opens the first user turn), ``LLMChatInProgressEvent`` per
-streamed delta and ``LLMChatEndEvent`` with the answer and its token usage in ``raw``.
+:class:`AdaptiveCachedQueryEngine` and :class:`AdaptiveChatEngine` retrieve and prefill
+themselves, then hand the prepared answer to a :class:`PreparedAnswerLLM`, whose chat methods
+are AdaRagLLM's. LlamaIndex's own LLM instrumentation therefore reports the model call as any
+LLM's, in the span of the caller (``synthesize``, ``stream_chat``): ``LLMChatStartEvent`` with
+the messages the model was given (the context opens the first user turn),
+``LLMChatInProgressEvent`` per streamed delta, ``LLMChatEndEvent`` with the answer and its token
+usage in ``raw``, and the legacy ``CBEventType.LLM`` callback that ``TokenCountingHandler``
+counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Sequence
+from typing import Any
 
-import llama_index.core.instrumentation as instrument
-from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
-from llama_index.core.instrumentation.events.llm import (
-    LLMChatEndEvent,
-    LLMChatInProgressEvent,
-    LLMChatStartEvent,
-)
-from llama_index.packs.adarag.response import token_usage
+from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.callbacks import CallbackManager
+from llama_index.packs.adarag.llm import AdaRagLLM
 
-from adarag import AdaRAG, Answer, AnswerStream, AsyncAnswerStream, GenerationParams
-
-dispatcher = instrument.get_dispatcher(__name__)
+from adarag import AdaRAG, AnswerStream, AsyncAnswerStream, GenerationParams
 
 
-class GenerationEvents:
-    """The events of one answer's generation: start, each delta, end."""
+class PreparedAnswerLLM(AdaRagLLM):
+    """AdaRagLLM whose chat calls decode one answer already retrieved for and prefilled.
+
+    One instance per answer; the messages given to its chat methods are reported, not
+    generated from (they are the prompt the answer was prefilled with).
+
+    Args:
+        rag: The pipeline that prepared ``stream``.
+        stream: The prepared answer.
+        params: The decoding options it was prepared with (reported with the call).
+        callback_manager: Legacy callbacks that see the LLM call (the engine's).
+    """
+
+    _prepared: AnswerStream = PrivateAttr()
 
     def __init__(
-        self, rag: AdaRAG, stream: AnswerStream, question: str, history: list[tuple[str, str]]
+        self,
+        rag: AdaRAG,
+        stream: AnswerStream,
+        params: GenerationParams,
+        callback_manager: CallbackManager | None = None,
     ) -> None:
-        chunks = [chunk.text for chunk in stream.chunks]
-        self.messages = [
-            ChatMessage(role=message["role"], content=message["content"])
-            for message in rag.prompts.messages(question, chunks, history)
-        ]
-        self.model = rag.config.engine.model
-        self.text = ""
-
-    def start(self, params: GenerationParams) -> None:
-        """The model is called with :attr:`messages`."""
-        dispatcher.event(
-            LLMChatStartEvent(
-                messages=self.messages,
-                additional_kwargs=params.model_dump(),
-                model_dict={"model_name": self.model, "class_name": "AdaRagLLM"},
-            )
+        super().__init__(
+            rag=rag,
+            max_new_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            callback_manager=callback_manager or CallbackManager(),
         )
+        self._prepared = stream
 
-    def delta(self, delta: str) -> None:
-        """One streamed delta of the answer."""
-        self.text += delta
-        dispatcher.event(
-            LLMChatInProgressEvent(messages=self.messages, response=self._response(delta=delta))
-        )
+    @classmethod
+    def class_name(cls) -> str:
+        """Reported as the LLM it is."""
+        return "AdaRagLLM"
 
-    def end(self, answer: Answer) -> None:
-        """The whole answer, with its usage."""
-        self.text = answer.text
-        response = self._response(raw={"usage": token_usage(answer)})
-        dispatcher.event(LLMChatEndEvent(messages=self.messages, response=response))
+    def _chat_stream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> AnswerStream:
+        return self._prepared
 
-    def relay(self, stream: AnswerStream) -> Iterator[str]:
-        """``stream``'s deltas, each reported, then the end."""
-        for delta in stream:
-            self.delta(delta)
-            yield delta
-        self.end(stream.answer())
+    async def _achat_stream(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> AsyncAnswerStream:
+        return AsyncAnswerStream(self._prepared)
 
-    async def arelay(self, stream: AsyncAnswerStream) -> AsyncIterator[str]:
-        """Async :meth:`relay`."""
-        async for delta in stream:
-            self.delta(delta)
-            yield delta
-        self.end(await stream.answer())
 
-    def _response(self, delta: str | None = None, raw: dict | None = None) -> ChatResponse:
-        message = ChatMessage(role=MessageRole.ASSISTANT, content=self.text)
-        return ChatResponse(message=message, delta=delta, raw=raw)
+def prompt_messages(
+    rag: AdaRAG, stream: AnswerStream, question: str, history: list[tuple[str, str]]
+) -> list[ChatMessage]:
+    """The turns the model was given: system prompt, context and earlier turns, the question."""
+    chunks = [chunk.text for chunk in stream.chunks]
+    return [
+        ChatMessage(role=message["role"], content=message["content"])
+        for message in rag.prompts.messages(question, chunks, history)
+    ]

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Generator, Iterable
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterable, Iterator
 from typing import Any
 
 import llama_index.core.instrumentation as instrument
-from llama_index.core import Settings
+from llama_index.core import Settings, VectorStoreIndex
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.base.llms.types import CompletionResponse
+from llama_index.core.base.llms.types import ChatResponse
 from llama_index.core.base.response.schema import (
     RESPONSE_TYPE,
     AsyncStreamingResponse,
@@ -27,27 +28,16 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixin, PromptMixinType
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from llama_index.packs.adarag.chat_engine import AdaptiveChatEngine
-from llama_index.packs.adarag.llm_events import GenerationEvents
+from llama_index.packs.adarag.llm_events import PreparedAnswerLLM, prompt_messages
 from llama_index.packs.adarag.prompts import prompt_overrides, template_from_config
-from llama_index.packs.adarag.response import (
-    METADATA_KEY,
-    chunks_from_nodes,
-    describe,
-    token_usage,
-)
+from llama_index.packs.adarag.response import METADATA_KEY, chunks_from_nodes, describe
 from llama_index.packs.adarag.retriever import AdaRagRetriever
 
-from adarag import (
-    AdaRAG,
-    Answer,
-    AnswerStream,
-    AsyncAnswerStream,
-    ConfigError,
-    GenerationParams,
-)
+from adarag import AdaRAG, ConfigError, GenerationParams
 from adarag.retrievers import ChromaRetriever, KnowledgeBase, SentenceEmbedder
 
 dispatcher = instrument.get_dispatcher(__name__)
+logger = logging.getLogger(__name__)
 
 QA_PROMPT_KEY = "text_qa_template"
 SYNTHESIZER_MODULE = "response_synthesizer"
@@ -72,6 +62,9 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         >>> response = engine.query("Who directed Aas Ka Panchhi?")
         >>> response.source_nodes  # the chunks the answer was conditioned on, with scores
         >>> response.metadata["adarag"]["usage"]  # prompt, completion and cached tokens
+
+    Warm (precompute the chunk KV of indexed nodes, so their first query is a cache hit):
+        >>> engine.warm_index(index)  # or engine.warm(nodes)
 
     Stream (``streaming=True``; ``source_nodes`` are known before the first token):
         >>> for token in engine.query("...").response_gen: print(token, end="")
@@ -181,6 +174,7 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         *,
         similarity_top_k: int = 4,
         embedding_model: str = "default",
+        embedding_function: Any = None,
         min_top_score: float | None = None,
         where: dict[str, Any] | None = None,
         **kwargs: Any,
@@ -191,17 +185,27 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
             collection: A chromadb collection.
             rag: The adarag pipeline.
             similarity_top_k: Candidate chunks per question.
-            embedding_model: The model that embedded the collection (``"default"``: MiniLM).
+            embedding_model: The local sentence-transformers directory that embedded the
+                collection (``"default"``: MiniLM).
+            embedding_function: Instead of ``embedding_model``: the chromadb
+                ``EmbeddingFunction`` (or adarag embedder) that embedded the collection, e.g.
+                ``collection._embedding_function`` or the one passed to ``create_collection``.
             min_top_score: Best similarity below which a question gets the no-context answer.
             where: A Chroma metadata filter for every query, e.g. ``{"document_id": "d1"}``.
             **kwargs: Constructor options.
 
         Raises:
-            KnowledgeBaseError: The collection holds vectors of another dimension.
+            ConfigError: Both ``embedding_model`` and ``embedding_function`` are given.
+            KnowledgeBaseError: The collection holds vectors of another dimension or model.
         """
+        if embedding_function is not None and embedding_model != "default":
+            raise ConfigError(
+                f"pass embedding_model ({embedding_model!r}) or embedding_function, not both: "
+                "each names the model that embedded the collection"
+            )
         chroma = ChromaRetriever(
             collection,
-            SentenceEmbedder(embedding_model),
+            embedding_function or SentenceEmbedder(embedding_model),
             min_top_score=min_top_score,
             where=where,
         )
@@ -225,12 +229,37 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
         """Precompute the chunk KV of nodes indexed by LlamaIndex; returns how many were new.
 
         The text is the one a query sends (``get_content(metadata_mode=LLM)``), so a later
-        query finds every warmed node in the cache instead of computing it in full. E.g.
-        ``engine.warm(index.docstore.docs.values())`` after ``VectorStoreIndex.from_documents``.
-        Entries go to the disk tier and survive restarts.
+        query finds every warmed node in the cache instead of computing it in full. Entries go
+        to the disk tier and survive restarts. For a whole index use :meth:`warm_index`.
         """
         scored = [n if isinstance(n, NodeWithScore) else NodeWithScore(node=n) for n in nodes]
+        if not scored:
+            logger.warning(
+                "warm() was given no nodes. A VectorStoreIndex over a vector store that keeps "
+                "the text (Chroma, ...) has an empty docstore; use engine.warm_index(index)"
+            )
         return self._rag.warm(chunks_from_nodes(scored))
+
+    def warm_index(self, index: VectorStoreIndex) -> int:
+        """Precompute the chunk KV of every node of ``index``; returns how many were new.
+
+        The nodes come from ``index.docstore``, or, for an index over a vector store that keeps
+        the text (Chroma and most others; their docstore stays empty), from the vector store.
+
+        Raises:
+            ConfigError: The vector store cannot list its nodes (pass them to :meth:`warm`).
+        """
+        nodes: list[BaseNode] = list(index.docstore.docs.values())
+        store = index.vector_store
+        if not nodes and store.stores_text:
+            try:
+                nodes = store.get_nodes(None)
+            except NotImplementedError as err:
+                raise ConfigError(
+                    f"{type(store).__name__} cannot list its nodes, so the index cannot be "
+                    "warmed whole; pass the nodes you inserted to engine.warm(nodes)"
+                ) from err
+        return self.warm(nodes)
 
     def as_chat_engine(self, max_turns: int = 2) -> AdaptiveChatEngine:
         """A chat engine over this engine, carrying earlier turns as chat turns.
@@ -294,17 +323,17 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
                 query_bundle.query_str, chunks=chunks_from_nodes(nodes), params=self.params
             )
             used, metadata = describe(stream, nodes)
-            events = GenerationEvents(self._rag, stream, query_bundle.query_str, [])
-            events.start(self.params)
+            llm = PreparedAnswerLLM(self._rag, stream, self.params, self.callback_manager)
+            messages = prompt_messages(self._rag, stream, query_bundle.query_str, [])
             response: RESPONSE_TYPE
             if self.streaming:
-                tokens = self._finish(stream, events, metadata, query_bundle)
+                tokens = _deltas(llm.stream_chat(messages), metadata)
                 response = StreamingResponse(tokens, source_nodes=used, metadata=metadata)
             else:
-                answer = stream.answer()
-                events.end(answer)
-                self._record_usage(answer, metadata, query_bundle)
-                response = Response(answer.text, source_nodes=used, metadata=metadata)
+                reply = llm.chat(messages)
+                metadata[METADATA_KEY]["usage"] = reply.raw["usage"]
+                text = str(reply.message.content or "")
+                response = Response(text, source_nodes=used, metadata=metadata)
             event.on_end(payload={EventPayload.RESPONSE: response})
         dispatcher.event(SynthesizeEndEvent(query=query_bundle, response=response))
         return response
@@ -325,17 +354,17 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
                 query_bundle.query_str, chunks=chunks_from_nodes(nodes), params=self.params
             )
             used, metadata = describe(stream.stream, nodes)
-            events = GenerationEvents(self._rag, stream.stream, query_bundle.query_str, [])
-            events.start(self.params)
+            llm = PreparedAnswerLLM(self._rag, stream.stream, self.params, self.callback_manager)
+            messages = prompt_messages(self._rag, stream.stream, query_bundle.query_str, [])
             response: RESPONSE_TYPE
             if self.streaming:
-                tokens = self._afinish(stream, events, metadata, query_bundle)
+                tokens = _adeltas(await llm.astream_chat(messages), metadata)
                 response = AsyncStreamingResponse(tokens, source_nodes=used, metadata=metadata)
             else:
-                answer = await stream.answer()
-                events.end(answer)
-                self._record_usage(answer, metadata, query_bundle)
-                response = Response(answer.text, source_nodes=used, metadata=metadata)
+                reply = await llm.achat(messages)
+                metadata[METADATA_KEY]["usage"] = reply.raw["usage"]
+                text = str(reply.message.content or "")
+                response = Response(text, source_nodes=used, metadata=metadata)
             event.on_end(payload={EventPayload.RESPONSE: response})
         dispatcher.event(SynthesizeEndEvent(query=query_bundle, response=response))
         return response
@@ -359,45 +388,27 @@ class AdaptiveCachedQueryEngine(BaseQueryEngine):
             event.on_end(payload={EventPayload.RESPONSE: response})
         return response
 
-    # --- internals
 
-    def _record_usage(
-        self, answer: Answer, metadata: dict[str, Any], query_bundle: QueryBundle
-    ) -> None:
-        """Put token usage in the metadata and report an LLM event (TokenCountingHandler)."""
-        usage = token_usage(answer)
-        metadata[METADATA_KEY]["usage"] = usage
-        with self.callback_manager.event(
-            CBEventType.LLM, payload={EventPayload.PROMPT: query_bundle.query_str}
-        ) as event:
-            completion = CompletionResponse(text=answer.text, raw={"usage": usage})
-            event.on_end(
-                payload={
-                    EventPayload.PROMPT: query_bundle.query_str,
-                    EventPayload.COMPLETION: completion,
-                }
-            )
+def _deltas(
+    responses: Iterator[ChatResponse], metadata: dict[str, Any]
+) -> Generator[str, None, None]:
+    """The text deltas of a streamed chat; the usage goes into ``metadata`` at the end."""
+    for reply in responses:
+        if reply.delta:
+            yield reply.delta
+        if reply.raw:
+            metadata[METADATA_KEY]["usage"] = reply.raw["usage"]
 
-    def _finish(
-        self,
-        stream: AnswerStream,
-        events: GenerationEvents,
-        metadata: dict[str, Any],
-        query_bundle: QueryBundle,
-    ) -> Generator[str, None, None]:
-        yield from events.relay(stream)
-        self._record_usage(stream.answer(), metadata, query_bundle)
 
-    async def _afinish(
-        self,
-        stream: AsyncAnswerStream,
-        events: GenerationEvents,
-        metadata: dict[str, Any],
-        query_bundle: QueryBundle,
-    ) -> AsyncGenerator[str, None]:
-        async for delta in events.arelay(stream):
-            yield delta
-        self._record_usage(await stream.answer(), metadata, query_bundle)
+async def _adeltas(
+    responses: AsyncIterator[ChatResponse], metadata: dict[str, Any]
+) -> AsyncGenerator[str, None]:
+    """Async :func:`_deltas`."""
+    async for reply in responses:
+        if reply.delta:
+            yield reply.delta
+        if reply.raw:
+            metadata[METADATA_KEY]["usage"] = reply.raw["usage"]
 
 
 class _SynthesizerPrompts(PromptMixin):

@@ -1,0 +1,50 @@
+"""The LangChain package README's snippets run as pasted, in order, as one script."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adarag import AdaRagConfig
+from adarag.retrievers import KnowledgeBase
+
+pytestmark = pytest.mark.integration
+README = Path(__file__).resolve().parents[2] / "integrations" / "langchain" / "README.md"
+
+
+def _python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), re.DOTALL)
+
+
+def test_the_langchain_readme_snippets_run_as_pasted(
+    real_config, shared_rag, corpus_path, tmp_path
+):
+    """Regression: the first snippet raised NameError: name 'config' is not defined.
+
+    The snippets use the default configuration: a home whose default knowledge base holds the
+    corpus (as `adarag ingest` leaves it) and whose models are the provisioned ones.
+    """
+    pytest.importorskip("langchain_adarag")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(Path(real_config.engine.model).parent)
+    with KnowledgeBase.from_config(AdaRagConfig.build(home=home)) as kb:
+        kb.ingest([corpus_path], tokenizer=shared_rag.tokenizer)
+    blocks = _python_blocks(README)
+    assert len(blocks) == 2  # the chain, then the conversation recipe
+    env = {**os.environ, "ADARAG_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", "\n".join(blocks)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip()  # the conversation's answers
