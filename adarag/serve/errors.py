@@ -64,6 +64,11 @@ def unauthorized() -> APIError:
     )
 
 
+def internal_error(err: BaseException) -> APIError:
+    """500: a failure the server did not expect (named by its type; the log has the rest)."""
+    return APIError(500, f"internal error: {type(err).__name__}", error_type="server_error")
+
+
 class QueueFullError(APIError):
     """429: every active slot is busy and the wait queue is full."""
 
