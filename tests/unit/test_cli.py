@@ -90,3 +90,18 @@ def test_a_bad_serve_option_is_named_before_anything_loads(capsys):
     assert main(["serve", "--timeout", "0", "--max-queued", "5"]) == 2
     error = capsys.readouterr().err
     assert "--timeout (config field serve.request_timeout_s)" in error and "fix --timeout" in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--max-body-bytes", "10"], "serve.max_request_body_bytes"),
+        (["--body-timeout", "0"], "serve.body_read_timeout_s"),
+    ],
+)
+def test_a_bad_request_limit_option_is_named_before_anything_loads(capsys, argv, field):
+    from adarag.cli import main
+
+    assert main(["serve", *argv]) == 2
+    error = capsys.readouterr().err
+    assert f"{argv[0]} (config field {field})" in error and f"fix {argv[0]}" in error
