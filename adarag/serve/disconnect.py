@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
 
 
 async def call_until_disconnect(
@@ -40,6 +43,11 @@ async def call_until_disconnect(
     try:
         await asyncio.wait({handling, watching}, return_when=asyncio.FIRST_COMPLETED)
         if watching.done() and watching.result():
+            logger.info(
+                "client hung up before the response: %s %s cancelled",
+                scope["method"],
+                scope["path"],
+            )
             handling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await handling  # the client is gone: nothing to answer
