@@ -28,9 +28,8 @@ def sample_token(
     """
     if params.temperature == 0.0:
         return int(torch.argmax(logits))
-    shifted = logits.double().cpu()
-    shifted -= shifted.max()
-    probs = torch.softmax(shifted / params.temperature, dim=-1)
+    scores = logits.double().cpu()  # may be the caller's own tensor: never changed in place
+    probs = torch.softmax((scores - scores.max()) / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         # keep the smallest prefix whose mass reaches top_p (always at least one token)
