@@ -993,6 +993,34 @@ class ServeConfig(_Frozen):
         description="Earlier (user, assistant) turns of a chat request carried into retrieval "
         "and the prompt, as `adarag chat --history-turns` does.",
     )
+    max_request_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        le=1024**3,
+        description="Largest request body read; a larger one is refused with 413 before it is "
+        "read (from its Content-Length, or once that many bytes have arrived).",
+    )
+    max_request_header_bytes: int = Field(
+        default=32 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="Largest total size of a request's header names and values; more is "
+        "refused with 431.",
+    )
+    max_json_depth: int = Field(
+        default=64,
+        ge=4,
+        le=1000,
+        description="Deepest nesting of JSON arrays and objects in a request body, checked "
+        "before the body is parsed; deeper is refused with 400.",
+    )
+    body_read_timeout_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        le=3600.0,
+        description="Seconds a request's body may take to arrive once its headers have; past "
+        "it the request is refused with 408 and the connection closed.",
+    )
 
 
 CONDENSE_PROMPT = (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -118,6 +118,10 @@ class PromptLayout:
         )
 
 
+Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+"""A sampling seed: any value a 64-bit generator takes (signed or unsigned)."""
+
+
 class GenerationParams(BaseModel):
     """Per-request decoding options."""
 
@@ -127,7 +131,7 @@ class GenerationParams(BaseModel):
     temperature: float = Field(default=0.0, ge=0.0, le=10.0, description="0 means greedy.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     stop: tuple[str, ...] = Field(default=(), description="Strings that end the answer.")
-    seed: int | None = Field(default=None, description="Sampling seed; None is nondeterministic.")
+    seed: Seed | None = Field(default=None, description="Sampling seed; None is nondeterministic.")
 
 
 @dataclass(frozen=True)

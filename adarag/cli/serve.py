@@ -33,6 +33,8 @@ _SERVE_OPTIONS = {
     "shutdown_grace": "shutdown_grace_s",
     "model_name": "model_name",
     "history_turns": "history_turns",
+    "max_body_bytes": "max_request_body_bytes",
+    "body_timeout": "body_read_timeout_s",
 }
 
 
@@ -68,6 +70,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds in-flight requests get to finish on SIGTERM/SIGINT "
         f"{_default('shutdown_grace_s')}",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        help="largest request body; larger ones get 413 before they are read "
+        f"{_default('max_request_body_bytes')}",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        help="seconds a request body may take to arrive; slower ones get 408 "
+        f"{_default('body_read_timeout_s')}",
     )
     parser.add_argument("--model-name", help="model id to list (default: the checkpoint name)")
     parser.add_argument(

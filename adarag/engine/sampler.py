@@ -19,10 +19,17 @@ def make_generator(params: GenerationParams) -> torch.Generator | None:
 def sample_token(
     logits: torch.Tensor, params: GenerationParams, generator: torch.Generator | None
 ) -> int:
-    """Pick the next token from ``logits [vocab]``."""
+    """Pick the next token from ``logits [vocab]``.
+
+    Any temperature above 0 is exact: the logits are shifted so the largest is 0 and divided in
+    float64, so a tiny temperature (down to the smallest float, 5e-324) sends every other token
+    to probability 0, greedy decoding in the limit, instead of overflowing into inf or NaN; a
+    tiny ``top_p`` keeps the most likely token.
+    """
     if params.temperature == 0.0:
         return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float().cpu() / params.temperature, dim=-1)
+    scores = logits.double().cpu()  # may be the caller's own tensor: never changed in place
+    probs = torch.softmax((scores - scores.max()) / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         # keep the smallest prefix whose mass reaches top_p (always at least one token)

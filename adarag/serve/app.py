@@ -21,6 +21,7 @@ from adarag.pipeline import AdaRAG
 from adarag.schema import GenerationParams
 from adarag.serve.errors import APIError, invalid_request, model_not_found, unauthorized
 from adarag.serve.http_errors import add_http_error_handler
+from adarag.serve.limits import RequestLimits
 from adarag.serve.protocol import ChatCompletionRequest, CompletionRequest, RagQueryRequest
 from adarag.serve.responses import Completion, rag_answer
 from adarag.serve.service import EngineService, StartAnswer, api_error
@@ -67,6 +68,7 @@ def create_app(
 
     app = FastAPI(title="adarag", summary="OpenAI-compatible RAG server", lifespan=lifespan)
     app.state.service = service
+    app.add_middleware(RequestLimits, config=config, api_key=api_key)
     _add_error_handlers(app)
     app.include_router(_routes(service, _key_check(api_key)))
 

@@ -76,6 +76,52 @@ def unauthorized() -> APIError:
     )
 
 
+def internal_error(err: BaseException) -> APIError:
+    """500: a failure the server did not expect (named by its type; the log has the rest)."""
+    return APIError(500, f"internal error: {type(err).__name__}", error_type="server_error")
+
+
+def payload_too_large(limit_bytes: int, size: str) -> APIError:
+    """413: the body is over ``serve.max_request_body_bytes``."""
+    return APIError(
+        413,
+        f"the request body is {size}, over the server's limit of {limit_bytes} bytes "
+        "(serve.max_request_body_bytes); send less context or raise the limit",
+        error_type="invalid_request_error",
+        code="request_too_large",
+    )
+
+
+def headers_too_large(limit_bytes: int, size_bytes: int) -> APIError:
+    """431: the request's headers are over ``serve.max_request_header_bytes``."""
+    return APIError(
+        431,
+        f"the request headers are {size_bytes} bytes, over the server's limit of {limit_bytes} "
+        "bytes (serve.max_request_header_bytes); send fewer or shorter headers",
+        error_type="invalid_request_error",
+        code="headers_too_large",
+    )
+
+
+def body_timeout(timeout_s: float) -> APIError:
+    """408: the body did not arrive within ``serve.body_read_timeout_s``."""
+    return APIError(
+        408,
+        f"the request body did not arrive within {timeout_s:g} s (serve.body_read_timeout_s); "
+        "send it at once, with a Content-Length that matches it",
+        error_type="invalid_request_error",
+        code="request_timeout",
+    )
+
+
+def nested_too_deeply(limit: int) -> APIError:
+    """400: the JSON body nests arrays and objects deeper than ``serve.max_json_depth``."""
+    return invalid_request(
+        f"the request body nests JSON arrays and objects more than {limit} deep "
+        "(serve.max_json_depth); flatten it"
+    )
+
+
 class QueueFullError(APIError):
     """429: every active slot is busy and the wait queue is full."""
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adarag.pipeline.stream import NO_CONTEXT_ANSWER
-from adarag.schema import GenerationParams
+from adarag.schema import GenerationParams, Seed
 
 Turn = tuple[str, str]
 
@@ -34,7 +34,7 @@ class _OpenAIBody(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: int = Field(default=1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, Literal
 
 from adarag.schema import Answer, Chunk, GenerationParams, QueryTrace
@@ -32,11 +33,18 @@ def finish_reason(answer: Answer, params: GenerationParams) -> str:
 
 
 def source(chunk: Chunk, *, with_text: bool) -> dict[str, Any]:
-    """A chunk the answer was conditioned on: id, score, metadata (and text)."""
+    """A chunk the answer was conditioned on: id, score, metadata (and text).
+
+    The file an ingested chunk came from is shown by its name only: where the server keeps its
+    files is not the client's business.
+    """
+    metadata = dict(chunk.metadata)
+    if isinstance(metadata.get("source"), str):
+        metadata["source"] = PurePath(metadata["source"]).name
     described: dict[str, Any] = {
         "chunk_id": chunk.chunk_id,
         "score": chunk.score,
-        "metadata": chunk.metadata,
+        "metadata": metadata,
     }
     if with_text:
         described["text"] = chunk.text

@@ -21,7 +21,8 @@ class AdaRagServer(uvicorn.Server):
     On the first SIGTERM or SIGINT (or :meth:`handle_exit` from another thread) queued requests
     get 503 at once, the listening socket closes, and in-flight requests have
     ``shutdown_grace_s`` to finish before they are cancelled; the KV cache is then flushed to
-    disk. A second SIGINT exits at once (no flush). The process exits with status 0.
+    disk. A second SIGINT exits at once (no flush). The process exits with status 0. HTTP is
+    parsed by h11, which buffers at most twice ``max_request_header_bytes`` of a request's head.
 
     Args:
         app: An application from :func:`~adarag.serve.create_app`.
@@ -39,6 +40,10 @@ class AdaRagServer(uvicorn.Server):
                 # uvicorn's annotation says int; it passes the value to asyncio.wait_for
                 timeout_graceful_shutdown=config.shutdown_grace_s,  # type: ignore[arg-type]
                 lifespan="on",
+                # h11 bounds what it buffers of a request's head (httptools does not): headers
+                # up to the limit get a 431 from the application, twice that a 400 from h11
+                http="h11",
+                h11_max_incomplete_event_size=2 * config.max_request_header_bytes,
             )
         )
         self._service: EngineService = app.state.service

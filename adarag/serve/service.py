@@ -11,7 +11,7 @@ from adarag.config import ServeConfig
 from adarag.errors import AdaRagError, ConfigError, InputError
 from adarag.pipeline import AdaRAG, AnswerStream
 from adarag.schema import Answer, GenerationParams
-from adarag.serve.errors import APIError, invalid_request
+from adarag.serve.errors import APIError, internal_error, invalid_request
 from adarag.serve.responses import DONE, Completion, sse_event
 from adarag.serve.scheduler import EngineSlots, EngineWorker, Slot
 
@@ -127,7 +127,7 @@ class EngineService:
         completion: Completion,
         finish: Callable[[], None],
     ) -> AsyncIterator[str]:
-        """The stream's events; a failure mid-stream ends it with an error event.
+        """The stream's events; a failure mid-stream ends it with an error event and ``[DONE]``.
 
         The client going away (or the server's grace period running out) cancels the task:
         the stream is then closed in a worker thread and its slot freed once it is.
@@ -147,6 +147,10 @@ class EngineService:
             yield DONE
         except AdaRagError as err:
             yield sse_event(api_error(err).body())
+            yield DONE
+        except Exception as err:  # a bug must still end the stream as the client expects
+            logger.exception("stream failed")
+            yield sse_event(internal_error(err).body())
             yield DONE
         finally:
             finish()

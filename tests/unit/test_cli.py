@@ -112,3 +112,18 @@ def test_without_config_and_verbose_the_defaults_hold():
 
     args = build_parser().parse_args(["chat"])
     assert (args.config, args.verbose) == (None, False)
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--max-body-bytes", "10"], "serve.max_request_body_bytes"),
+        (["--body-timeout", "0"], "serve.body_read_timeout_s"),
+    ],
+)
+def test_a_bad_request_limit_option_is_named_before_anything_loads(capsys, argv, field):
+    from adarag.cli import main
+
+    assert main(["serve", *argv]) == 2
+    error = capsys.readouterr().err
+    assert f"{argv[0]} (config field {field})" in error and f"fix {argv[0]}" in error
