@@ -40,8 +40,10 @@ def ablation(model: str, rows: list[FidelityRow]) -> str:
         "|---|---|" + "---|" * (len(RATIOS) + 1),
     ]
     for rule in rules:
-        cells = [str(summaries[(rule, r)].exact_interval) if (rule, r) in summaries else "-"
-                 for r in RATIOS]
+        cells = [
+            str(summaries[(rule, r)].exact_interval) if (rule, r) in summaries else "-"
+            for r in RATIOS
+        ]
         at = summaries.get((rule, 0.2))
         count = at.num_questions if at else 0
         kl = f"{at.first_token_kl:.3f}" if at else "-"

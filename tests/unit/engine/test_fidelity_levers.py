@@ -7,28 +7,18 @@ import statistics
 import pytest
 import torch
 
-from adarag.cache.entry import ChunkKV
 from adarag.config import RecomputeConfig
-from adarag.engine.batch import SegmentPlan
-from adarag.engine.selection import RecomputePlan, allocate, layer_budget_factor
+from adarag.engine.selection import allocate, layer_budget_factor
 from adarag.errors import InputError
 from tests.unit.engine.helpers import CHUNKS, QUESTION, independent_sources, layout_of
 from tests.unit.engine.test_fusion import _generator
+from tests.unit.engine.test_selection import _plan
 
 LEVERS = {
     "chunk_start": {"chunk_start_tokens": 2},
     "query_allocation": {"chunk_allocation": "query"},
     "gradual": {"layer_schedule": "gradual", "layer_spread": 1.0},
 }
-
-
-def _plan(lengths, ratios):
-    segments, start = [], 0
-    for length, ratio in zip(lengths, ratios, strict=True):
-        cached = None if ratio is None else ChunkKV(*torch.zeros(2, 1, length, 1, 1), start)
-        segments.append(SegmentPlan(start, start + length, cached, ratio or 0.0))
-        start += length
-    return RecomputePlan.of(segments)
 
 
 def test_chunk_start_tokens_are_chosen_inside_the_budget():
