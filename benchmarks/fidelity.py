@@ -135,10 +135,13 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
             dataset, args.data_dir, args.questions, CHUNKS_PER_DATASET[dataset], args.offset
         )
         started = time.perf_counter()
+        measured: dict[str, set[tuple[str, float]]] = {}
+        for row in read_rows(path):  # read once; this run's own rows are added as it goes
+            measured.setdefault(row.qid, set()).add((row.rule, row.ratio))
         for number, item in enumerate(questions):
             if number % count != index:
                 continue
-            done = {(r.rule, r.ratio) for r in read_rows(path) if r.qid == item.qid}
+            done = measured.get(item.qid, set())
             if wanted <= done:
                 continue
             append_rows(path, run.question(dataset, item, done))
