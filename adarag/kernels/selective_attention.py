@@ -78,12 +78,14 @@ def segment_attention_mass_ref(
     num_passes = -(-num_segments // head_dim)
     indicator = torch.zeros(num_kv, num_passes * head_dim, dtype=q.dtype, device=q.device)
     indicator[torch.arange(num_kv), owner.to(q.device)] = 1.0
-    mass = torch.empty(num_q, num_heads, num_passes * head_dim, dtype=torch.float32)
+    mass = torch.empty(
+        num_q, num_heads, num_passes * head_dim, dtype=torch.float32, device=q.device
+    )
     for pass_idx in range(num_passes):
         columns = indicator[:, pass_idx * head_dim : (pass_idx + 1) * head_dim]
         values = columns[:, None, :].expand(num_kv, num_kv_heads, head_dim)
         block_mass = _blocked_attention(q, k, values, q_positions, scale, query_block)
-        mass[..., pass_idx * head_dim : (pass_idx + 1) * head_dim] = block_mass.float().cpu()
+        mass[..., pass_idx * head_dim : (pass_idx + 1) * head_dim] = block_mass.float()
     return mass[..., :num_segments]
 
 
@@ -293,11 +295,12 @@ def _default_tiling(dtype: torch.dtype, head_dim_padded: int, write_mass: bool) 
     """Fixed launch settings, not autotuned (the first call compiles once per shape class).
 
     Chosen so that the kernel compiles for sm_90 without register spills up to head_dim 128
-    (checked with ptxas): 16-bit inputs use 128-row tiles on 8 warps with 64 keys per step (32
-    for head_dim 128; larger heads take 64 x 16); float32 dots run in IEEE float32 without tensor
-    cores, in 32 x 32 tiles; the mass pass of 16-bit inputs holds no value tile and takes 128 x 64.
-    Triton's interpreter has no registers to spill and pays per program step, so it takes the
-    largest tiles.
+    (checked with ptxas): 16-bit inputs use 128-row tiles on 8 warps with 64 keys per step (64
+    rows on 4 warps for head_dim 128, the fastest spill-free tiling of the H200 sweep in
+    ``benchmarks/results/kernels_gpu.md``; larger heads take 64 x 16); float32 dots run in IEEE
+    float32 without tensor cores, in 32 x 32 tiles; the mass pass of 16-bit inputs holds no value
+    tile and takes 128 x 64. Triton's interpreter has no registers to spill and pays per program
+    step, so it takes the largest tiles.
     """
     if is_triton_interpreted():
         return AttentionTiling(block_m=128, block_n=64, num_warps=4, num_stages=1)
@@ -308,7 +311,7 @@ def _default_tiling(dtype: torch.dtype, head_dim_padded: int, write_mass: bool) 
     if head_dim_padded <= 64:
         return AttentionTiling(block_m=128, block_n=64, num_warps=8, num_stages=3)
     if head_dim_padded <= 128:
-        return AttentionTiling(block_m=128, block_n=32, num_warps=8, num_stages=3)
+        return AttentionTiling(block_m=64, block_n=64, num_warps=4, num_stages=3)
     return AttentionTiling(block_m=64, block_n=16, num_warps=4, num_stages=2)
 
 
@@ -437,9 +440,9 @@ def segment_attention_mass_triton(
         tiling: Launch settings; default :func:`_default_tiling`.
 
     Returns:
-        mass [num_q, num_heads, num_segments] float32 on the CPU, as the twin returns it.
+        mass [num_q, num_heads, num_segments] float32 on q's device, as the twin returns it.
     """
-    return _launch_attention(q, k, k, q_positions, scale, cu_segments, tiling).cpu()
+    return _launch_attention(q, k, k, q_positions, scale, cu_segments, tiling)
 
 
 def selective_attention(
@@ -496,7 +499,9 @@ def segment_attention_mass(
         backend: Kernel backend ("auto", "triton" or "torch").
 
     Returns:
-        mass [num_q, num_heads, num_segments] float32 on the CPU; each row sums to 1.
+        mass [num_q, num_heads, num_segments] float32 on q's device; each row sums to 1.
+        Callers reduce over heads before copying it anywhere (at 32K queries and 64 segments
+        it is 268 MB).
     """
     if use_triton(backend, q, k):
         return segment_attention_mass_triton(q, k, q_positions, scale, cu_segments)

@@ -76,13 +76,13 @@ KERNELS = {
         {
             **ATTENTION_CONSTANTS,
             "OUT_DIM": 128,
-            "BLOCK_M": 128,
-            "BLOCK_N": 32,
+            "BLOCK_M": 64,
+            "BLOCK_N": 64,
             "WRITE_MASS": False,
             "DOT_PRECISION": "tf32",
             "DOT_IN_FP32": False,
         },
-        8,
+        4,
         3,
     ],
     "segment_attention_mass": [

@@ -78,7 +78,7 @@ def test_mass_matches_twin(case, heads, dtype, device):
     q, k, _, q_positions, scale = _inputs(heads, num_kv, positions, dtype, device)
     cu = _cu_segments(num_kv, device)
     mass = segment_attention_mass_triton(q, k, q_positions, scale, cu, tiling=SMALL_TILES)
-    assert mass.dtype == torch.float32 and mass.device.type == "cpu"
+    assert mass.dtype == torch.float32 and mass.device == q.device
     assert_close(mass, segment_attention_mass_ref(q, k, q_positions, scale, cu), dtype)
 
 
@@ -92,6 +92,16 @@ def test_dispatchers_run_kernel_with_default_tiles(dtype, device):
     cu = _cu_segments(150, device, bounds=(7, 60, 61, 100))
     mass = segment_attention_mass(q, k, q_positions, scale, cu, backend="triton")
     assert_close(mass, segment_attention_mass_ref(q, k, q_positions, scale, cu), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_full_causal_prefill_with_default_tiles_at_head_dim_128(dtype, device):
+    # a full prefill (every position a query) at Llama-3-8B's head shape, on the tiling the
+    # dispatcher picks for 16-bit head_dim 128 (block rows hold several tokens of 4 heads)
+    num_kv = 200
+    q, k, v, q_positions, scale = _inputs((8, 2, 128), num_kv, list(range(num_kv)), dtype, device)
+    out = selective_attention(q, k, v, q_positions, scale, backend="triton")
+    assert_close(out, selective_attention_ref(q, k, v, q_positions, scale), dtype)
 
 
 def test_mass_with_more_segments_than_head_dim(device):
