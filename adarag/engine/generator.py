@@ -85,12 +85,10 @@ class Generator:
             from adarag.engine.vllm import start_vllm
 
             model, decoder = start_vllm(checkpoint, engine, max_context, eos_token_ids(checkpoint))
-            runner = Runner(model, engine, kernels)
+            generator = cls(checkpoint, model, Runner(model, engine, kernels), decoder, max_context)
         else:
             model = load_model(checkpoint.path, spec, getattr(torch, engine.dtype), engine.device)
-            runner = Runner(model, engine, kernels)
-            batcher = StepBatcher(runner) if engine.batch_decode else None
-            decoder = TorchDecoder(runner, eos_token_ids(checkpoint), batcher)
+            generator = cls.for_model(checkpoint, model, engine, kernels)
         logger.info(
             "loaded %s (%s, %d layers, %s) in %.1f s",
             checkpoint.name,
@@ -99,6 +97,25 @@ class Generator:
             engine.backend,
             time.perf_counter() - started,
         )
+        return generator
+
+    @classmethod
+    def for_model(
+        cls,
+        checkpoint: Checkpoint,
+        model: DecoderAdapter,
+        engine: EngineConfig,
+        kernels: KernelConfig,
+    ) -> Generator:
+        """The torch engine around a model already in memory.
+
+        Benchmarks at real shapes with random weights use it: saving and re-reading the weights
+        would cost more than the run.
+        """
+        runner = Runner(model, engine, kernels)
+        batcher = StepBatcher(runner) if engine.batch_decode else None
+        decoder = TorchDecoder(runner, eos_token_ids(checkpoint), batcher)
+        max_context = engine.max_context_tokens or checkpoint.spec.max_position_embeddings
         return cls(checkpoint, model, runner, decoder, max_context)
 
     @property

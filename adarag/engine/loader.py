@@ -32,17 +32,35 @@ def load_model(path: Path, spec: ModelSpec, dtype: torch.dtype, device: str) -> 
                 f"{weights} is not a readable safetensors file ({reason}); re-save or re-copy "
                 "the checkpoint"
             ) from err
+    return model_from_state(checkpoint, spec, dtype, device, f"checkpoint {path}")
+
+
+def model_from_state(
+    checkpoint: dict[str, torch.Tensor],
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    device: str,
+    origin: str = "the state dict",
+) -> DecoderModel:
+    """Build a :class:`DecoderModel` from Hugging Face-named weights (already in memory).
+
+    ``origin`` names where the weights came from in errors. Weights already in ``dtype`` on
+    ``device`` are used as they are (q/k/v and gate/up are fused into new tensors).
+
+    Raises:
+        ModelLoadError: A weight is missing, unexpected, not floating-point or misshapen.
+    """
     not_float = sorted(name for name, w in checkpoint.items() if not w.is_floating_point())
     if not_float:
         raise ModelLoadError(
-            f"checkpoint {path} has weights that are not floating-point tensors ({not_float[:3]}); "
+            f"{origin} has weights that are not floating-point tensors ({not_float[:3]}); "
             "use a float16, bfloat16 or float32 checkpoint"
         )
     try:
         state = _rename_checkpoint_keys(checkpoint, spec)
     except RuntimeError as err:
         raise ModelLoadError(
-            f"checkpoint {path} has weights of the wrong shape ({_one_line(err)}); use the "
+            f"{origin} has weights of the wrong shape ({_one_line(err)}); use the "
             "config.json saved with these weights"
         ) from err
     with torch.device("meta"):
@@ -51,7 +69,7 @@ def load_model(path: Path, spec: ModelSpec, dtype: torch.dtype, device: str) -> 
     missing, unexpected = shapes.keys() - state.keys(), state.keys() - shapes.keys()
     if missing or unexpected:
         raise ModelLoadError(
-            f"checkpoint {path} does not match a {spec.family} model: missing "
+            f"{origin} does not match a {spec.family} model: missing "
             f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}; use the config.json "
             "saved with these weights"
         )
@@ -62,7 +80,7 @@ def load_model(path: Path, spec: ModelSpec, dtype: torch.dtype, device: str) -> 
     ]
     if wrong:
         raise ModelLoadError(
-            f"checkpoint {path} has weights of the wrong shape for its config.json "
+            f"{origin} has weights of the wrong shape for its config.json "
             f"({'; '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}); use the config.json "
             "saved with these weights"
         )
@@ -70,7 +88,7 @@ def load_model(path: Path, spec: ModelSpec, dtype: torch.dtype, device: str) -> 
         model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as err:
         raise ModelLoadError(
-            f"checkpoint {path} has weights that do not load ({_one_line(err)}); use the "
+            f"{origin} has weights that do not load ({_one_line(err)}); use the "
             "config.json saved with these weights"
         ) from err
     if spec.tie_word_embeddings:
