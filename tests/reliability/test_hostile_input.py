@@ -675,6 +675,8 @@ def test_jsonl_files_read_or_fail_naming_file_and_line(tmp_path_factory, ledger,
     source, err = attempt(lambda: read_source_file(path))
     if undecodable:
         handled = is_clear(err, InputError) and "is not UTF-8 text" in str(err)
+    elif "\x00" in text:  # a NUL byte: refused as binary, naming the file and the offset
+        handled = is_clear(err, InputError) and "looks binary" in str(err)
     elif first_bad is None:
         handled = err is None and all(
             isinstance(doc.text, str) and not LONE_SURROGATE.search(doc.text)
