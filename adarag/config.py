@@ -1200,6 +1200,8 @@ def _describe(err: ValidationError) -> str:
             loc = loc[:-1]
         value = error.get("input")
         message = str(error["msg"]).removeprefix("Value error, ").replace("\n", " ")
+        if len(message) > MAX_MESSAGE_CHARS:  # a validator's message can quote a huge value
+            message = message[: MAX_MESSAGE_CHARS - 3] + "..."
         if error["type"] == "extra_forbidden":
             known = _known_fields(loc[:-1])
             message = "unknown setting (check its spelling" + (
@@ -1221,6 +1223,10 @@ def _describe(err: ValidationError) -> str:
     if len(parts) > 3:
         parts = [*parts[:3], f"and {len(parts) - 3} more"]
     return "; ".join(parts)
+
+
+MAX_MESSAGE_CHARS = 200
+"""A setting's error message is cut to this length (the value it quotes may be megabytes)."""
 
 
 def _shown_value(loc: tuple[Any, ...], value: Any) -> str:

@@ -304,7 +304,11 @@ def read_passages(paths: Iterable[str | Path]) -> list[Chunk]:
 
 
 def split_by_tokens(
-    text: str, token_spans: TokenSpans, chunk_tokens: int, overlap_tokens: int
+    text: str,
+    token_spans: TokenSpans,
+    chunk_tokens: int,
+    overlap_tokens: int,
+    spans: Sequence[tuple[int, int]] | None = None,
 ) -> list[str]:
     """Windows of at most ``chunk_tokens`` tokens of ``text``, cut between words.
 
@@ -312,13 +316,16 @@ def split_by_tokens(
     Kowalski" is never cut inside a name); neighbours share about ``overlap_tokens`` tokens,
     the next window also starting at a word. Only a single word longer than the budget is cut
     inside. Each window is the original text from its first token's start to its last token's
-    end.
+    end. ``spans``: the text's token spans when the caller has them (else ``token_spans(text)``).
     """
     assert 0 <= overlap_tokens < chunk_tokens, f"overlap {overlap_tokens} >= {chunk_tokens}"
-    spans = list(token_spans(text))
+    spans = list(token_spans(text)) if spans is None else spans
     if not spans:
         return [text.strip()] if text.strip() else []
-    starts_word = [idx == 0 or _after_space(text, spans[idx][0]) for idx in range(len(spans))]
+
+    def starts_word(idx: int) -> bool:  # asked only near window ends: linear in the windows
+        return idx == 0 or _after_space(text, spans[idx][0])
+
     num_tokens = len(spans)
     chunks: list[str] = []
     start = 0
@@ -326,16 +333,16 @@ def split_by_tokens(
         end = min(start + chunk_tokens, num_tokens)
         if end < num_tokens:
             cut = end
-            while cut > start + 1 and not starts_word[cut]:
+            while cut > start + 1 and not starts_word(cut):
                 cut -= 1
-            end = cut if starts_word[cut] else end  # no word boundary: one over-long word
+            end = cut if starts_word(cut) else end  # no word boundary: one over-long word
         piece = text[spans[start][0] : spans[end - 1][1]].strip()
         if piece:
             chunks.append(piece)
         if end == num_tokens:
             break
         next_start = max(end - overlap_tokens, start + 1)
-        while next_start < end and not starts_word[next_start]:
+        while next_start < end and not starts_word(next_start):
             next_start += 1
         start = next_start
     return chunks

@@ -141,8 +141,18 @@ def split_sentences(
     while first < len(sentences):
         start = sentences[first][0]
         if num_tokens(start, sentences[first][1]) > chunk_tokens:  # one over-long sentence
-            piece = text[start : sentences[first][1]]
-            chunks.extend(split_by_tokens(piece, token_spans, chunk_tokens, overlap_tokens))
+            end = sentences[first][1]
+            first_token = bisect.bisect_left(token_starts, start)
+            if first_token and spans[first_token - 1][1] > start:  # " word" tokens start early
+                first_token -= 1
+            inside = spans[first_token : bisect.bisect_left(token_starts, end)]
+            piece_spans = [  # the text's tokens, not the piece re-tokenized
+                (max(a, start) - start, min(b, end) - start) for a, b in inside
+            ]
+            piece = text[start:end]
+            chunks.extend(
+                split_by_tokens(piece, token_spans, chunk_tokens, overlap_tokens, piece_spans)
+            )
             first += 1
             continue
         last = first
