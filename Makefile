@@ -41,7 +41,7 @@ test: install
 	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 CI=$${CI:-true} $(BIN)/python -m pytest
 
 test-fast: install
-	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not integration and not vllm"
+	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not integration and not vllm and not reliability"
 
 # The reliability suite at full size (longer soak, more fuzz examples and crash points; the fast
 # size runs in `make test`); its per-fault table and soak figures go to benchmarks/results.
