@@ -52,8 +52,8 @@ reliability: install
 		ADARAG_RELIABILITY_REPORT=benchmarks/results/reliability $(BIN)/python -m pytest tests/reliability
 
 lint: install
-	$(BIN)/ruff check adarag tests benchmarks examples integrations
-	$(BIN)/ruff format --check adarag tests benchmarks examples integrations
+	$(BIN)/ruff check adarag tests benchmarks examples integrations scripts
+	$(BIN)/ruff format --check adarag tests benchmarks examples integrations scripts
 	$(BIN)/mypy adarag
 
 bench: install
