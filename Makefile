@@ -41,7 +41,7 @@ test: install
 	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 CI=$${CI:-true} $(BIN)/python -m pytest
 
 test-fast: install
-	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not integration and not vllm"
+	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not integration and not vllm and not reliability"
 
 # The reliability suite at full size (longer soak, more fuzz examples and crash points; the fast
 # size runs in `make test`); its per-fault table and soak figures go to benchmarks/results.
@@ -52,8 +52,8 @@ reliability: install
 		ADARAG_RELIABILITY_REPORT=benchmarks/results/reliability $(BIN)/python -m pytest tests/reliability
 
 lint: install
-	$(BIN)/ruff check adarag tests benchmarks examples integrations
-	$(BIN)/ruff format --check adarag tests benchmarks examples integrations
+	$(BIN)/ruff check adarag tests benchmarks examples integrations scripts
+	$(BIN)/ruff format --check adarag tests benchmarks examples integrations scripts
 	$(BIN)/mypy adarag
 
 bench: install

@@ -1,4 +1,4 @@
-"""README tables from the fidelity rows: the lever ablation, the oracles, the report split.
+"""Fidelity tables of benchmarks/RESULTS.md: the lever ablation, the oracles, the report split.
 
 Reads ``results/fidelity[/calibration]/<model>/*.rows.jsonl`` (written by ``fidelity.py``) and
 prints markdown: no model runs.

@@ -330,7 +330,7 @@ def _write_report(
         "Agreement compares each query's answer with the `full` policy's answer to the same "
         "query; reused tokens are the prompt tokens not recomputed (system prefix included). "
         "The papers' settings differ from these (models of 4-70B parameters on GPUs, prompts "
-        "of 8-27K tokens); the README discusses the differences.",
+        "of 8-27K tokens); benchmarks/RESULTS.md discusses the differences.",
     ]
     (stem.parent / f"{stem.name}.md").write_text("\n".join(lines) + "\n")
     _plot(rows, title, stem.parent / f"{stem.name}.png")

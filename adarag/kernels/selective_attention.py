@@ -17,8 +17,8 @@ Inputs: ``q [num_q, num_heads, head_dim]``; ``k, v [num_kv, num_kv_heads, head_d
 holds position ``j``); ``q_positions [num_q]`` int64, ascending and unique; ``cu_segments
 [num_segments + 1]`` int64. Outputs: ``out [num_q, num_heads, head_dim]`` in q's dtype; ``mass
 [num_q, num_heads, num_segments]`` float32. The mask is by absolute position, never bottom-right
-aligned: a selected token never attends to a later position (CacheBlend's public code does, see
-``notes/kv_reuse_prior_art.md`` section 1.5).
+aligned: a selected token never attends to a later position (CacheBlend's public code aligns its
+selected queries bottom-right, so a recomputed token there can attend to positions after it).
 
 The Triton kernel is one FlashAttention-2 style forward (online softmax in base 2, float32
 accumulators) for both ops. A program owns ``BLOCK_M`` rows of one KV head, a row being a

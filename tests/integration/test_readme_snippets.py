@@ -1,4 +1,4 @@
-"""The LangChain package README's snippets run as pasted, in order, as one script."""
+"""The READMEs' Python snippets run as pasted: the project's, and the LangChain package's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from adarag import AdaRagConfig
 from adarag.retrievers import KnowledgeBase
 
 pytestmark = pytest.mark.integration
-README = Path(__file__).resolve().parents[2] / "integrations" / "langchain" / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "integrations" / "langchain" / "README.md"
+PROJECT_README = ROOT / "README.md"
 
 
 def _python_blocks(path: Path) -> list[str]:
@@ -48,3 +50,30 @@ def test_the_langchain_readme_snippets_run_as_pasted(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip()  # the conversation's answers
+
+
+def test_the_project_readme_example_runs_as_pasted(real_config, tmp_path):
+    """The README's example ingests ``notes.md`` from the working directory and answers from it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(Path(real_config.engine.model).parent)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.md").write_text(
+        "# Notes\n\nThe meeting moved to Thursday. X is the code name of the new search service.\n"
+    )
+    blocks = _python_blocks(PROJECT_README)
+    assert len(blocks) == 1  # the knowledge-base example
+    script = blocks[0] + "\nprint(answer.text, len(answer.chunks), answer.trace.ttft_s)\n"
+    env = {**os.environ, "ADARAG_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip()

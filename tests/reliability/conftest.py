@@ -4,6 +4,9 @@
 (longer soak, more fuzz examples, more crash points) and ``ADARAG_RELIABILITY_REPORT=<dir>``,
 where the session writes ``faults.json``/``faults.md`` (the per-fault-class table) and
 ``soak.json``.
+
+Every test collected here carries the ``reliability`` marker, so ``make test-fast`` can leave the
+suite out (``-m "not reliability"``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 FULL = os.environ.get("ADARAG_RELIABILITY") == "full"
+HERE = Path(__file__).resolve().parent
 
 settings.register_profile(
     "reliability-fast",
@@ -100,6 +104,14 @@ def ledger() -> FaultLedger:
 
 def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile("reliability-full" if FULL else "reliability-fast")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The hook sees the whole session's items: mark only this folder's, before `-m` selects.
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.reliability)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

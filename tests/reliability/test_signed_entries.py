@@ -5,7 +5,7 @@ server -- with its tensors negated and the plain checksum recomputed, so every c
 secret passes. With ``cache.store.signing_key`` the reader must reject the entry (its HMAC fails),
 delete it, count it, recompute the chunk and answer exactly as the unforged store does. Without
 a key the forged entry is served: the store trusts whoever can write its directory or server,
-as the README and the setting's description say.
+as docs/reliability.md and the setting's description say.
 """
 
 from __future__ import annotations

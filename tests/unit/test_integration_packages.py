@@ -1,4 +1,4 @@
-"""Integrations are leaves on the public API (STYLE.md section 2), with pinned exports."""
+"""Integrations are leaves on the public API (docs/ARCHITECTURE.md, layers), with pinned exports."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Imports point down the stack (STYLE.md section 2), checked on the source's AST.
+"""Imports point down the stack (docs/ARCHITECTURE.md, layers), checked on the source's AST.
 
 Every module belongs to a layer (its top-level package or module; the profile tools are their
 own layer). Serving layers (what answers a request) never import tooling (benchmarks,
