@@ -15,14 +15,14 @@ from adarag.cli.options import add_model_arguments, build_config, positive_int
 from adarag.data import demo_corpus, demo_questions
 from adarag.errors import InputError
 from adarag.evaluation.plots import plot_reliability, plot_tradeoff
-from adarag.pipeline import AdaRAG
-from adarag.profiles.calibration import (
+from adarag.evaluation.profiling.calibration import (
     ValidationQuestion,
     agreement_evidence,
     load_records,
     record_questions,
     step_cost_model,
 )
+from adarag.pipeline import AdaRAG
 from adarag.profiles.model_profile import AgreementCalibration, Calibration
 from adarag.retrievers import MemoryRetriever
 from adarag.schema import Chunk, GenerationParams

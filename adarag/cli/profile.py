@@ -9,8 +9,8 @@ from pathlib import Path
 from adarag.cli.options import add_model_arguments, build_config
 from adarag.data import demo_corpus, demo_questions
 from adarag.evaluation.plots import plot_profile
+from adarag.evaluation.profiling.sinks import build_profile, chunk_attention
 from adarag.pipeline import AdaRAG
-from adarag.profiles.sinks import build_profile, chunk_attention
 from adarag.retrievers import MemoryRetriever
 
 HELP = "profile chunk-level attention (transition layer, sink chunk) into the model's profile"

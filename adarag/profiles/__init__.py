@@ -1,7 +1,7 @@
 """Model profiles: attention sinks and augmentation calibration, with the packaged JSON files.
 
-Serving code reads profiles through this package (``model_profile``); measuring sinks
-(``sinks``) and calibrating (``calibration``) are tools the command line runs.
+Serving code reads profiles through this package (``model_profile``); measuring sinks and
+calibrating are tools the command line runs (:mod:`adarag.evaluation.profiling`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A model's profile: its attention sinks (AdaCache section 3.1) and augmentation calibration.
 
-``adarag profile`` measures the sinks (:mod:`adarag.profiles.sinks`), ``adarag calibrate`` fits
-the calibration (:mod:`adarag.profiles.calibration`); both are saved in one JSON file per model.
+``adarag profile`` measures the sinks (:mod:`adarag.evaluation.profiling.sinks`), ``adarag
+calibrate`` fits the calibration (:mod:`adarag.evaluation.profiling.calibration`); both are saved
+in one JSON file per model.
 The pipeline reads them from here: the sink chunk joins the predecessor in later chunks'
 effective prefix (the soft tier's key), the calibration sets the stop rule.
 """

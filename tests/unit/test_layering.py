@@ -1,8 +1,8 @@
 """Imports point down the stack (docs/ARCHITECTURE.md, layers), checked on the source's AST.
 
-Every module belongs to a layer (its top-level package or module; the profile tools are their
-own layer). Serving layers (what answers a request) never import tooling (benchmarks,
-calibration, profiling, the command line).
+Every module belongs to a layer: its top-level package or module under ``adarag``. Serving
+layers (what answers a request) never import tooling (benchmarks, calibration, profiling, the
+command line).
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ SERVING = {
     "data",
     "serve",
 }
-TOOLING = {"profile_tools", "evaluation", "cli", "__main__"}
-TOOL_MODULES = {"profiles.sinks": "profile_tools", "profiles.calibration": "profile_tools"}
+TOOLING = {"evaluation", "cli", "__main__"}
 
 # layer -> adarag layers it may import (itself included where it has several modules)
 ALLOWED = {
@@ -49,8 +48,7 @@ ALLOWED = {
     "data": {"schema", "retrievers"},
     "pipeline": SERVING - {"conversation", "data", "serve"},
     "serve": SERVING,
-    "profile_tools": SERVING | {"evaluation", "profile_tools"},
-    "evaluation": SERVING | {"evaluation", "profile_tools"},
+    "evaluation": SERVING | {"evaluation"},
     "cli": SERVING | TOOLING,
     "__main__": {"cli"},  # python -m adarag
 }
@@ -68,9 +66,6 @@ def _module(path: Path) -> str:
 
 
 def _layer(module: str) -> str:
-    for prefix, layer in TOOL_MODULES.items():
-        if module == prefix or module.startswith(prefix + "."):
-            return layer
     return module.split(".")[0]
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from adarag.errors import ConfigError
+from adarag.evaluation.profiling.sinks import analyse_chunk_attention, bands_of
 from adarag.profiles import Calibration, LayerBand, ModelProfile, find_profile
-from adarag.profiles.sinks import analyse_chunk_attention, bands_of
 
 NUM_CHUNKS = 6
 SEGMENTS = NUM_CHUNKS + 2
