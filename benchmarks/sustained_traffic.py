@@ -31,7 +31,7 @@ import torch
 from common import RESULTS, load_jsonl, machine, write_results
 
 from adarag import AdaRAG, AdaRagConfig
-from adarag.cache.entry import ChunkKV
+from adarag.kv import ChunkKV
 from adarag.schema import GenerationParams
 
 POLICIES = {

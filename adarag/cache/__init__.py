@@ -1,7 +1,1 @@
-"""Chunk-KV caching: keys, tiers and storage."""
-
-from __future__ import annotations
-
-from adarag.cache.entry import ChunkKV
-
-__all__ = ["ChunkKV"]
+"""Chunk-KV caching: keys, tiers and storage (the cached value, ChunkKV, is adarag.kv's)."""

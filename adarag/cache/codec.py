@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 
-from adarag.cache.entry import ChunkKV
+from adarag.kv import ChunkKV
 
 StorageFormat = Literal["float32", "float16", "bfloat16", "int8"]
 _LEVELS = 255

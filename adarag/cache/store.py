@@ -25,12 +25,12 @@ from typing import Protocol
 
 from adarag.cache.codec import InvalidEntry, KVCodec, StoredKV, TokenLayout
 from adarag.cache.disk import DiskTier, EntryUnreadable
-from adarag.cache.entry import ChunkKV
 from adarag.cache.entry_format import encode_entry
 from adarag.cache.eviction import EntryUsage, make_policy
 from adarag.cache.keys import digest
 from adarag.cache.remote import RemoteHit, RemoteTier
 from adarag.config import StoreConfig
+from adarag.kv import ChunkKV
 
 logger = logging.getLogger(__name__)
 

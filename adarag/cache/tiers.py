@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 
 from adarag.cache.admission import make_admission
 from adarag.cache.context_index import ContextIndex, PrefixMatch, schedule_contexts
-from adarag.cache.entry import ChunkKV
 from adarag.cache.keys import (
     PromptKeys,
     fused_key,
@@ -43,6 +42,7 @@ from adarag.cache.keys import (
 from adarag.cache.store import KVStore
 from adarag.cache.variants import Variant, VariantIndex, VariantStats
 from adarag.config import CacheConfig
+from adarag.kv import ChunkKV
 from adarag.schema import Tier
 
 logger = logging.getLogger(__name__)

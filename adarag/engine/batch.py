@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adarag.cache.entry import ChunkKV
 from adarag.config import RecomputeConfig
 from adarag.engine.kv_cache import KVCache
+from adarag.kv import ChunkKV
 
 
 @dataclass(frozen=True)

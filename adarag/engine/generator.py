@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from adarag.cache.entry import ChunkKV
 from adarag.config import EngineConfig, KernelConfig, RecomputeConfig
 from adarag.engine.adapter import DecoderAdapter
 from adarag.engine.batch import ForwardBatch, PrefillOutput, SegmentSource, plan_segments
@@ -28,6 +27,7 @@ from adarag.engine.spec import ModelSpec
 from adarag.engine.step_batcher import StepBatcher
 from adarag.errors import InputError
 from adarag.kernels import lens_signals_from_logits, logit_lens
+from adarag.kv import ChunkKV
 from adarag.schema import GenerationParams, PromptLayout
 
 logger = logging.getLogger(__name__)

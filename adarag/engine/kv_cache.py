@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from adarag.cache.entry import ChunkKV
 from adarag.kernels import Backend, rope_delta
+from adarag.kv import ChunkKV
 
 
 class KVCache:

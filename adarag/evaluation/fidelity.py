@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 from adarag.cache.codec import KVCodec, StorageFormat
-from adarag.cache.entry import ChunkKV
 from adarag.config import RecomputeConfig
 from adarag.engine.batch import PrefillOutput
 from adarag.evaluation.intervals import (
@@ -42,6 +41,7 @@ from adarag.evaluation.metrics import (
 from adarag.evaluation.output_oracle import output_oracle_scores
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
+from adarag.kv import ChunkKV
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.stream import decode_text
 from adarag.schema import GenerationParams, PromptLayout

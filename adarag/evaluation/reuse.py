@@ -7,9 +7,9 @@ ingest does) at one ratio, with the system prefix an exact hit.
 
 from __future__ import annotations
 
-from adarag.cache.entry import ChunkKV
 from adarag.engine.batch import SegmentSource
 from adarag.engine.generator import Generator
+from adarag.kv import ChunkKV
 from adarag.schema import PromptLayout
 
 

@@ -16,10 +16,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from adarag.cache.entry import ChunkKV
 from adarag.cache.tiers import TieredCache
 from adarag.config import FusionConfig
 from adarag.engine.generator import Generator
+from adarag.kv import ChunkKV
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.retrievers.base import Retriever
 from adarag.retrievers.memory import MemoryRetriever

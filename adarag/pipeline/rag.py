@@ -22,13 +22,13 @@ from adarag.augment import (
     ThresholdStop,
 )
 from adarag.cache.codec import TokenLayout
-from adarag.cache.entry import ChunkKV
 from adarag.cache.store import StoreStats, TieredKVStore
 from adarag.cache.tiers import TieredCache, TierStats
 from adarag.cache.variants import VariantIndex
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
 from adarag.errors import ConfigError, InputError
+from adarag.kv import ChunkKV
 from adarag.pipeline.arrange import Arrangement, arrange
 from adarag.pipeline.fusion import FusionWarmer
 from adarag.pipeline.prompt import (

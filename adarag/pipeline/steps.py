@@ -22,12 +22,12 @@ import torch
 from adarag.augment import AugmentationController, LensSignals, ScoredStep, StepResult
 from adarag.augment.confidence import mean
 from adarag.augment.prior import chunks_before_gap
-from adarag.cache.entry import ChunkKV
 from adarag.cache.tiers import TieredCache, TierHit
 from adarag.cache.variants import VariantStats, variant_stats
 from adarag.config import AugmentConfig, CacheConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.generator import Generator
+from adarag.kv import ChunkKV
 from adarag.pipeline.stream import PreparedAnswer, decode_text
 from adarag.schema import (
     Chunk,

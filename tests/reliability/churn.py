@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from adarag.cache.codec import TokenLayout
-from adarag.cache.entry import ChunkKV
 from adarag.cache.store import TieredKVStore
 from adarag.config import StoreConfig
+from adarag.kv import ChunkKV
 
 LAYOUT = TokenLayout(num_layers=2, num_kv_heads=2, head_dim=8)
 NAMESPACE = "churn-model-float32-float32"

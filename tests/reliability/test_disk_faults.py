@@ -25,10 +25,10 @@ import torch
 
 from adarag import AdaRAG
 from adarag.cache.disk import SUFFIX
-from adarag.cache.entry import ChunkKV
 from adarag.cache.staging import STAGING_MAX_AGE_S, STAGING_PREFIX, writer_id
 from adarag.cache.store import TieredKVStore
 from adarag.config import AdaRagConfig, StoreConfig
+from adarag.kv import ChunkKV
 from adarag.schema import GenerationParams
 from tests.reliability.filesystems import (
     descriptors_exhausted,
@@ -249,7 +249,7 @@ _CONTAINER_WRITER = """
 import os, sys, time
 from pathlib import Path
 import torch
-from adarag.cache.entry import ChunkKV
+from adarag.kv import ChunkKV
 from adarag.cache.store import TieredKVStore
 from adarag.config import StoreConfig
 

@@ -20,12 +20,12 @@ import torch
 from safetensors.torch import load, save
 
 from adarag import AdaRAG
-from adarag.cache.entry import ChunkKV
 from adarag.cache.entry_format import entry_checksum
 from adarag.cache.keys import digest
 from adarag.cache.store import TieredKVStore
 from adarag.config import AdaRagConfig, StoreConfig
 from adarag.errors import ConfigError
+from adarag.kv import ChunkKV
 from adarag.schema import GenerationParams
 from tests.reliability.conftest import scale
 from tests.remote_server import client_of, free_port, running_server, url_of

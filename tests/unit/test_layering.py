@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2] / "adarag"
 SERVING = {
     "config",
     "schema",
+    "kv",
     "errors",
     "files",
     "kernels",
@@ -36,13 +37,14 @@ TOOLING = {"evaluation", "cli", "__main__"}
 ALLOWED = {
     "config": {"errors"},  # ConfigError is raised at the config boundary
     "schema": set(),
+    "kv": set(),  # ChunkKV, the value the engine computes and the cache stores
     "errors": set(),
     "files": set(),
     "kernels": {"config", "errors", "kernels"},
-    "cache": {"config", "schema", "errors", "files", "cache"},
+    "cache": {"config", "schema", "kv", "errors", "files", "cache"},
     "retrievers": {"config", "schema", "errors", "files", "retrievers"},
     "augment": {"config", "schema", "errors", "augment"},
-    "engine": {"kernels", "cache", "config", "schema", "errors", "engine"},
+    "engine": {"kernels", "config", "schema", "kv", "errors", "engine"},
     "profiles": {"errors", "profiles"},
     "conversation": {"schema"},
     "data": {"schema", "retrievers"},
@@ -53,6 +55,7 @@ ALLOWED = {
     "__main__": {"cli"},  # python -m adarag
 }
 FORBIDDEN_THIRD_PARTY = {
+    "kv": {"chromadb", "llama_index", "langchain_core", "vllm", "triton"},
     "kernels": {"chromadb", "llama_index", "langchain_core", "vllm"},
     "cache": {"chromadb", "llama_index", "langchain_core", "vllm", "triton"},
     "augment": {"torch", "chromadb", "llama_index", "langchain_core", "vllm", "triton"},

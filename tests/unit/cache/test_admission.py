@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from adarag.cache.admission import CountMinSketch, FrequencyAdmission
-from adarag.cache.entry import ChunkKV
 from adarag.cache.store import TieredKVStore
 from adarag.cache.tiers import TieredCache
 from adarag.config import CacheConfig
+from adarag.kv import ChunkKV
 
 NUM_TOKENS = 8
 ENTRY_BYTES = 2 * (2 * NUM_TOKENS * 2 * 4) * 4  # k and v: layers x tokens x heads x dim, fp32

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from adarag.cache.codec import InvalidEntry, KVCodec, StoredKV, TokenLayout
-from adarag.cache.entry import ChunkKV
 from adarag.cache.store import TieredKVStore
 from adarag.config import StoreConfig
+from adarag.kv import ChunkKV
 
 LAYOUT = TokenLayout(num_layers=3, num_kv_heads=2, head_dim=16)
 

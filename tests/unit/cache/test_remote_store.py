@@ -10,10 +10,10 @@ import torch
 
 from adarag.cache.codec import TokenLayout
 from adarag.cache.disk import SUFFIX
-from adarag.cache.entry import ChunkKV
 from adarag.cache.store import TieredKVStore
 from adarag.config import AdaRagConfig, StoreConfig
 from adarag.errors import ConfigError
+from adarag.kv import ChunkKV
 from tests.remote_server import client_of, free_port, running_server, url_of
 
 SHAPE = (2, 8, 2, 4)  # layers, tokens, kv heads, head dim

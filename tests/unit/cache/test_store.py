@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from adarag.cache.disk import SUFFIX
-from adarag.cache.entry import ChunkKV
 from adarag.cache.staging import STAGING_MAX_AGE_S
 from adarag.cache.store import TieredKVStore
 from adarag.config import StoreConfig
 from adarag.errors import CacheError
+from adarag.kv import ChunkKV
 
 SHAPE = (2, 8, 2, 4)  # layers, tokens, kv heads, head dim
 ENTRY_BYTES = 2 * 4 * 2 * 8 * 2 * 4

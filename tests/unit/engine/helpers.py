@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from adarag.cache.entry import ChunkKV
 from adarag.config import AdaRagConfig, PromptConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.generator import Generator
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
+from adarag.kv import ChunkKV
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.pipeline.stream import decode_text
 from adarag.schema import GenerationParams, PromptLayout

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from adarag import AdaRAG
-from adarag.cache.entry import ChunkKV
 from adarag.config import RecomputeConfig
 from adarag.engine.batch import SegmentPlan
 from adarag.engine.selection import RecomputePlan, key_attention_mass
 from adarag.errors import InputError
+from adarag.kv import ChunkKV
 from tests.unit.engine.helpers import (
     CHUNKS,
     QUESTION,

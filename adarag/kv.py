@@ -1,4 +1,8 @@
-"""The unit of cached KV: one chunk's keys and values for every layer."""
+"""The unit of cached KV: one chunk's keys and values for every layer.
+
+A bottom-layer value type: the engine computes and consumes it, the cache stores it, and neither
+needs the other for it.
+"""
 
 from __future__ import annotations
 
