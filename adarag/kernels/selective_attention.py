@@ -41,7 +41,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from adarag.kernels._dispatch import Backend, is_triton_interpreted, jit_kernels, use_triton
+from adarag.kernels import vllm_cpu_attention
+from adarag.kernels._dispatch import (
+    Backend,
+    is_triton_interpreted,
+    jit_kernels,
+    use_triton,
+    use_vllm_cpu,
+)
 
 if TYPE_CHECKING:
     import triton.language as tl
@@ -471,10 +478,32 @@ def selective_attention(
 
     Returns:
         out [num_q, num_heads, head_dim] in q's dtype.
+
+    The backend: the torch twin with ``key_bias``; else Triton where :func:`use_triton` says so;
+    else vLLM-CPU's attention kernel where :func:`use_vllm_cpu` says so (``"auto"`` on the CPU,
+    two or more queries); else the twin.
     """
-    if key_bias is None and use_triton(backend, q, k, v):
+    if key_bias is not None:
+        return selective_attention_ref(q, k, v, q_positions, scale, query_block, key_bias)
+    if use_triton(backend, q, k, v):
         return selective_attention_triton(q, k, v, q_positions, scale)
-    return selective_attention_ref(q, k, v, q_positions, scale, query_block, key_bias)
+    if use_vllm_cpu(backend, q, k):
+        return vllm_cpu_attention.selective_attention_vllm_cpu(q, k, v, q_positions, scale)
+    return selective_attention_ref(q, k, v, q_positions, scale, query_block)
+
+
+def prepare_selective_attention(backend: Backend, device: torch.device, head_dim: int) -> None:
+    """Load the kernel :func:`selective_attention` will take on ``device``, before the first call.
+
+    With ``backend="auto"`` on the CPU and a head size vLLM-CPU's kernel supports, this imports
+    vLLM's kernels now (about 2 s) rather than in the first request; otherwise it does nothing.
+    """
+    if (
+        backend == "auto"
+        and device.type == "cpu"
+        and vllm_cpu_attention.supports_head_dim(head_dim)
+    ):
+        vllm_cpu_attention.available()
 
 
 def segment_attention_mass(

