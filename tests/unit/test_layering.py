@@ -1,16 +1,21 @@
 """Imports point down the stack (docs/ARCHITECTURE.md, layers), checked on the source's AST.
 
 Every module belongs to a layer: its top-level package or module under ``adarag``. A layer imports
-only the layers its row of ``ALLOWED`` lists. Serving layers (what answers a request) never import
-tooling (benchmarks, calibration, profiling, the command line). Third-party frameworks stay out of
-the layers that must not need them; ``kernels`` may import vLLM only inside a function, so importing
-it never loads vLLM.
+only the layers its row of ``ALLOWED`` lists, and that table has no cycle. Serving layers (what
+answers a request) never import tooling (benchmarks, calibration, profiling, the command line).
+Third-party frameworks stay out of the layers that must not need them; ``kernels`` may import vLLM
+only inside a function, so importing it never loads vLLM.
+
+The import graph of ``adarag`` and the integration packages has no cycle between layers (any import,
+lazy ones included), between packages (imports run when a module is imported) or between modules
+(any import but those made for type checking only).
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -53,7 +58,7 @@ ALLOWED = {
     "pipeline": SERVING - {"conversation", "data", "serve"},
     "serve": SERVING,
     "evaluation": SERVING | {"evaluation"},
-    "cli": SERVING | TOOLING,
+    "cli": SERVING | {"evaluation", "cli"},
     "__main__": {"cli"},  # python -m adarag
 }
 FORBIDDEN_THIRD_PARTY = {  # anywhere in the layer's modules
@@ -80,12 +85,13 @@ def _layer(module: str) -> str:
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
-def _import_nodes(path: Path, *, lazy: bool = True) -> list[ast.AST]:
+def _import_nodes(path: Path, *, lazy: bool = True, type_only: bool = True) -> list[ast.AST]:
     """The import statements of a file.
 
     Args:
         path: The file.
         lazy: Include those inside function bodies (run only when the function is called).
+        type_only: Include those under ``if TYPE_CHECKING:`` (never run).
     """
     found = []
     stack: list[ast.AST] = [ast.parse(path.read_text())]
@@ -95,8 +101,18 @@ def _import_nodes(path: Path, *, lazy: bool = True) -> list[ast.AST]:
             continue
         if isinstance(node, ast.Import | ast.ImportFrom):
             found.append(node)
+        if not type_only and _is_type_checking(node):
+            stack.extend(node.orelse)  # type: ignore[attr-defined]
+            continue
         stack.extend(ast.iter_child_nodes(node))
     return found
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(path: Path, *, module_level: bool = False) -> set[str]:
@@ -143,3 +159,157 @@ def test_engine_imports_only_public_kernel_names():
     for path in (ROOT / "engine").rglob("*.py"):
         for name in _imports(path):
             assert not name.startswith("adarag.kernels."), f"{path.name} imports {name}"
+
+
+# --- import cycles -------------------------------------------------------------------------------
+
+REPO = ROOT.parent
+PACKAGE_ROOTS = {  # directory -> the package name it is imported as
+    ROOT: "adarag",
+    REPO / "integrations" / "langchain" / "langchain_adarag": "langchain_adarag",
+    REPO / "integrations" / "llama_index" / "llama_index" / "packs" / "adarag": (
+        "llama_index.packs.adarag"
+    ),
+}
+
+
+class Source(NamedTuple):
+    """A module of adarag or an integration package, and the groups it belongs to.
+
+    Attributes:
+        path: Its file.
+        layer: adarag's top-level package or module it is in (``adarag`` for adarag's
+            ``__init__``); each integration package is one layer.
+        package: The package that holds it (itself for an ``__init__``); adarag's top-level
+            modules are packages of their own.
+    """
+
+    path: Path
+    layer: str
+    package: str
+
+
+def _source_modules() -> dict[str, Source]:
+    """Module name -> :class:`Source`, over adarag and the integration packages."""
+    modules = {}
+    for directory, package in PACKAGE_ROOTS.items():
+        for path in directory.rglob("*.py"):
+            parts = path.relative_to(directory).with_suffix("").parts
+            name = ".".join([package, *(p for p in parts if p != "__init__")])
+            if package != "adarag":
+                layer = package
+            else:
+                layer = name if name == package else f"{package}.{parts[0]}"
+            holder = name if path.name == "__init__.py" else name.rpartition(".")[0]
+            modules[name] = Source(path, layer, layer if holder == "adarag" else holder)
+    return modules
+
+
+MODULE_TABLE = _source_modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The source module an imported name loads: the longest known prefix, or None."""
+    while name and name not in MODULE_TABLE:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _source_imports(path: Path, *, lazy: bool, type_only: bool) -> set[str]:
+    """Source modules a file imports; ``from package import name`` counts a submodule ``name``."""
+    found = set()
+    for node in _import_nodes(path, lazy=lazy, type_only=type_only):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        found.update(m for m in map(_resolve, names) if m is not None)
+    return found
+
+
+def _graph(grouping: str, *, lazy: bool, type_only: bool) -> dict[str, set[str]]:
+    """Import edges between groups of modules, self-edges dropped.
+
+    Args:
+        grouping: ``"module"``, ``"package"`` or ``"layer"``.
+        lazy: Count imports inside function bodies.
+        type_only: Count imports under ``if TYPE_CHECKING:``.
+    """
+
+    def group(name: str) -> str:
+        return name if grouping == "module" else getattr(MODULE_TABLE[name], grouping)
+
+    graph: dict[str, set[str]] = {}
+    for name, source in MODULE_TABLE.items():
+        targets = graph.setdefault(group(name), set())
+        for target in _source_imports(source.path, lazy=lazy, type_only=type_only):
+            targets.add(group(target))
+        targets.discard(group(name))
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of the directed graph as a path that returns to its start, or [] if none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return []
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_import_graph_sees_every_module_and_known_edges():
+    graph = _graph("module", lazy=True, type_only=True)
+    assert "adarag.kernels.vllm_cpu_attention" in graph["adarag.kernels._dispatch"]
+    assert "adarag.pipeline" in graph["adarag"]
+    assert "adarag" in graph["langchain_adarag._convert"]
+    layers = _graph("layer", lazy=True, type_only=True)
+    assert layers["adarag.engine"] >= {"adarag.kernels", "adarag.kv"}
+    assert "adarag.cache" not in layers["adarag.engine"]
+    assert layers["llama_index.packs.adarag"] >= {"adarag", "adarag.retrievers"}
+    packages = _graph("package", lazy=True, type_only=True)
+    assert "adarag.engine.vllm" in packages["adarag.engine"]  # Generator.load starts vLLM
+
+
+def test_the_layer_table_has_no_cycle():
+    table = {layer: allowed - {layer} for layer, allowed in ALLOWED.items()}
+    cycle = _cycle(table)
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_no_import_cycle_between_layers():
+    # any import counts: lazy ones in function bodies and those for type checking only
+    cycle = _cycle(_graph("layer", lazy=True, type_only=True))
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_no_import_cycle_between_packages():
+    # imports that run when a module is imported (the vLLM backend, engine.vllm, builds on the
+    # engine, which starts it from a function when engine.backend="vllm")
+    cycle = _cycle(_graph("package", lazy=False, type_only=False))
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_no_import_cycle_between_modules():
+    # lazy imports count; imports for type checking only never run
+    cycle = _cycle(_graph("module", lazy=True, type_only=False))
+    assert not cycle, " -> ".join(cycle)
