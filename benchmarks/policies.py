@@ -1,6 +1,6 @@
 """Every registered policy side by side, one run per workload.
 
-For each workload every policy of ``adarag.evaluation.policies.POLICIES`` answers the same query
+For each workload every policy of ``adarag.policies.POLICIES`` answers the same query
 stream with a fresh cache that starts from the same ingest (each chunk's independent KV). Per
 policy: TTFT (mean, p95), tokens recomputed per query, the share of prompt tokens reused, hits
 per tier (share of the chunks), gold F1, and agreement with the ``full`` policy's answer to the
@@ -39,10 +39,10 @@ from adarag.evaluation.harness import BenchRunner, QueryRecord
 from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.metrics import normalize_answer, token_f1
 from adarag.evaluation.plots import ttft_scatter
-from adarag.evaluation.policies import POLICIES
 from adarag.evaluation.report import Latency
 from adarag.evaluation.sessions import multi_turn_workload, multi_user_workload
 from adarag.evaluation.workload import BenchQuestion, StreamItem, load_questions, query_stream
+from adarag.policies import POLICIES
 from adarag.schema import GenerationParams, Tier
 
 WORKLOADS = ("musique", "2wikimqa-gold", "multi-turn", "multi-user")

@@ -17,7 +17,6 @@ from adarag.engine.generator import Generator
 from adarag.evaluation import plots
 from adarag.evaluation.harness import BenchRunner, QueryRecord
 from adarag.evaluation.machine import describe_machine, machine
-from adarag.evaluation.policies import POLICIES
 from adarag.evaluation.report import (
     PolicySummary,
     by_question_type,
@@ -26,6 +25,7 @@ from adarag.evaluation.report import (
     summarize,
 )
 from adarag.evaluation.workload import DATASETS, load_questions, query_stream
+from adarag.policies import POLICIES
 from adarag.retrievers.knowledge_base import KnowledgeBase
 from adarag.schema import GenerationParams
 

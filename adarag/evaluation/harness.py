@@ -16,9 +16,9 @@ from adarag.config import AdaRagConfig
 from adarag.conversation import Conversation
 from adarag.engine.generator import Generator
 from adarag.evaluation.metrics import best_exact_match, best_f1
-from adarag.evaluation.policies import Policy
 from adarag.evaluation.workload import BenchQuestion, StreamItem, distinct_chunks
 from adarag.pipeline import AdaRAG
+from adarag.policies import Policy
 from adarag.schema import GenerationParams, QueryTrace
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class BenchRunner:
         """Answer the stream under ``policy``; its cache starts from the ingest (if it uses it)."""
         home = self.work_dir / policy.name
         shutil.rmtree(home, ignore_errors=True)
-        config = AdaRagConfig.build(self.base_config, home=home, **policy.overrides)
+        config = policy.config(self.base_config, home=home)
         rag = AdaRAG(config, generator=self.generator)
         kv_dir = rag.kv_directory
         kv_dir.mkdir(parents=True)

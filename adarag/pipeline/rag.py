@@ -48,6 +48,7 @@ from adarag.pipeline.stream import (
     decode_text,
     no_context,
 )
+from adarag.policies import policy_config
 from adarag.profiles import ModelProfile, find_profile, generic_profile
 from adarag.profiles.model_profile import AgreementCalibration
 from adarag.retrievers.base import Retriever
@@ -128,6 +129,37 @@ class AdaRAG:
         self._variants: VariantIndex | None = None  # Cache-Craft's metadata, beside the store
         self._cache: TieredCache | None = None
         self._profile: ModelProfile | None = None
+
+    @classmethod
+    def from_policy(
+        cls,
+        name: str,
+        config: AdaRagConfig | None = None,
+        *,
+        retriever: Retriever | None = None,
+        generator: Generator | None = None,
+        **overrides: Any,
+    ) -> AdaRAG:
+        """A pipeline configured by a named policy (``adarag.policies.POLICIES``).
+
+        Example:
+            >>> rag = AdaRAG.from_policy("ragboost", retriever=retriever)
+            >>> rag = AdaRAG.from_policy("adacache", cache={"store": {"max_memory_mb": 512}})
+
+        Args:
+            name: The policy, e.g. ``"adacache"``, ``"cacheblend"``, ``"fusionrag"``.
+            config: The configuration the policy's overrides apply to; defaults when None.
+            retriever: Where chunks come from when a call passes none.
+            generator: A ready generator (shares its weights); built from the config when None.
+            **overrides: Config overrides applied over the policy's.
+
+        Raises:
+            ConfigError: No policy has that name (the message lists the known ones), or an
+                override is invalid.
+        """
+        return cls(
+            policy_config(name, config, **overrides), retriever=retriever, generator=generator
+        )
 
     @property
     def generator(self) -> Generator:

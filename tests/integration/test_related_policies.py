@@ -9,8 +9,8 @@ import pytest
 
 from adarag.config import AdaRagConfig
 from adarag.engine.selection import num_to_recompute
-from adarag.evaluation.policies import POLICIES
 from adarag.pipeline import AdaRAG
+from adarag.policies import POLICIES
 from adarag.schema import GenerationParams
 
 pytestmark = pytest.mark.integration

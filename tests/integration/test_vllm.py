@@ -163,7 +163,7 @@ def test_unsupported_family_is_rejected_before_vllm_starts(tmp_path):
 def test_ragboost_reorders_to_the_cached_prefix_on_the_vllm_backend(
     vllm_generator, real_config, record
 ):
-    from adarag.evaluation.policies import POLICIES
+    from adarag.policies import POLICIES
 
     passages = [p["text"] for p in record["passages"][:3]]
     config = AdaRagConfig.build(real_config, **POLICIES["ragboost"].overrides)

@@ -33,6 +33,7 @@ SERVING = {
     "augment",
     "engine",
     "profiles",
+    "policies",
     "pipeline",
     "conversation",
     "data",
@@ -53,6 +54,7 @@ ALLOWED = {
     "augment": {"config", "schema", "errors", "augment"},
     "engine": {"kernels", "config", "schema", "kv", "errors", "engine"},
     "profiles": {"errors", "profiles"},
+    "policies": {"config", "errors", "policies"},  # named presets of config overrides
     "conversation": {"schema"},
     "data": {"schema", "retrievers"},
     "pipeline": SERVING - {"conversation", "data", "serve"},
@@ -62,6 +64,7 @@ ALLOWED = {
     "__main__": {"cli"},  # python -m adarag
 }
 FORBIDDEN_THIRD_PARTY = {  # anywhere in the layer's modules
+    "policies": {"torch", "chromadb", "llama_index", "langchain_core", "vllm", "triton"},
     "kv": {"chromadb", "llama_index", "langchain_core", "vllm", "triton"},
     "kernels": {"chromadb", "llama_index", "langchain_core"},
     "cache": {"chromadb", "llama_index", "langchain_core", "vllm", "triton"},
@@ -281,6 +284,7 @@ def test_the_import_graph_sees_every_module_and_known_edges():
     graph = _graph("module", lazy=True, type_only=True)
     assert "adarag.kernels.vllm_cpu_attention" in graph["adarag.kernels._dispatch"]
     assert "adarag.pipeline" in graph["adarag"]
+    assert "adarag.policies" in graph["adarag.pipeline.rag"]  # AdaRAG.from_policy
     assert "adarag" in graph["langchain_adarag._convert"]
     layers = _graph("layer", lazy=True, type_only=True)
     assert layers["adarag.engine"] >= {"adarag.kernels", "adarag.kv"}

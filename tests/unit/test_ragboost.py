@@ -15,7 +15,7 @@ import torch
 from adarag import AdaRAG
 from adarag.config import AdaRagConfig
 from adarag.conversation import Conversation
-from adarag.evaluation.policies import POLICIES
+from adarag.policies import POLICIES
 from adarag.schema import Chunk, GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION
 

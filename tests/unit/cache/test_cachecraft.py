@@ -18,8 +18,8 @@ from adarag.cache.variants import (
 )
 from adarag.config import VariantConfig
 from adarag.engine.focus import FocusTracker, focused_chunks
-from adarag.evaluation.policies import POLICIES
 from adarag.pipeline import AdaRAG
+from adarag.policies import POLICIES
 from tests.unit.engine.helpers import CHUNKS, QUESTION
 
 EXTRA = "the lazy dog sleeps by the quick river in paris."

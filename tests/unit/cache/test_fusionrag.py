@@ -8,8 +8,8 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from adarag.cache.keys import fused_key
-from adarag.evaluation.policies import POLICIES
 from adarag.pipeline import AdaRAG
+from adarag.policies import POLICIES
 from adarag.retrievers.memory import MemoryRetriever
 from adarag.schema import Chunk
 from tests.tiny_models import load_hf_model

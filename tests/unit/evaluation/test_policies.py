@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from adarag.config import AdaRagConfig
-from adarag.evaluation.policies import POLICIES
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
+from adarag.policies import POLICIES
 from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
 
 

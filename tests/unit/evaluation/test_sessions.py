@@ -86,7 +86,7 @@ def test_the_harness_carries_conversations_and_schedules_ragboost(
 ):
     from adarag.engine.generator import Generator
     from adarag.evaluation.harness import BenchRunner
-    from adarag.evaluation.policies import POLICIES
+    from adarag.policies import POLICIES
     from adarag.schema import GenerationParams
 
     config = tiny_config(tiny_checkpoints["llama"])
