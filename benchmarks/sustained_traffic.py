@@ -34,7 +34,9 @@ from adarag import AdaRAG, AdaRagConfig
 from adarag.kv import ChunkKV
 from adarag.schema import GenerationParams
 
-POLICIES = {
+# the store's eviction and admission settings (cache.store) compared here; not the named
+# policies of adarag.policies, which all run over one store setting
+STORE_POLICIES = {
     "lru": {"eviction_policy": "lru", "admission": "always"},
     "lfu": {"eviction_policy": "lfu", "admission": "always"},
     "frequency-lru": {"eviction_policy": "lru", "admission": "frequency"},
@@ -226,7 +228,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
+    parser.add_argument(
+        "--policies", nargs="+", default=list(STORE_POLICIES), choices=list(STORE_POLICIES)
+    )
     parser.add_argument("--data-dir", type=Path)
     args = parser.parse_args()
 
@@ -247,7 +251,7 @@ def main() -> None:
         def stores(kind: str) -> dict[str, dict]:
             return {
                 name: {
-                    **POLICIES[name],
+                    **STORE_POLICIES[name],
                     "memory_capacity_bytes": args.memory_chunks * chunk_bytes,
                     "disk_capacity_bytes": args.disk_chunks * chunk_bytes,
                     "directory": str(Path(directory) / f"{name}-{kind}"),
