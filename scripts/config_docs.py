@@ -35,7 +35,7 @@ Every setting of `AdaRagConfig`, by section. A `--config FILE` (JSON) or
 The configuration is frozen: `AdaRAG.with_config(...)` gives a pipeline with other settings over
 the same loaded model.
 
-This file is generated from the field descriptions in `adarag/config.py` by
+This file is generated from the field descriptions in `adarag/config/` by
 `python scripts/config_docs.py`; edit the descriptions there, not this file.
 """
 
