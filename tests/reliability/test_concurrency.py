@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from adarag import AdaRAG, Chunk, MemoryRetriever
-from adarag.pipeline import rag as rag_module
+from adarag.pipeline import resources as resources_module
 from adarag.schema import GenerationParams
 from tests.reliability.watchdog import call_with_timeout, run_async, run_threads
 from tests.reliability.workload import (
@@ -93,13 +93,13 @@ def test_first_requests_on_a_fresh_pipeline_share_one_cache(make_rag, monkeypatc
     """
     opened: list[object] = []
 
-    class SlowToOpen(rag_module.TieredCache):
+    class SlowToOpen(resources_module.TieredCache):
         def __init__(self, *args, **kwargs) -> None:
             threading.Event().wait(0.05)
             super().__init__(*args, **kwargs)
             opened.append(self)
 
-    monkeypatch.setattr(rag_module, "TieredCache", SlowToOpen)
+    monkeypatch.setattr(resources_module, "TieredCache", SlowToOpen)
     assert make_rag("warm-up").generator  # the model loads before the requests race
     rag = make_rag("fresh")
     requests = workload(seed_value=1, count=NUM_THREADS)

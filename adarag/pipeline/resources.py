@@ -1,0 +1,178 @@
+"""The lazily built resources a pipeline shares: generator, profile, store, cache and prompts.
+
+:class:`Resources` builds each on first use, under the engine lock, so requests arriving together
+on a fresh pipeline share one of each. :meth:`Resources.derive` makes a pipeline's resources for
+other config overrides, sharing the generator, the engine lock and (for the same store config)
+the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from functools import cached_property
+from pathlib import Path
+
+from adarag.cache.codec import TokenLayout
+from adarag.cache.store import TieredKVStore
+from adarag.cache.tiers import TieredCache
+from adarag.cache.variants import VariantIndex
+from adarag.config import AdaRagConfig
+from adarag.engine.generator import Generator
+from adarag.kv import ChunkKV
+from adarag.pipeline.prompt import PromptBuilder
+from adarag.profiles import ModelProfile, find_profile, generic_profile
+from adarag.schema import PromptLayout
+
+# the records keep the name of the pipeline's logger
+logger = logging.getLogger("adarag.pipeline.rag")
+
+
+class Resources:
+    """One pipeline's generator, profile, store, cache and prompt builder, built on first use.
+
+    Args:
+        config: The pipeline's configuration.
+        generator: A ready generator (shares its weights); built from ``config`` when None.
+        engine_lock: The lock serialising engine work; a new one when None.
+    """
+
+    def __init__(
+        self,
+        config: AdaRagConfig,
+        generator: Generator | None = None,
+        engine_lock: threading.RLock | None = None,
+    ) -> None:
+        self.config = config
+        self.engine_lock = engine_lock or threading.RLock()
+        self._generator = generator
+        self._store: TieredKVStore | None = None
+        self._variants: VariantIndex | None = None  # Cache-Craft's metadata, beside the store
+        self._cache: TieredCache | None = None
+        self._profile: ModelProfile | None = None
+
+    @property
+    def generator(self) -> Generator:
+        """The backend generator (loaded on first use)."""
+        if self._generator is None:
+            with self.engine_lock:
+                if self._generator is None:
+                    config = self.config
+                    self._generator = Generator.load(config.engine, config.kernels, config.home)
+        return self._generator
+
+    @property
+    def profile(self) -> ModelProfile:
+        """The model's attention-sink profile and calibration (generic when never profiled)."""
+        if self._profile is None:
+            generator = self.generator
+            with self.engine_lock:  # first use may come from several threads at once
+                if self._profile is None:
+                    name, num_layers = generator.checkpoint.name, generator.spec.num_layers
+                    found = find_profile(
+                        name, generator.fingerprint, num_layers, [self.config.home / "profiles"]
+                    )
+                    if found is None:
+                        logger.warning("no attention profile for %s; run `adarag profile`", name)
+                        found = generic_profile(name, generator.fingerprint, num_layers)
+                    self._profile = found
+        return self._profile
+
+    @property
+    def kv_namespace(self) -> str:
+        """The checkpoint, the dtype KV is computed in and the dtype it is stored in."""
+        engine_dtype = self.config.engine.dtype
+        return (
+            f"{self.generator.fingerprint}-{engine_dtype}-{self.config.cache.store.storage_dtype}"
+        )
+
+    @property
+    def cache(self) -> TieredCache:
+        """The three-tier chunk-KV cache of this model (opened on first use)."""
+        if self._cache is None:
+            # Under the lock: requests arriving together on a fresh pipeline must share one
+            # cache (and one store), or the entries and counts of all but one are lost.
+            with self.engine_lock:
+                if self._cache is None:
+                    self._cache = TieredCache(
+                        self.config.cache,
+                        self.open_store(),
+                        self.kv_namespace,
+                        self.prompts.system_ids,
+                        self.profile.sink_chunk_idx,
+                        self._variants,
+                    )
+        return self._cache
+
+    @property
+    def opened_cache(self) -> TieredCache | None:
+        """The cache when opened already, else None (opens nothing)."""
+        return self._cache
+
+    @property
+    def opened_store(self) -> TieredKVStore | None:
+        """The store when opened already, else None (opens nothing)."""
+        return self._store
+
+    @property
+    def kv_directory(self) -> Path:
+        """The disk tier's directory: ``<cache.store.directory or home/kv>/<kv_namespace>``."""
+        root = self.config.cache.store.directory or self.config.home / "kv"
+        return root / self.kv_namespace
+
+    def open_store(self) -> TieredKVStore:
+        """The store of this pipeline's cache (opened on first use)."""
+        with self.engine_lock:  # one store per pipeline, also when first used concurrently
+            if self._store is None:
+                spec = self.generator.spec
+                # the model's positions (not this run's context cap, which may change)
+                max_positions = max(spec.max_position_embeddings, self.generator.max_context_tokens)
+                layout = TokenLayout(
+                    spec.num_layers, spec.num_kv_heads, spec.head_dim, max_positions
+                )
+                self._store = TieredKVStore(
+                    self.config.cache.store, self.kv_directory, self.kv_namespace, layout
+                )
+            return self._store
+
+    @cached_property
+    def prompts(self) -> PromptBuilder:
+        """The prompt builder for ``config.prompt`` (the only layout maker)."""
+        return PromptBuilder(self.generator.tokenizer, self.config.prompt)
+
+    def derive(self, config: AdaRagConfig) -> Resources:
+        """Resources for ``config`` sharing this generator, engine lock and (same config) store."""
+        derived = Resources(config, self.generator, self.engine_lock)
+        if config.cache.store == self.config.cache.store:
+            derived._store = self.open_store()  # one store per directory: entries and stats shared
+            if config.cache.variants == self.config.cache.variants:
+                derived._variants = self.cache.variants  # the variants whose KV that store holds
+        return derived
+
+    def system_kv(self) -> ChunkKV:
+        """The system prefix's KV, computed and stored once."""
+        cache = self.cache
+        system_kv = cache.system_kv()
+        if system_kv is None:
+            system_ids = self.prompts.system_ids
+            with self.engine_lock:  # computed once, also when first requests arrive together
+                system_kv = cache.system_kv()
+                if system_kv is None:
+                    output = self.generator.prefill(PromptLayout((), (), system_ids))
+                    computed = output.kv.segment(0, len(system_ids))
+                    cache.put_system(computed)
+                    # as stored (in the storage format), so this process computes what a
+                    # restarted one would; as computed when the store cannot hold it
+                    system_kv = cache.system_kv() or computed
+        return system_kv
+
+    def independent_kv(self, ids: tuple[int, ...]) -> ChunkKV:
+        """A chunk's independent KV, computed and stored when absent."""
+        cache = self.cache
+        with self.engine_lock:
+            kv = cache.independent_kv(ids)
+            if kv is None:
+                system_ids, system_kv = self.prompts.system_ids, self.system_kv()
+                kv = self.generator.compute_chunk(system_ids, ids, system_kv)
+                cache.put_independent(ids, kv)
+            return kv
