@@ -229,8 +229,7 @@ class Runner:
         self._write(kv, layer_at, k, v, processed)
         if selection.selection_policy == "cross_attention":
             mass = self._segment_mass(layer_at, q[is_candidate], processed[is_candidate], kv, cu)
-            head_mean = mass.mean(dim=1, keepdim=True).cpu()  # reduced before the copy
-            scores = cross_chunk_ratio(head_mean, plan.candidates, batch.cu_segments)
+            scores = cross_chunk_ratio(mass, plan.candidates, batch.cu_segments)
         chosen = plan.choose(
             scores,
             selection,
@@ -384,7 +383,7 @@ class Runner:
         positions = plan.query.to(self.device)
         mass = self._segment_mass(layer_idx, query_q, positions, kv, cu_segments)
         per_segment = mass.sum(dim=0).mean(dim=0)  # [num_segments]
-        return [float(x) for x in per_segment[1:-1].tolist()]
+        return per_segment[1:-1].tolist()
 
     # --- layers
 

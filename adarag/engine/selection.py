@@ -290,15 +290,16 @@ def cross_chunk_ratio(
     """Share of each token's attention that falls on chunks other than its own.
 
     Args:
-        segment_mass: [num_tokens, num_heads, num_segments] attention mass per key segment.
-        positions: [num_tokens] absolute positions of the tokens.
+        segment_mass: [num_tokens, num_heads, num_segments] attention mass per key segment, on
+            any device (averaged over heads there, then copied).
+        positions: [num_tokens] absolute positions of the tokens, on the CPU.
         cu_segments: Segment boundaries; segment 0 is the system prefix and the last segment is
             the query suffix, the rest are chunks.
 
     Returns:
         [num_tokens] float32 ratios in [0, 1], averaged over heads.
     """
-    mass = segment_mass.mean(dim=1)  # [num_tokens, num_segments]
+    mass = segment_mass.mean(dim=1).cpu()  # [num_tokens, num_segments]
     own_segment = torch.bucketize(positions, torch.tensor(cu_segments[1:]), right=True)
     chunk_mass = mass[:, 1:-1].sum(dim=1)
     own_mass = mass.gather(1, own_segment[:, None]).squeeze(1)

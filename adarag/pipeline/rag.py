@@ -30,7 +30,7 @@ from adarag.retrievers.base import Retriever
 from adarag.retrievers.memory import MemoryRetriever
 from adarag.schema import Answer, Chunk, GenerationParams, PromptLayout, StepTrace
 
-__all__ = ["AdaRAG", "CacheReport", "numbered"]
+__all__ = ["AdaRAG", "CacheReport"]
 
 logger = logging.getLogger(__name__)
 
