@@ -2,48 +2,38 @@
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from adarag.cache.store import StoreStats, TieredKVStore
-from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
-from adarag.pipeline.context import check_question, numbered, request_context, retrieve
-from adarag.pipeline.controller import build_controller, static_fallback_message
+from adarag.pipeline.asynchronous import AsyncAnswering
+from adarag.pipeline.augmented import augmented_prefill, is_static_fallback
+from adarag.pipeline.context import check_question, retrieve
+from adarag.pipeline.controller import static_fallback_message
 from adarag.pipeline.decode import decoder, plain_answer
-from adarag.pipeline.fusion import FusionWarmer
-from adarag.pipeline.prompt import PromptBuilder, Turn, condense_prompt, retrieval_query
+from adarag.pipeline.prompt import Turn
+from adarag.pipeline.request import prepare_answer
 from adarag.pipeline.resources import Resources
+from adarag.pipeline.schedule import schedule_requests
+from adarag.pipeline.standalone import standalone_question
 from adarag.pipeline.steps import AugmentedPrefill
-from adarag.pipeline.stream import AnswerStream, AsyncAnswerStream, DecodeSteps, no_context
+from adarag.pipeline.stream import AnswerStream, DecodeSteps
+from adarag.pipeline.views import ResourceViews
+from adarag.pipeline.warm import warm_chunks
 from adarag.policies import policy_config
-from adarag.profiles import ModelProfile
 from adarag.retrievers.base import Retriever
-from adarag.retrievers.memory import MemoryRetriever
 from adarag.schema import Answer, Chunk, GenerationParams, PromptLayout, StepTrace
 
-__all__ = ["AdaRAG", "CacheReport"]
+__all__ = ["AdaRAG"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class CacheReport:
-    """Cache statistics: tier hits and recomputed tokens, store sizes and events."""
-
-    tiers: TierStats
-    store: StoreStats
-
-
-class AdaRAG:
+class AdaRAG(ResourceViews, AsyncAnswering):
     """Retrieval-augmented generation with chunk-KV reuse and adaptive context augmentation.
 
     Setup:
@@ -125,95 +115,6 @@ class AdaRAG:
             policy_config(name, config, **overrides), retriever=retriever, generator=generator
         )
 
-    @property
-    def config(self) -> AdaRagConfig:
-        """The configuration."""
-        return self._resources.config
-
-    @config.setter
-    def config(self, config: AdaRagConfig) -> None:
-        self._resources.config = config
-
-    @property
-    def _engine_lock(self) -> threading.RLock:
-        """The lock serialising engine work (shared by :meth:`with_config`)."""
-        return self._resources.engine_lock
-
-    @property
-    def generator(self) -> Generator:
-        """The backend generator (loaded on first use)."""
-        return self._resources.generator
-
-    @property
-    def model_name(self) -> str:
-        """The checkpoint's name (``SmolLM2-135M-Instruct``), for traces and usage (loads it)."""
-        return str(self.generator.checkpoint.name)
-
-    @property
-    def profile(self) -> ModelProfile:
-        """The model's attention-sink profile and calibration (generic when never profiled)."""
-        return self._resources.profile
-
-    @property
-    def kv_namespace(self) -> str:
-        """What stored chunk KV is bound to besides its token ids.
-
-        The checkpoint, the dtype KV is computed in and the dtype it is stored in: the disk
-        tier's directory name, and part of every cache key. The system prompt, template and
-        separator are bound through the token ids of the system prefix and of each chunk.
-        """
-        return self._resources.kv_namespace
-
-    @property
-    def cache(self) -> TieredCache:
-        """The three-tier chunk-KV cache of this model (opened on first use)."""
-        return self._resources.cache
-
-    @property
-    def kv_directory(self) -> Path:
-        """The disk tier's directory: ``<cache.store.directory or home/kv>/<kv_namespace>``."""
-        return self._resources.kv_directory
-
-    @property
-    def cache_disk_problem(self) -> str | None:
-        """Why chunk KV is not written to the disk tier now (a full or read-only file system).
-
-        None while the disk tier takes writes, has none, or the cache is not opened yet.
-        """
-        store = self._resources.opened_store
-        return None if store is None else store.disk_problem
-
-    def cache_stats(self) -> CacheReport:
-        """Hits per tier, recomputed tokens, and the store's sizes and evictions."""
-        cache = self.cache
-        store = cache.store
-        store_stats = store.snapshot() if isinstance(store, TieredKVStore) else StoreStats()
-        return CacheReport(cache.stats, store_stats)
-
-    def close(self) -> None:
-        """Write memory-only cache entries to disk, so a later process reuses them."""
-        cache = self._resources.opened_cache
-        if cache is not None:
-            store = cache.store
-            if isinstance(store, TieredKVStore):
-                store.flush()
-
-    def __enter__(self) -> AdaRAG:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    @property
-    def prompts(self) -> PromptBuilder:
-        """The prompt builder for this pipeline's ``config.prompt`` (the only layout maker)."""
-        return self._resources.prompts
-
-    @property
-    def tokenizer(self) -> Any:
-        """The model's Hugging Face tokenizer (for token-sized chunking and counting)."""
-        return self.generator.tokenizer
-
     def with_config(self, **overrides: Any) -> AdaRAG:
         """A pipeline with config overrides that shares this one's generator and engine lock.
 
@@ -250,19 +151,12 @@ class AdaRAG:
         (greedy, at most ``chat.max_condense_tokens`` tokens; its first line), or the turns
         when the rewrite comes out empty. Without history it is ``question`` itself.
         """
-        chat = self.config.chat
-        if not history or chat.standalone_question != "condense":
-            return retrieval_query(
-                question, history, with_answers=chat.standalone_question == "turns"
-            )
-        prompt = condense_prompt(chat.condense_prompt, question, history)
-        params = GenerationParams(max_new_tokens=chat.max_condense_tokens)
-        rewrite = self.generate([{"role": "user", "content": prompt}], params=params).answer()
-        lines = [line.strip() for line in rewrite.text.strip().splitlines() if line.strip()]
-        if not lines:
-            logger.warning("the condensed question came out empty; retrieving with the turns")
-            return retrieval_query(question, history, with_answers=True)
-        return lines[0]
+        return standalone_question(
+            self.config.chat,
+            question,
+            history,
+            lambda messages, params: self.generate(messages, params=params).answer().text,
+        )
 
     def warm(self, chunks: Sequence[Chunk | str]) -> int:
         """Precompute the independent KV of chunks not cached yet; returns how many were new.
@@ -272,29 +166,7 @@ class AdaRAG:
         counts as new when either entry was computed. Entries go to the disk tier at once, so
         they survive restarts.
         """
-        system_kv = self._resources.system_kv()
-        given = [chunk if isinstance(chunk, Chunk) else Chunk(chunk) for chunk in chunks]
-        new = set()
-        for chunk in given:
-            ids = self.prompts.chunk_ids(chunk.text)
-            if not self.cache.has_independent(ids):
-                self._resources.independent_kv(ids)
-                new.add(chunk.text)
-        if self.config.cache.fusion.enabled and given:
-            warmer = FusionWarmer(
-                self.config.cache.fusion,
-                self.generator,
-                self.cache,
-                self.prompts,
-                system_kv,
-                self._resources.independent_kv,
-            )
-            finder = self.retriever or MemoryRetriever(given)
-            with self._engine_lock:
-                for chunk in given:
-                    if warmer.warm([chunk], finder):
-                        new.add(chunk.text)
-        return len(new)
+        return warm_chunks(self._resources, self.retriever, chunks)
 
     # --- answering
 
@@ -352,23 +224,16 @@ class AdaRAG:
             found = self.retrieve(self.standalone_question(question, history), top_k)
         else:
             found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
-        retrieval_s = time.perf_counter() - started
-        context = request_context(
-            self._resources, question, found, params, history, conversation_chunks
+        prepared = prepare_answer(
+            self._resources,
+            self._augmented,
+            question,
+            found,
+            params,
+            history,
+            conversation_chunks,
+            started,
         )
-        if context.layout is None:
-            prepared = no_context(retrieval_s)
-        else:
-            augmented = self._augmented()
-            prepared = augmented.run(context.layout, context.chunks, params, started, retrieval_s)
-        if context.num_dropped:
-            prepared.trace = dataclasses.replace(
-                prepared.trace, num_dropped_chunks=context.num_dropped
-            )
-        if self.config.prompt.citations:
-            prepared.chunks = numbered(prepared.chunks)
-        if context.note:
-            prepared.trace = dataclasses.replace(prepared.trace, order_hint=context.note)
         return AnswerStream(prepared, self._decoder(params))
 
     def schedule(self, requests: Sequence[Sequence[Chunk | str]]) -> list[int]:
@@ -385,13 +250,7 @@ class AdaRAG:
         Returns:
             Indices into ``requests`` in the order to run them.
         """
-        prompts = self.prompts
-        chunk_ids = [
-            [prompts.chunk_ids(c.text if isinstance(c, Chunk) else c) for c in chunks]
-            for chunks in requests
-        ]
-        with self._engine_lock:
-            return self.cache.plan(chunk_ids)
+        return schedule_requests(self._resources, requests)
 
     def answer_each_step(
         self,
@@ -425,49 +284,6 @@ class AdaRAG:
         self.generator.check_fits(layout, (params or GenerationParams()).max_new_tokens)
         return layout
 
-    async def aquery(
-        self,
-        question: str,
-        *,
-        chunks: Sequence[Chunk | str] | None = None,
-        params: GenerationParams | None = None,
-        top_k: int | None = None,
-        history: Sequence[Turn] = (),
-        conversation_chunks: Sequence[Chunk | str] = (),
-    ) -> Answer:
-        """Async :meth:`query`; the work runs in a worker thread, never on the event loop."""
-        return await asyncio.to_thread(
-            self.query,
-            question,
-            chunks=chunks,
-            params=params,
-            top_k=top_k,
-            history=history,
-            conversation_chunks=conversation_chunks,
-        )
-
-    async def astream(
-        self,
-        question: str,
-        *,
-        chunks: Sequence[Chunk | str] | None = None,
-        params: GenerationParams | None = None,
-        top_k: int | None = None,
-        history: Sequence[Turn] = (),
-        conversation_chunks: Sequence[Chunk | str] = (),
-    ) -> AsyncAnswerStream:
-        """Async :meth:`stream`; prefill and each decode step run in a worker thread."""
-        stream = await asyncio.to_thread(
-            self.stream,
-            question,
-            chunks=chunks,
-            params=params,
-            top_k=top_k,
-            history=history,
-            conversation_chunks=conversation_chunks,
-        )
-        return AsyncAnswerStream(stream)
-
     def generate(
         self,
         prompt: str | Sequence[Mapping[str, str]],
@@ -490,41 +306,19 @@ class AdaRAG:
         prepared = plain_answer(generator, self._engine_lock, self.prompts, prompt, params, started)
         return AnswerStream(prepared, self._decoder(params))
 
-    async def agenerate(
-        self,
-        prompt: str | Sequence[Mapping[str, str]],
-        *,
-        params: GenerationParams | None = None,
-    ) -> AsyncAnswerStream:
-        """Async :meth:`generate`; prefill and each decode step run in a worker thread."""
-        stream = await asyncio.to_thread(self.generate, prompt, params=params)
-        return AsyncAnswerStream(stream)
-
     # --- internals
 
     def _augmented(self, *, static_fallback: bool = True) -> AugmentedPrefill:
         """The augmentation loop; an uncalibrated agreement rule falls back to static top-k."""
         augment = self.config.augment
-        agreement = self.profile.calibration.agreement
-        uncalibrated = agreement is None or agreement.threshold is None
-        rule = augment.stop_rule
-        if static_fallback and augment.enabled and rule == "agreement" and uncalibrated:
+        if static_fallback and is_static_fallback(augment, self.profile.calibration):
             if not self._logged_static:
                 self._logged_static = True
                 # the documented default of both packaged models, not a fault: info, not warning
+                agreement = self.profile.calibration.agreement
                 logger.info(static_fallback_message(self.profile.model, agreement))
             augment = augment.model_copy(update={"enabled": False})
-        return AugmentedPrefill(
-            self.generator,
-            self.cache,
-            self.config.cache,
-            augment,
-            build_controller(
-                self.config.augment, self.generator.spec.num_layers, self.profile.calibration
-            ),
-            self._engine_lock,
-            self._resources.system_kv,
-        )
+        return augmented_prefill(self._resources, augment)
 
     def _decoder(self, params: GenerationParams) -> DecodeSteps:
         """Decodes a prepared answer with ``params``."""

@@ -1,0 +1,81 @@
+"""The async twins of the pipeline's answering methods: each call runs in a worker thread.
+
+:class:`AsyncAnswering` is a base of :class:`~adarag.pipeline.rag.AdaRAG`; the event loop never
+runs engine work, and each decode step of an async stream runs in a worker thread too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+
+from adarag.pipeline.prompt import Turn
+from adarag.pipeline.stream import AnswerStream, AsyncAnswerStream
+from adarag.schema import Answer, Chunk, GenerationParams
+
+
+class AsyncAnswering:
+    """``aquery``, ``astream`` and ``agenerate`` over the synchronous methods of a pipeline.
+
+    Attributes:
+        query: Answers a question (``AdaRAG.query``).
+        stream: Prefills and returns a stream of deltas (``AdaRAG.stream``).
+        generate: Prefills a plain prompt and returns a stream of deltas (``AdaRAG.generate``).
+    """
+
+    query: Callable[..., Answer]
+    stream: Callable[..., AnswerStream]
+    generate: Callable[..., AnswerStream]
+
+    async def aquery(
+        self,
+        question: str,
+        *,
+        chunks: Sequence[Chunk | str] | None = None,
+        params: GenerationParams | None = None,
+        top_k: int | None = None,
+        history: Sequence[Turn] = (),
+        conversation_chunks: Sequence[Chunk | str] = (),
+    ) -> Answer:
+        """Async :meth:`query`; the work runs in a worker thread, never on the event loop."""
+        return await asyncio.to_thread(
+            self.query,
+            question,
+            chunks=chunks,
+            params=params,
+            top_k=top_k,
+            history=history,
+            conversation_chunks=conversation_chunks,
+        )
+
+    async def astream(
+        self,
+        question: str,
+        *,
+        chunks: Sequence[Chunk | str] | None = None,
+        params: GenerationParams | None = None,
+        top_k: int | None = None,
+        history: Sequence[Turn] = (),
+        conversation_chunks: Sequence[Chunk | str] = (),
+    ) -> AsyncAnswerStream:
+        """Async :meth:`stream`; prefill and each decode step run in a worker thread."""
+        stream = await asyncio.to_thread(
+            self.stream,
+            question,
+            chunks=chunks,
+            params=params,
+            top_k=top_k,
+            history=history,
+            conversation_chunks=conversation_chunks,
+        )
+        return AsyncAnswerStream(stream)
+
+    async def agenerate(
+        self,
+        prompt: str | Sequence[Mapping[str, str]],
+        *,
+        params: GenerationParams | None = None,
+    ) -> AsyncAnswerStream:
+        """Async :meth:`generate`; prefill and each decode step run in a worker thread."""
+        stream = await asyncio.to_thread(self.generate, prompt, params=params)
+        return AsyncAnswerStream(stream)
