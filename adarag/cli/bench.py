@@ -13,7 +13,6 @@ from typing import Any
 
 from adarag.cli.options import add_model_arguments, build_config, positive_int
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Generator
 from adarag.evaluation import plots
 from adarag.evaluation.harness import BenchRunner, QueryRecord
 from adarag.evaluation.machine import describe_machine, machine
@@ -25,6 +24,7 @@ from adarag.evaluation.report import (
     summarize,
 )
 from adarag.evaluation.workload import DATASETS, load_questions, query_stream
+from adarag.pipeline.backends import load_generator
 from adarag.policies import POLICIES
 from adarag.retrievers.knowledge_base import KnowledgeBase
 from adarag.schema import GenerationParams
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     """Run every dataset and policy; write markdown, JSON and PNGs under ``--output``."""
     config = build_config(args)
     measured_on = machine()
-    generator = Generator.load(config.engine, config.kernels, config.home)
+    generator = load_generator(config.engine, config.kernels, config.home)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     args.output.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work_dir) as scratch:

@@ -4,13 +4,18 @@ One concrete class serves both backends. The checkpoint is read once; the model 
 adarag's own :class:`~adarag.engine.model.DecoderModel` over its safetensors weights, decoded by
 the same runner, or the model vLLM loaded, decoded by vLLM (``engine.backend == "vllm"``). The
 fusion loop (:class:`Runner`) is the same for both.
+
+The engine starts only its own torch backend. Any other backend is started by a
+:data:`StartBackend` function the caller passes to :meth:`Generator.load`, by name
+(``adarag.pipeline.backends.BACKENDS`` holds vLLM's), so the engine never imports the packages
+built on it (``engine/vllm/``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -25,12 +30,18 @@ from adarag.engine.loader import load_model
 from adarag.engine.runner import Runner
 from adarag.engine.spec import ModelSpec
 from adarag.engine.step_batcher import StepBatcher
-from adarag.errors import InputError
+from adarag.errors import ConfigError, InputError
 from adarag.kernels import lens_signals_from_logits, logit_lens
 from adarag.kv import ChunkKV
 from adarag.schema import GenerationParams, PromptLayout
 
 logger = logging.getLogger(__name__)
+
+# starts a backend other than the torch engine: (checkpoint, engine config, longest prompt plus
+# answer, EOS ids) -> the model's layers as the runner drives them, and the backend's decoder
+StartBackend = Callable[
+    [Checkpoint, EngineConfig, int, frozenset[int]], tuple[DecoderAdapter, Decoder]
+]
 
 
 class Generator:
@@ -65,13 +76,35 @@ class Generator:
         self.eos_token_ids = eos_token_ids(checkpoint)
 
     @classmethod
-    def load(cls, engine: EngineConfig, kernels: KernelConfig, home: Path) -> Generator:
-        """Load ``engine.model`` on ``engine.backend`` (vLLM is imported only when chosen).
+    def load(
+        cls,
+        engine: EngineConfig,
+        kernels: KernelConfig,
+        home: Path,
+        backends: Mapping[str, StartBackend] | None = None,
+    ) -> Generator:
+        """Load ``engine.model`` on ``engine.backend``.
+
+        Args:
+            engine: The engine settings, the backend's name among them.
+            kernels: The kernels' settings.
+            home: Where provisioned checkpoints live.
+            backends: How to start each backend other than ``"torch"``, by name
+                (``adarag.pipeline.backends.load_generator`` passes them all).
 
         Raises:
+            ConfigError: ``engine.backend`` is not ``"torch"`` and ``backends`` cannot start it.
             ModelLoadError: The checkpoint is missing or unsupported.
             MissingDependencyError: The vLLM backend is chosen but vLLM is not installed.
         """
+        start_backend = None
+        if engine.backend != "torch":
+            start_backend = (backends or {}).get(engine.backend)
+            if start_backend is None:
+                raise ConfigError(
+                    f"engine.backend={engine.backend!r} is started by the pipeline; load the "
+                    "generator with adarag.pipeline.backends.load_generator (or through AdaRAG)"
+                )
         if engine.num_threads is not None:
             # Before vLLM starts: its CPU worker then disables torch.set_num_threads.
             torch.set_num_threads(engine.num_threads)
@@ -81,10 +114,10 @@ class Generator:
         max_context = engine.max_context_tokens or spec.max_position_embeddings
         model: DecoderAdapter
         decoder: Decoder
-        if engine.backend == "vllm":
-            from adarag.engine.vllm import start_vllm
-
-            model, decoder = start_vllm(checkpoint, engine, max_context, eos_token_ids(checkpoint))
+        if start_backend is not None:
+            model, decoder = start_backend(
+                checkpoint, engine, max_context, eos_token_ids(checkpoint)
+            )
             generator = cls(checkpoint, model, Runner(model, engine, kernels), decoder, max_context)
         else:
             model = load_model(checkpoint.path, spec, getattr(torch, engine.dtype), engine.device)

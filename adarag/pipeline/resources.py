@@ -20,6 +20,7 @@ from adarag.cache.variants import VariantIndex
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Generator
 from adarag.kv import ChunkKV
+from adarag.pipeline.backends import load_generator
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.profiles import ModelProfile, find_profile, generic_profile
 from adarag.schema import PromptLayout
@@ -58,7 +59,7 @@ class Resources:
             with self.engine_lock:
                 if self._generator is None:
                     config = self.config
-                    self._generator = Generator.load(config.engine, config.kernels, config.home)
+                    self._generator = load_generator(config.engine, config.kernels, config.home)
         return self._generator
 
     @property

@@ -10,6 +10,7 @@ from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.generator import Generator
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.kv import ChunkKV
+from adarag.pipeline import backends
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.pipeline.stream import decode_text
 from adarag.schema import GenerationParams, PromptLayout
@@ -24,7 +25,7 @@ QUESTION = "what is the capital of france?"
 
 def load_generator(config: AdaRagConfig) -> Generator:
     """The generator of ``config`` (as the pipeline loads it)."""
-    return Generator.load(config.engine, config.kernels, config.home)
+    return backends.load_generator(config.engine, config.kernels, config.home)
 
 
 def layout_of(
