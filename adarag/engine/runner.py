@@ -21,16 +21,12 @@ from adarag.engine.kv_cache import KVCache
 from adarag.engine.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from adarag.engine.selection import (
     RecomputePlan,
-    cross_chunk_ratio,
     key_attention_mass,
     layer_budget_factor,
-    random_scores,
-    reference_deviation,
-    scoring_layer,
     segment_sums,
-    stored_scores,
     value_deviation,
 )
+from adarag.engine.selection_rules import ScoringInputs, selection_rule
 from adarag.engine.stream import _drop_unfocused, _rescale_reused, _Stream, _token_attention
 from adarag.errors import InputError
 from adarag.kernels import (
@@ -182,14 +178,12 @@ class Runner:
         the others score before any layer.
         """
         selection = batch.selection
+        rule = selection_rule(selection)
         processed = plan.processed.to(self.device)
         stream = self._new_stream(batch.token_ids[plan.processed], processed)
-        layer_at = scoring_layer(selection)
+        layer_at = rule.scoring_layer(selection)
         query_mass = None  # the query's attention per position, when a lever or rule reads it
-        if selection.chunk_allocation == "query" or selection.selection_policy in (
-            "query_attention",
-            "query_deviation",
-        ):
+        if selection.chunk_allocation == "query" or rule.needs_query_attention:
             query_mass = self._query_attention(batch, plan, kv)
         weights = None
         if selection.chunk_allocation == "query":
@@ -197,7 +191,7 @@ class Runner:
             weights = segment_sums(query_mass, batch.cu_segments)
         num_layers = self.spec.num_layers
         if layer_at is None:
-            scores = self._score_up_front(batch, plan, kv, query_mass)
+            scores = rule.score(ScoringInputs(batch, plan, kv, query_mass))
             chosen = plan.choose(
                 scores,
                 selection,
@@ -221,15 +215,22 @@ class Runner:
         q, k, v = layer.project_qkv(stream.hidden)
         q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
         is_candidate = plan.candidate_mask().to(self.device)
-        if selection.selection_policy in ("kv_deviation", "query_deviation"):
-            scores = value_deviation(v[is_candidate], kv.v[layer_at, plan.candidates])
-            if selection.selection_policy == "query_deviation":
-                assert query_mass is not None
-                scores = scores.cpu() * query_mass[plan.candidates]
+        # the cached rows, gathered (copied) before the fresh ones overwrite them
+        cached_v = kv.v[layer_at, plan.candidates] if rule.reads_cached_values else None
         self._write(kv, layer_at, k, v, processed)
-        if selection.selection_policy == "cross_attention":
-            mass = self._segment_mass(layer_at, q[is_candidate], processed[is_candidate], kv, cu)
-            scores = cross_chunk_ratio(mass, plan.candidates, batch.cu_segments)
+        scores = rule.score(
+            ScoringInputs(
+                batch,
+                plan,
+                kv,
+                query_mass,
+                fresh_v=v[is_candidate],
+                cached_v=cached_v,
+                candidate_mass=lambda: self._segment_mass(
+                    layer_at, q[is_candidate], processed[is_candidate], kv, cu
+                ),
+            )
+        )
         chosen = plan.choose(
             scores,
             selection,
@@ -247,37 +248,6 @@ class Runner:
         stream.positions = processed[keep]
         stream.last_hidden.append(stream.hidden[-1])
         return stream, layer_at + 1
-
-    def _score_up_front(
-        self,
-        batch: ForwardBatch,
-        plan: RecomputePlan,
-        kv: KVCache,
-        query_mass: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Scores of the rules that need no layer of the candidates themselves."""
-        selection = batch.selection
-        rule = selection.selection_policy
-        if rule == "output_oracle":
-            if batch.position_scores is None:
-                raise InputError(
-                    "the 'output_oracle' selection recomputes positions scored by the caller; "
-                    "pass position_scores (adarag.evaluation.output_oracle, benchmarks only)"
-                )
-            return batch.position_scores.float().cpu()[plan.candidates]
-        if rule == "random":
-            return random_scores(plan.candidates.numel(), selection.seed)
-        if rule == "oracle":
-            if batch.reference_kv is None:
-                raise InputError(
-                    "the 'oracle' selection needs a full prefill of the same prompt as its "
-                    "reference; pass reference_kv (benchmarks only)"
-                )
-            return reference_deviation(kv, batch.reference_kv, plan.candidates)
-        if rule == "stored_rank":
-            return stored_scores(batch.segments, plan)
-        assert rule == "query_attention" and query_mass is not None, f"unknown rule {rule!r}"
-        return query_mass[plan.candidates]
 
     def _query_attention(
         self, batch: ForwardBatch, plan: RecomputePlan, kv: KVCache

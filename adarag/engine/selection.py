@@ -4,29 +4,8 @@ Every chunk whose KV came from a cache with ratio ``0 < ρ < 1`` is a *candidate
 tokens compete for recomputation. A fused prefill resolves one :class:`RecomputePlan` from its
 segments (always-computed positions, candidates, and each candidate segment's budget
 ``ceil(ρ · length)``), a rule scores the candidates, and :meth:`RecomputePlan.choose` keeps the
-best within the budget. The rules (``RecomputeConfig.selection_policy``, chosen per request):
-
-- ``cross_attention`` (AdaCache section 3.1): at the first layer, the share of a token's
-  attention that falls on *other chunks*. First-layer K/V depend only on token embeddings and
-  positions, so the analysis is exact and costs one layer.
-- ``kv_deviation`` (CacheBlend section 4.3): after recomputing the layers below the check layer,
-  the squared L2 deviation of a token's fresh V from its cached V there.
-- ``query_attention`` (A3, ProphetKV, FusionRAG's online step): the query suffix first runs over
-  the re-positioned cached KV; a token's score is the attention the query pays it, averaged over
-  heads, query tokens and the chosen layers.
-- ``query_deviation``: the V deviation at the check layer times the attention the query suffix
-  pays the token (``query_attention``'s pass). It is the first-order change of the query's
-  attention output from making the token's V exact, ``a_qj · ||V_j^fresh − V_j^cached||²``,
-  the term the ``output_oracle``'s gradient is made of, with what the engine can know.
-- ``stored_rank`` (Cache-Craft section 3.3): the ranking stored with each cached chunk variant,
-  computed when the variant was (its tokens' attention to the chunks before it); no pass is
-  needed. Segments without a stored ranking score zero (ties keep the earlier position).
-- ``random``: uniform at the same budget (a control).
-- ``oracle``: the tokens whose cached K/V deviate most from a full prefill of the same prompt
-  (a control that needs that reference; no rule can know it).
-
-- ``output_oracle``: positions scored by the caller (``ForwardBatch.position_scores``) by how
-  much recomputing them changes the answer of a full prefill (a control, benchmarks only).
+best within the budget. The rules (``RecomputeConfig.selection_policy``, chosen per request) are
+the objects of :data:`~adarag.engine.selection_rules.SELECTION_RULES`, described there.
 
 Budgets: ``per_chunk`` keeps the top ``ceil(ρ · n)`` of each candidate segment; ``global`` keeps
 the top of all candidates together (the same total), so the chunks the rule ranks higher get
@@ -52,10 +31,6 @@ import torch
 
 from adarag.config import RecomputeConfig
 from adarag.engine.batch import SegmentPlan
-from adarag.engine.kv_cache import KVCache
-
-SCORING_LAYER_RULES = ("cross_attention", "kv_deviation", "query_deviation")
-"""Rules that score inside the layer loop (after layers computed for every candidate)."""
 
 
 def num_to_recompute(num_tokens: int, ratio: float) -> int:
@@ -111,15 +86,6 @@ def allocate(total: int, weights: Sequence[float], caps: Sequence[int]) -> list[
 def is_candidate(segment: SegmentPlan) -> bool:
     """A segment whose tokens compete for recomputation (cached, 0 < ratio < 1)."""
     return segment.cached is not None and 0.0 < segment.recompute_ratio < 1.0
-
-
-def scoring_layer(selection: RecomputeConfig) -> int | None:
-    """The layer at which the rule scores (layers below run for every candidate), or None."""
-    if selection.selection_policy == "cross_attention":
-        return 0
-    if selection.selection_policy in ("kv_deviation", "query_deviation"):
-        return selection.deviation_check_layer
-    return None
 
 
 @dataclass(frozen=True)
@@ -284,29 +250,6 @@ class RecomputePlan:
         return torch.isin(self.processed, self.always) | torch.isin(self.processed, chosen)
 
 
-def cross_chunk_ratio(
-    segment_mass: torch.Tensor, positions: torch.Tensor, cu_segments: list[int]
-) -> torch.Tensor:
-    """Share of each token's attention that falls on chunks other than its own.
-
-    Args:
-        segment_mass: [num_tokens, num_heads, num_segments] attention mass per key segment, on
-            any device (averaged over heads there, then copied).
-        positions: [num_tokens] absolute positions of the tokens, on the CPU.
-        cu_segments: Segment boundaries; segment 0 is the system prefix and the last segment is
-            the query suffix, the rest are chunks.
-
-    Returns:
-        [num_tokens] float32 ratios in [0, 1], averaged over heads.
-    """
-    mass = segment_mass.mean(dim=1).cpu()  # [num_tokens, num_segments]
-    own_segment = torch.bucketize(positions, torch.tensor(cu_segments[1:]), right=True)
-    chunk_mass = mass[:, 1:-1].sum(dim=1)
-    own_mass = mass.gather(1, own_segment[:, None]).squeeze(1)
-    is_chunk = (own_segment >= 1) & (own_segment < len(cu_segments) - 2)
-    return torch.where(is_chunk, chunk_mass - own_mass, chunk_mass).clamp_(0.0, 1.0)
-
-
 def segment_sums(values: torch.Tensor, cu_segments: Sequence[int]) -> torch.Tensor:
     """[num_segments] sums of per-position ``values [num_tokens]`` over each segment."""
     bounds = torch.tensor(list(cu_segments), dtype=torch.int64)
@@ -317,52 +260,6 @@ def segment_sums(values: torch.Tensor, cu_segments: Sequence[int]) -> torch.Tens
 def value_deviation(v_new: torch.Tensor, v_cached: torch.Tensor) -> torch.Tensor:
     """Squared L2 deviation per token: [num_tokens, heads, dim] x2 -> [num_tokens] float32."""
     return (v_new.float() - v_cached.float()).pow(2).sum(dim=(1, 2))
-
-
-def stored_scores(segments: Sequence[SegmentPlan], plan: RecomputePlan) -> torch.Tensor:
-    """Each candidate's score stored with its segment's KV (``stored_rank``), in candidate order.
-
-    A segment that carries no scores scores zero.
-    """
-    scores = [
-        segment.token_scores.float().cpu()
-        if segment.token_scores is not None
-        else torch.zeros(segment.num_tokens)
-        for segment in segments
-        if is_candidate(segment)
-    ]
-    return torch.cat(scores) if scores else torch.empty(0)
-
-
-def random_scores(num_candidates: int, seed: int) -> torch.Tensor:
-    """Uniform scores from a seeded generator (the ``random`` control)."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.rand(num_candidates, generator=generator)
-
-
-def reference_deviation(
-    fused: KVCache, reference: KVCache, positions: torch.Tensor
-) -> torch.Tensor:
-    """Deviation of the fused (cached) K/V from a full prefill's, per position (``oracle``).
-
-    Each layer's squared K and V errors are divided by that layer's mean squared norm over the
-    positions, so no layer with large activations dominates; the result sums over layers.
-
-    Args:
-        fused: The cache after loading the chunks' KV.
-        reference: A full prefill's KV of the same prompt.
-        positions: [n] positions to score.
-
-    Returns:
-        [n] float32.
-    """
-    total = torch.zeros(positions.numel())
-    for cached, exact in ((fused.k, reference.k), (fused.v, reference.v)):
-        rows = positions.to(cached.device)
-        error = (cached[:, rows].float() - exact[:, rows].to(cached.device).float()).pow(2)
-        scale = exact[:, rows].float().pow(2).sum(dim=(2, 3)).mean(dim=1).clamp(min=1e-12)
-        total += (error.sum(dim=(2, 3)) / scale[:, None]).sum(dim=0).cpu()
-    return total
 
 
 def key_attention_mass(

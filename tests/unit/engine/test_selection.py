@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import typing
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from adarag import AdaRAG
 from adarag.config import RecomputeConfig
 from adarag.engine.batch import SegmentPlan
 from adarag.engine.selection import RecomputePlan, key_attention_mass
+from adarag.engine.selection_rules import SELECTION_RULES
 from adarag.errors import InputError
 from adarag.kv import ChunkKV
 from tests.unit.engine.helpers import (
@@ -157,3 +159,19 @@ def test_key_attention_mass_matches_per_head_softmax():
         logits[torch.arange(9)[None, :] > positions[:, None]] = -math.inf
         expected += logits.softmax(dim=-1).sum(dim=0) / 6
     torch.testing.assert_close(key_attention_mass(q, k, positions, 0.5), expected)
+
+
+def test_every_selection_policy_has_one_registered_rule():
+    names = typing.get_args(RecomputeConfig.model_fields["selection_policy"].annotation)
+    assert sorted(SELECTION_RULES) == sorted(names)
+
+
+def test_rules_declare_where_they_score_and_what_they_read():
+    config = RecomputeConfig(deviation_check_layer=1)
+    layers = {name: rule.scoring_layer(config) for name, rule in SELECTION_RULES.items()}
+    at_a_layer = {"cross_attention": 0, "kv_deviation": 1, "query_deviation": 1}
+    assert layers == {name: at_a_layer.get(name) for name in SELECTION_RULES}
+    reads_query = {n for n, rule in SELECTION_RULES.items() if rule.needs_query_attention}
+    assert reads_query == {"query_attention", "query_deviation"}
+    reads_cached = {n for n, rule in SELECTION_RULES.items() if rule.reads_cached_values}
+    assert reads_cached == {"kv_deviation", "query_deviation"}
