@@ -68,11 +68,16 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "p50": statistics.median(values), "p95": p95}
 
 
-def write_results(name: str, payload: dict[str, Any], table: str) -> None:
-    """Write ``results/<name>.json`` and ``results/<name>.md``."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (RESULTS / f"{name}.md").write_text(table + "\n")
+def write_results(
+    name: str, payload: Any, table: str, *, directory: Path = RESULTS, indent: int = 2
+) -> None:
+    """Write ``<directory>/<name>.json`` (``payload``) and ``<directory>/<name>.md`` (``table``).
+
+    ``directory`` is ``benchmarks/results`` unless a script writes under its ``--output``.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.json").write_text(json.dumps(payload, indent=indent) + "\n")
+    (directory / f"{name}.md").write_text(table + "\n")
 
 
 class ChildWorker:

@@ -14,12 +14,11 @@ and every chunk before it in the prompt are cached, i.e. a hard-tier hit. Writes
 from __future__ import annotations
 
 import argparse
-import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
-from common import DEFAULT_DATA_DIR, RESULTS
+from common import DEFAULT_DATA_DIR, RESULTS, write_results
 
 from adarag.cache.context_index import ContextIndex, schedule_contexts
 from adarag.cache.keys import digest
@@ -115,9 +114,7 @@ def main() -> None:
         "RAGBoost (MultihopRAG, k = 15, SGLang + Qwen3-32B on H100): 8.49% -> 20.56% (ordering) "
         "-> 33.97% (+ scheduling); vLLM + Llama3.3-70B: 10.7% -> 30.8% -> 43.2%.",
     ]
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "prefix_hits.md").write_text("\n".join(lines) + "\n")
-    (args.output / "prefix_hits.json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_results("prefix_hits", rows, "\n".join(lines), directory=args.output, indent=1)
     print("\n".join(lines))
 
 

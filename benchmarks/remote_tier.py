@@ -36,7 +36,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common import load_jsonl, machine, write_results
+from common import load_jsonl, machine, summary, write_results
 
 from adarag import AdaRAG, AdaRagConfig
 from adarag.cache.store import TieredKVStore
@@ -84,7 +84,8 @@ def warm_in_process_a(base: AdaRagConfig, root: Path, url: str, passages: list[s
 
 def ms(values: list[float]) -> dict[str, float]:
     """Mean and median of seconds, in milliseconds."""
-    return {"mean_ms": 1e3 * statistics.fmean(values), "p50_ms": 1e3 * statistics.median(values)}
+    seconds = summary(values)
+    return {"mean_ms": 1e3 * seconds["mean"], "p50_ms": 1e3 * seconds["p50"]}
 
 
 def lookup_overhead(

@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import load_jsonl, machine, timed, write_results  # noqa: E402
+from common import summary as latency_summary  # noqa: E402
 from followups import DenseIndex, build_followups  # noqa: E402
 
 from adarag import AdaRAG  # noqa: E402
@@ -153,13 +154,14 @@ def _report(model: str, host: dict[str, Any], rows: list[dict[str, Any]], note: 
     summary = {}
     for method in METHODS:
         per = [row["methods"][method] for row in rows]
+        standalone_s = latency_summary([p["standalone_s"] for p in per])
         summary[method] = {
             "recall_at_4": statistics.fmean(float(p["recall_at_4"]) for p in per),
             "recall_at_10": statistics.fmean(float(p["recall_at_10"]) for p in per),
             "f1": statistics.fmean(p["f1"] for p in per) if "f1" in per[0] else None,
             "em": statistics.fmean(p["em"] for p in per) if "em" in per[0] else None,
-            "standalone_s_mean": statistics.fmean(p["standalone_s"] for p in per),
-            "standalone_s_p50": statistics.median(p["standalone_s"] for p in per),
+            "standalone_s_mean": standalone_s["mean"],
+            "standalone_s_p50": standalone_s["p50"],
         }
     lines = [
         f"# Standalone question for follow-ups: {model}",
