@@ -3,7 +3,8 @@
 An ingested chunk's metadata holds the absolute path of its file (``source``); the server once
 returned it as is in every answer's sources, showing clients its directory layout. Now the
 sources name the file only, in whole answers, in a stream's first event and in ``/v1/rag/query``.
-(The docs and the OpenAI schema needing the API key are tested in ``test_serve_limits.py``.)
+(The docs and the OpenAI schema needing the API key are tested in
+``tests/unit/serve/test_limits.py``.)
 """
 
 from __future__ import annotations
