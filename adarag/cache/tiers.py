@@ -139,7 +139,7 @@ class TieredCache:
         self,
         chunk_ids: Sequence[Sequence[int]],
         hits: Sequence[TierHit],
-        fused: Sequence[ChunkKV],
+        fused: Sequence[ChunkKV | None],
         variant_stats: Sequence[VariantStats | None] | None = None,
     ) -> None:
         """Store each chunk's fused KV under its hard and soft keys after a prefill.
@@ -151,7 +151,7 @@ class TieredCache:
         Args:
             chunk_ids: The prompt's chunks.
             hits: What :meth:`lookup` returned for them.
-            fused: Each chunk's KV after the prefill.
+            fused: Each chunk's KV after the prefill; None for a hard hit (stored already).
             variant_stats: With variants on, the statistics of each chunk computed in full
                 (None for the others); those chunks become variants.
         """
@@ -162,6 +162,7 @@ class TieredCache:
         for idx, (hit, kv) in enumerate(zip(hits, fused, strict=True)):
             if hit.tier == "hard":
                 continue  # already stored under this exact prefix
+            assert kv is not None, "every chunk but a hard hit needs its fused KV"
             independent = keys.independent[idx]
             is_popular = self.admission.record(independent)
             entry_keys = set()

@@ -38,6 +38,12 @@ class AugmentConfig(_Frozen):
     min_chunks: int | None = Field(
         default=None, ge=1, description="Floor on chunks before a stop; None: the profile's."
     )
+    reuse_step_kv: bool = Field(
+        default=True,
+        description="Each augmentation step prefills into the previous step's KV cache, whose "
+        "system prefix and hard-tier chunks are already in place (sized for the whole prompt at "
+        "the first step); False: a new cache per step, every cached chunk loaded again.",
+    )
     score_gap: float | None = Field(
         default=None,
         gt=0.0,

@@ -70,6 +70,10 @@ class ForwardBatch:
         reference_kv: A full prefill of the same prompt, for the ``oracle`` selection only.
         position_scores: [num_tokens] float scores of every position, for the
             ``output_oracle`` selection only.
+        resident: A KV cache whose rows ``0..resident_rows`` already hold this prompt's exact
+            KV (the previous augmentation step's): the prefill writes into it, loading nothing
+            into those rows, when it has room; else a new cache is allocated.
+        resident_rows: See ``resident``; the rows must end at a segment boundary.
     """
 
     token_ids: torch.Tensor
@@ -80,6 +84,8 @@ class ForwardBatch:
     selection: RecomputeConfig = field(default_factory=RecomputeConfig)
     reference_kv: KVCache | None = None
     position_scores: torch.Tensor | None = None
+    resident: KVCache | None = None
+    resident_rows: int = 0
 
     def __post_init__(self) -> None:
         assert self.segments, "a batch needs at least one segment"
@@ -88,6 +94,9 @@ class ForwardBatch:
             assert before.end == after.start, f"gap or overlap at {before.end}/{after.start}"
         assert self.segments[-1].end == self.token_ids.numel(), "segments must cover the prompt"
         assert self.num_lens_layers >= 1, "the last layer's logits are always computed"
+        assert self.resident_rows == 0 or self.resident_rows in self.cu_segments, (
+            "resident rows must end at a segment boundary"
+        )
 
     @property
     def num_tokens(self) -> int:

@@ -187,6 +187,9 @@ class Generator:
         collect_segment_attention: bool = False,
         reference_kv: KVCache | None = None,
         position_scores: torch.Tensor | None = None,
+        resident: KVCache | None = None,
+        resident_rows: int = 0,
+        min_capacity: int = 0,
     ) -> PrefillOutput:
         """Full or fused prefill of a laid-out prompt.
 
@@ -201,6 +204,11 @@ class Generator:
             reference_kv: A full prefill's KV of the same prompt (the ``oracle`` rule only).
             position_scores: [num_tokens] scores of every position (the ``output_oracle`` rule
                 only).
+            resident: The previous augmentation step's KV cache, whose first ``resident_rows``
+                rows hold this prompt's exact KV; prefilled into when it has room.
+            resident_rows: See ``resident``.
+            min_capacity: Allocate rows for a prompt of at least this many tokens (and the
+                answer), so that the later steps of the same request fit the same cache.
 
         Raises:
             InputError: The prompt does not fit the context, or has no query suffix.
@@ -218,12 +226,15 @@ class Generator:
         batch = ForwardBatch(
             token_ids=torch.tensor(layout.token_ids, dtype=torch.int64),
             segments=plan_segments(layout.cu_segments, tuple(sources)),
-            extra_capacity=self.decoder.reserved_rows(max_new_tokens),
+            extra_capacity=self.decoder.reserved_rows(max_new_tokens)
+            + max(min_capacity - layout.num_tokens, 0),
             collect_segment_attention=collect_segment_attention,
             num_lens_layers=min(num_lens_layers, self.spec.num_layers),
             selection=selection or RecomputeConfig(),
             reference_kv=reference_kv,
             position_scores=position_scores,
+            resident=resident,
+            resident_rows=resident_rows,
         )
         return self.runner.blend(batch)
 

@@ -82,10 +82,10 @@ class Runner:
             The fused KV, last-token logits and per-layer last-token hidden states.
         """
         num_tokens = batch.num_tokens
-        kv = self.new_cache(num_tokens + batch.extra_capacity)
+        kv, resident_rows = self._prefill_cache(batch)
         # --- load: cached segments, keys re-rotated to their positions
         for segment in batch.segments:
-            if segment.cached is not None:
+            if segment.cached is not None and segment.end > resident_rows:
                 kv.load(segment.start, segment.cached, self.inv_freq, self.backend)
         kv.length = num_tokens
         _rescale_reused(kv, batch)
@@ -132,6 +132,19 @@ class Runner:
             token_attention=_token_attention(stream) if cu is not None else None,
             token_attention_positions=stream.positions.cpu() if cu is not None else None,
         )
+
+    def _prefill_cache(self, batch: ForwardBatch) -> tuple[KVCache, int]:
+        """The cache to prefill into and how many of its leading rows are already in place."""
+        needed = batch.num_tokens + batch.extra_capacity
+        resident = batch.resident
+        if resident is None or resident.capacity < needed:
+            return self.new_cache(needed), 0
+        for segment in batch.segments:
+            assert segment.end > batch.resident_rows or segment.exact or segment.cached is None, (
+                "a resident segment must be exact (its rows are not recomputed)"
+            )
+        resident.key_bias = None
+        return resident, batch.resident_rows
 
     @torch.inference_mode()
     def decode(self, token_id: int, kv: KVCache) -> torch.Tensor:

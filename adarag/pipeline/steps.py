@@ -124,8 +124,12 @@ class AugmentedPrefill:
         taken: list[tuple[ScoredStep, _Step]] = []
         reason: StopReason | None = None
         previous: tuple[int, ...] | None = None
+        last: _Step | None = None
         for step_chunks in range(1, num_chunks + 1) if augment else [num_chunks]:
-            step = self._run_step(layout.with_chunks(step_chunks), params.max_new_tokens)
+            step = self._run_step(
+                layout.with_chunks(step_chunks), params.max_new_tokens, last, layout.num_tokens
+            )
+            last = step
             scored = self._controller.score(step_chunks, step.result)
             if augment and self._controller.stop_rule.wants_answer_prefix(scored):
                 step = self._decode_prefix(step, previous)
@@ -162,9 +166,13 @@ class AugmentedPrefill:
         """Every step of ``layout``'s chunks (no early stop), each with the answer it decodes."""
         results = []
         previous: tuple[int, ...] | None = None
+        last: _Step | None = None
         num_prefix = self._augment_config.stability_tokens
         for num_chunks in range(1, len(layout.chunk_ids) + 1):
-            step = self._run_step(layout.with_chunks(num_chunks), params.max_new_tokens)
+            step = self._run_step(
+                layout.with_chunks(num_chunks), params.max_new_tokens, last, layout.num_tokens
+            )
+            last = step
             with self._engine_lock:
                 tokens = list(self._generator.decode_tokens(step.layout, step.output, params))
                 deltas = decode_text(iter(tokens), self._generator.tokenizer, params)
@@ -185,13 +193,25 @@ class AugmentedPrefill:
         return results
 
     def fused_prefill(
-        self, layout: PromptLayout, max_new_tokens: int
+        self,
+        layout: PromptLayout,
+        max_new_tokens: int,
+        previous: _Step | None = None,
+        min_capacity: int = 0,
     ) -> tuple[PrefillOutput, list[TierHit], float]:
         """Look the cached segments up in the tiers and run the fused prefill; returns its time.
 
         The cached segments are the chunks (after their labels, with citations) and the earlier
         turns of a conversation: one hit each. With every tier disabled this is a full
         recomputation, the system prefix included.
+
+        Args:
+            layout: The prompt.
+            max_new_tokens: Rows reserved for the answer.
+            previous: The request's previous augmentation step: with ``augment.reuse_step_kv``
+                its KV cache is prefilled into, the exact rows it shares with ``layout`` (the
+                system prefix and the chunks found in the hard tier) left in place.
+            min_capacity: Rows to allocate at least (the whole request's prompt).
         """
         tiers = self._cache_config
         reuse = any(
@@ -211,6 +231,8 @@ class AugmentedPrefill:
             sources.append(SegmentSource())
             # Cache-Craft keeps the attention statistics of every chunk computed in full
             collect = tiers.variants.enabled and any(hit.tier == "miss" for hit in hits)
+            reuse = self._augment_config.reuse_step_kv and previous is not None
+            resident_rows = _resident_rows(layout, hits, previous) if reuse else 0
             started = time.perf_counter()
             output = self._generator.prefill(
                 layout,
@@ -219,13 +241,22 @@ class AugmentedPrefill:
                 selection=tiers.recompute,
                 num_lens_layers=self._augment_config.num_lens_layers,
                 collect_segment_attention=collect,
+                resident=previous.output.kv if reuse and previous is not None else None,
+                resident_rows=resident_rows,
+                min_capacity=min_capacity if self._augment_config.reuse_step_kv else 0,
             )
             self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
         return output, hits, time.perf_counter() - started
 
-    def _run_step(self, layout: PromptLayout, max_new_tokens: int) -> _Step:
+    def _run_step(
+        self,
+        layout: PromptLayout,
+        max_new_tokens: int,
+        previous: _Step | None = None,
+        min_capacity: int = 0,
+    ) -> _Step:
         """One augmentation step: fused prefill of ``layout``, its lens signals and margin."""
-        output, hits, prefill_s = self.fused_prefill(layout, max_new_tokens)
+        output, hits, prefill_s = self.fused_prefill(layout, max_new_tokens, previous, min_capacity)
         lens_started = time.perf_counter()
         kl, entropy = self._generator.lens_signals(output, self._augment_config.num_lens_layers)
         top2 = torch.softmax(output.logits.float().reshape(-1), dim=-1).topk(2).values
@@ -256,7 +287,10 @@ class AugmentedPrefill:
         """Store each cached segment under its hard and soft keys (Algorithm 1, line 18)."""
         cu = layout.cu_segments
         segments = layout.cached_segments
-        fused = [output.kv.segment(cu[i + 1], cu[i + 2]) for i in range(len(segments))]
+        fused = [  # a hard hit's KV is stored as it is: no copy
+            None if hits[i].tier == "hard" else output.kv.segment(cu[i + 1], cu[i + 2])
+            for i in range(len(segments))
+        ]
         with_variants = self._cache_config.variants.enabled
         stats = _variant_stats(layout, output, hits) if with_variants else None
         self._cache.write_back(segments, hits, fused, stats)
@@ -268,6 +302,31 @@ class AugmentedPrefill:
         """:meth:`_keep` under the engine lock (the answer stream runs it after the answer)."""
         with self._engine_lock:
             self._keep(step)
+
+
+def _resident_rows(layout: PromptLayout, hits: Sequence[TierHit], previous: _Step | None) -> int:
+    """Leading rows of ``previous``'s KV that hold ``layout``'s exact KV, at a segment end.
+
+    The system prefix, then each cached segment found in the hard tier, as long as the previous
+    step's prompt had the same tokens there and its prefill covered them.
+    """
+    if previous is None:
+        return 0
+    cu = layout.cu_segments
+    before = previous.layout
+    shared = before.num_tokens - len(
+        before.query_ids
+    )  # the previous prompt's rows before its query
+    rows = 0
+    for idx in range(len(hits) + 1):  # segment 0 is the system prefix; idx >= 1 a cached segment
+        end = cu[idx + 1]
+        exact = idx == 0 or hits[idx - 1].tier == "hard"
+        if not exact or end > shared:
+            break
+        rows = end
+    if layout.token_ids[:rows] != before.token_ids[:rows]:
+        return 0
+    return rows
 
 
 def _source(hit: TierHit) -> SegmentSource:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from adarag import AdaRAG, Chunk, MemoryRetriever
 from adarag.config import AdaRagConfig
@@ -234,3 +235,45 @@ def test_a_question_that_is_not_valid_text_is_a_clear_error(make_rag, question):
     for call in (rag.query, rag.retrieve):
         with pytest.raises(InputError, match="the question"):
             call(question)
+
+
+def _each_step(rag):
+    augmented = rag._augmented(static_fallback=False)
+    layout = rag.layout(QUESTION, CHUNKS, PARAMS)
+    steps, previous = [], None
+    for num_chunks in range(1, len(CHUNKS) + 1):
+        step = augmented._run_step(layout.with_chunks(num_chunks), 4, previous, layout.num_tokens)
+        augmented._keep(step)
+        steps.append(step)
+        previous = step
+    return steps
+
+
+@pytest.mark.parametrize("storage_dtype", ["float32", "float16"])
+def test_steps_prefill_into_the_previous_steps_cache_and_compute_the_same(make_rag, storage_dtype):
+    store = {"storage_dtype": storage_dtype, "admission": "always", "disk_capacity_bytes": 0}
+    resident = _each_step(make_rag(cache={"store": store}))
+    fresh = _each_step(make_rag(cache={"store": store}, augment={"reuse_step_kv": False}))
+    assert all(step.output.kv is resident[0].output.kv for step in resident)
+    assert len({id(step.output.kv) for step in fresh}) == len(fresh)
+    for kept, new in zip(resident, fresh, strict=True):
+        assert kept.result.num_processed_tokens == new.result.num_processed_tokens
+        if storage_dtype == "float32":  # the hard tier holds the very rows left in place
+            assert torch.equal(kept.output.logits, new.output.logits)
+        else:  # in place, the rows keep the precision the store would have rounded away
+            assert torch.allclose(kept.output.logits, new.output.logits, atol=5e-2)
+    rows = resident[-1].layout.num_tokens
+    same = torch.equal(resident[-1].output.kv.k[:, :rows], fresh[-1].output.kv.k[:, :rows])
+    assert same == (storage_dtype == "float32")
+
+
+def test_a_step_whose_prefix_differs_gets_a_cache_of_its_own(make_rag):
+    rag = make_rag(cache={"store": {"storage_dtype": "float32", "disk_capacity_bytes": 0}})
+    augmented = rag._augmented(static_fallback=False)
+    first = augmented._run_step(rag.layout(QUESTION, CHUNKS[:1], PARAMS), 4, None, 4096)
+    augmented._keep(first)
+    other = rag.layout(QUESTION, [CHUNKS[2], CHUNKS[1]], PARAMS)
+    second = augmented._run_step(other, 4, first, 4096)
+    assert second.output.kv is first.output.kv  # room enough; only the system prefix is kept
+    full = rag.generator.prefill(other, max_new_tokens=4)
+    assert torch.allclose(second.output.logits, full.logits, atol=1e-4)
