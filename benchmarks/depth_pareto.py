@@ -203,7 +203,7 @@ def main() -> None:
     stage.add_argument(
         "--calibration",
         type=int,
-        default=15,
+        default=5,
         help="the first N questions of each set choose the rules' thresholds",
     )
     stage.set_defaults(fn=report)

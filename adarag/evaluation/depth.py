@@ -137,40 +137,55 @@ def prior(gap: float) -> Rule:
     return Rule(f"gap prior {gap:g}", lambda q: [chunks_before_gap(q.scores, gap)])
 
 
-def signal(name: str, threshold: float, floor: int) -> Rule:
-    """One chunk per step; stop at the first step from ``floor`` whose ``name`` signal ≥ τ."""
+def _depths(q: DepthQuestion, first: int, stride: int) -> list[int]:
+    """``first``, then every ``stride`` chunks, ending with all of them."""
+    first = min(max(first, 1), q.max_depth)
+    depths = list(range(first, q.max_depth + 1, stride))
+    return depths if depths[-1] == q.max_depth else [*depths, q.max_depth]
+
+
+def _start(q: DepthQuestion, depth: int, start_gap: float | None) -> int:
+    """``depth``, or the gap prior's depth when it is deeper."""
+    return depth if start_gap is None else max(depth, chunks_before_gap(q.scores, start_gap))
+
+
+def _from(start_gap: float | None) -> str:
+    return "" if start_gap is None else f", from gap prior {start_gap:g}"
+
+
+def signal(name: str, threshold: float, floor: int, start_gap: float | None = None) -> Rule:
+    """Steps of one chunk from ``floor`` (or the gap prior's depth); stop once ``name`` ≥ τ."""
 
     def schedule(q: DepthQuestion) -> list[int]:
-        for depth, step in enumerate(q.steps, 1):
-            value = getattr(step, name)
-            if depth >= floor and value is not None and value >= threshold:
-                return list(range(1, depth + 1))
-        return list(range(1, q.max_depth + 1))
+        visited: list[int] = []
+        for depth in _depths(q, _start(q, floor, start_gap), 1):
+            visited.append(depth)
+            value = getattr(q.steps[depth - 1], name)
+            if value is not None and value >= threshold:
+                break
+        return visited
 
-    return Rule(f"{name} ≥ {threshold:.2f} from {floor}", schedule)
+    return Rule(f"{name} ≥ {threshold:.2f} from {floor}{_from(start_gap)}", schedule)
 
 
 def stable(floor: int, stride: int = 1, start_gap: float | None = None) -> Rule:
-    """Steps of ``stride`` chunks (from the gap prior's depth when given) until two answers agree.
+    """Steps of ``stride`` chunks until two consecutive answers agree, never before ``floor``.
 
-    Two visited steps agree when their answers' first ``STABILITY_TOKENS`` words are equal
-    (normalised), TASR's answer stability.
+    The first step holds ``floor - stride`` chunks (at least one; or the gap prior's depth), so
+    that a stop at ``floor`` is possible. Two steps agree when their answers' first
+    ``STABILITY_TOKENS`` words are equal (normalised), TASR's answer stability.
     """
 
     def schedule(q: DepthQuestion) -> list[int]:
-        first = stride if start_gap is None else chunks_before_gap(q.scores, start_gap)
-        depths = list(range(first, q.max_depth + 1, stride))
-        if not depths or depths[-1] != q.max_depth:
-            depths.append(q.max_depth)
         visited: list[int] = []
-        for depth in depths:
+        for depth in _depths(q, _start(q, floor - stride, start_gap), stride):
             visited.append(depth)
             if depth >= floor and len(visited) > 1 and _same(q, visited[-2], depth):
-                return visited
+                break
         return visited
 
-    start = "" if start_gap is None else f", from gap prior {start_gap:g}"
-    return Rule(f"stable from {floor}, stride {stride}{start}", schedule, compares_answers=True)
+    name = f"stable from {floor}, stride {stride}{_from(start_gap)}"
+    return Rule(name, schedule, compares_answers=True)
 
 
 def _same(q: DepthQuestion, a: int, b: int) -> bool:

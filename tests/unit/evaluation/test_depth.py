@@ -68,21 +68,23 @@ def test_confidence_rule_spans_fixed_one_to_fixed_all():
     q = question([0.1, 0.2, 0.3], confidence=[0.2, 0.6, 0.9])
     assert signal("confidence", 0.0, 1).schedule(q) == [1]
     assert signal("confidence", 0.5, 1).schedule(q) == [1, 2]
-    assert signal("confidence", 0.5, 3).schedule(q) == [1, 2, 3]
+    assert signal("confidence", 0.5, 3).schedule(q) == [3]  # the first step holds the floor
     assert signal("confidence", 1.1, 1).schedule(q) == [1, 2, 3]
 
 
 def test_stability_stops_at_the_first_repeated_answer():
     q = question([0.0] * 6, answers=["a", "b", "Paris", "paris.", "c", "d"])
     assert stable(2).schedule(q) == [1, 2, 3, 4]
-    assert stable(2, stride=2).schedule(q) == [2, 4, 6]
-    assert stable(5).schedule(q) == [1, 2, 3, 4, 5, 6]
+    assert stable(4).schedule(q) == [3, 4]
+    assert stable(2, stride=2).schedule(q) == [1, 3, 5, 6]
+    assert stable(5).schedule(q) == [4, 5, 6]
 
 
 def test_gap_prior_stops_before_the_first_large_score_drop():
     q = question([0.0] * 5, scores=[0.9, 0.88, 0.6, 0.58, 0.57])
     assert prior(0.1).schedule(q) == [2]
     assert stable(2, start_gap=0.1).schedule(q)[0] == 2
+    assert signal("confidence", 1.1, 1, start_gap=0.1).schedule(q) == [2, 3, 4, 5]
 
 
 def test_fixed_k_interpolates_between_the_depths_that_bracket_the_tokens():
