@@ -18,7 +18,7 @@ from adarag.cache.store import LayeredKVStore
 from adarag.cache.tiers import TieredCache
 from adarag.cache.variants import VariantIndex
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.kv import ChunkKV
 from adarag.pipeline.backends import load_generator
 from adarag.pipeline.prompt import PromptBuilder
@@ -41,7 +41,7 @@ class Resources:
     def __init__(
         self,
         config: AdaRagConfig,
-        generator: Generator | None = None,
+        generator: Engine | None = None,
         engine_lock: threading.RLock | None = None,
     ) -> None:
         self.config = config
@@ -53,7 +53,7 @@ class Resources:
         self._profile: ModelProfile | None = None
 
     @property
-    def generator(self) -> Generator:
+    def generator(self) -> Engine:
         """The backend generator (loaded on first use)."""
         if self._generator is None:
             with self.engine_lock:

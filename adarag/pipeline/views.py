@@ -14,7 +14,7 @@ from typing import Any, Self
 from adarag.cache.store import LayeredKVStore, StoreStats
 from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.pipeline.resources import Resources
 from adarag.profiles import ModelProfile
@@ -52,7 +52,7 @@ class ResourceViews:
         return self._resources.engine_lock
 
     @property
-    def generator(self) -> Generator:
+    def generator(self) -> Engine:
         """The backend generator (loaded on first use)."""
         return self._resources.generator
 
