@@ -35,13 +35,13 @@ from transformers import AutoModelForCausalLM
 
 from adarag import AdaRAG
 from adarag.config import RecomputeConfig
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.evaluation.reuse import reuse_sources
 
 RATIOS = (0.0, 0.15, 0.2, 0.3, 1.0)
 
 
-def ours_decode(generator: Generator, layout, num_tokens: int) -> Callable[[], float]:  # type: ignore[no-untyped-def]
+def ours_decode(generator: Engine, layout, num_tokens: int) -> Callable[[], float]:  # type: ignore[no-untyped-def]
     """Seconds per greedy step of our runner after a prefill of ``layout``."""
     prefill = generator.prefill(layout, max_new_tokens=num_tokens + 1)
 

@@ -41,7 +41,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from adarag.config import AdaRagConfig, RecomputeConfig
 from adarag.engine.checkpoint import Checkpoint
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.engine.loader import model_from_state
 from adarag.engine.spec import ModelSpec
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
@@ -99,7 +99,7 @@ def cast_keeping_rope(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mo
 
 def build_generators(
     args: argparse.Namespace, home: Path
-) -> tuple[dict[str, Generator], torch.nn.Module, torch.nn.Module]:
+) -> tuple[dict[str, Engine], torch.nn.Module, torch.nn.Module]:
     """A Triton and a torch generator sharing one random model; transformers' model of the
     weights in the same dtype, and in float32 (the reference)."""
     config = llama_8b_shapes(args.layers)
@@ -121,9 +121,7 @@ def build_generators(
             engine={"model": str(path), "device": args.device, "dtype": args.dtype},
             kernels={"backend": backend},
         )
-        generators[backend] = Generator.for_model(
-            checkpoint, model, settings.engine, settings.kernels
-        )
+        generators[backend] = Engine.for_model(checkpoint, model, settings.engine, settings.kernels)
     return generators, hf_model, reference_model
 
 
@@ -184,7 +182,7 @@ def check(name: str, error: float, tolerance: float, failed: list[str]) -> None:
 
 
 def bench_context(
-    generators: dict[str, Generator],
+    generators: dict[str, Engine],
     hf_model: torch.nn.Module,
     reference_model: torch.nn.Module,
     layout: PromptLayout,

@@ -22,7 +22,7 @@ from common import load_jsonl, machine, write_results
 
 from adarag import AdaRAG
 from adarag.cache.codec import TokenLayout
-from adarag.cache.store import TieredKVStore
+from adarag.cache.store import LayeredKVStore
 from adarag.config import StoreConfig
 from adarag.evaluation.reuse import system_prefix_kv
 
@@ -55,11 +55,11 @@ def main() -> None:
     for storage in FORMATS:
         with tempfile.TemporaryDirectory() as directory:
             config = StoreConfig(storage_dtype=storage, memory_capacity_bytes=0)
-            writer = TieredKVStore(config, Path(directory), "bench", layout)
+            writer = LayeredKVStore(config, Path(directory), "bench", layout)
             for idx, kv in enumerate(kvs):
                 writer.put([f"chunk-{idx}"], kv, persist=True)
             disk_bytes = writer.snapshot().disk_bytes
-            reader = TieredKVStore(config, Path(directory), "bench", layout)  # a cold process
+            reader = LayeredKVStore(config, Path(directory), "bench", layout)  # a cold process
             load_s = []
             for idx in range(len(kvs)):
                 started = time.perf_counter()

@@ -33,7 +33,7 @@ from typing import Any
 from common import DEFAULT_DATA_DIR, RESULTS
 
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.evaluation.fidelity import first_token_kl
 from adarag.evaluation.harness import BenchRunner, QueryRecord
 from adarag.evaluation.machine import describe_machine, machine
@@ -123,7 +123,7 @@ def main() -> None:
     if args.threads:
         engine["num_threads"] = args.threads
     config = AdaRagConfig.build(engine=engine)
-    generator = Generator.load(config.engine, config.kernels, config.home)
+    generator = Engine.load(config.engine, config.kernels, config.home)
     model = generator.checkpoint.name
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     measured_on = machine()

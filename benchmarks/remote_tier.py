@@ -39,7 +39,7 @@ from typing import Any
 from common import load_jsonl, machine, summary, write_results
 
 from adarag import AdaRAG, AdaRagConfig
-from adarag.cache.store import TieredKVStore
+from adarag.cache.store import LayeredKVStore
 from adarag.schema import GenerationParams
 
 PARAMS = GenerationParams(max_new_tokens=1)
@@ -93,7 +93,7 @@ def lookup_overhead(
 ) -> dict[str, Any]:
     """Per-chunk cost of the server: a missing key, a hit (fetched, checked, decoded), and a
     read of the same entry from a local disk tier."""
-    remote_store = TieredKVStore(
+    remote_store = LayeredKVStore(
         rag.config.cache.store.model_copy(update={"remote_url": url}),
         None,
         rag.kv_namespace,
@@ -115,7 +115,7 @@ def lookup_overhead(
             remote_store.codec.decode(hit.stored)
             hit_s.append(time.perf_counter() - started)
             hit_bytes.append(hit.num_bytes)
-            local = TieredKVStore(  # a cold local store: the entry comes from its file
+            local = LayeredKVStore(  # a cold local store: the entry comes from its file
                 local_config, disk_directory, rag.kv_namespace, remote_store.codec.layout
             )
             started = time.perf_counter()

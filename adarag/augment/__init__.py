@@ -11,7 +11,7 @@ from adarag.augment.confidence import (
 )
 from adarag.augment.controller import AugmentationController
 from adarag.augment.evidence import ScoredStep, StepResult
-from adarag.augment.policies import AgreementStop, StopRule, ThresholdStop
+from adarag.augment.stop_rules import AgreementStop, StopRule, ThresholdStop
 
 __all__ = [
     "AgreementModel",

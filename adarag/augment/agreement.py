@@ -224,7 +224,7 @@ def fit_agreement(
 def first_stop(
     question: Sequence[StepEvidence], model: AgreementModel, threshold: float, min_steps: int
 ) -> int:
-    """The 0-based step :class:`~adarag.augment.policies.AgreementStop` stops at.
+    """The 0-based step :class:`~adarag.augment.stop_rules.AgreementStop` stops at.
 
     As in serving, a step's answer counts as stable only when the step before it was confident
     too (answers are decoded only at confident steps).

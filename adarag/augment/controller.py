@@ -15,7 +15,7 @@ import time
 from adarag.augment.agreement import AgreementModel
 from adarag.augment.confidence import ConfidenceEstimator
 from adarag.augment.evidence import ScoredStep, StepResult
-from adarag.augment.policies import StopRule
+from adarag.augment.stop_rules import StopRule
 from adarag.errors import InputError
 from adarag.schema import StopReason
 

@@ -4,10 +4,10 @@ Under them an optional shared tier lives on a Redis-protocol server (:mod:`adara
 An entry is one chunk's KV; several keys may point at it (a chunk's hard and soft keys share one
 copy). Entries evicted from memory are written to disk and to the shared tier (where they are not
 already); entries put with ``persist=True`` are written through at once;
-:meth:`TieredKVStore.flush` writes the rest. A key missing locally is looked up in the shared
+:meth:`LayeredKVStore.flush` writes the rest. A key missing locally is looked up in the shared
 tier; a verified hit there is promoted into memory (and reaches the disk when it is spilled).
 Entries put on probation (see :mod:`adarag.cache.admission`) are evicted before all others and
-dropped when evicted from memory (never spilled); :meth:`TieredKVStore.flush` writes them only
+dropped when evicted from memory (never spilled); :meth:`LayeredKVStore.flush` writes them only
 into free disk room, after the lasting entries, and never to the shared tier.
 Every method takes one lock, so threads of one process may share a store; entries are immutable
 once stored, so readers never see a torn entry.
@@ -105,8 +105,11 @@ class _Index:
     key_to_entry: dict[str, str] = field(default_factory=dict)
 
 
-class TieredKVStore:
+class LayeredKVStore:
     """Memory tier spilling to a disk tier, both capped in bytes, with a pluggable eviction policy.
+
+    This is the storage layered under :class:`~adarag.cache.tiers.TieredCache`: the cache's tiers
+    decide under which key a chunk's KV is looked up, the store's layers where its bytes live.
 
     Args:
         config: Capacities, storage dtype, eviction policy.

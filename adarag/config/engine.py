@@ -23,7 +23,7 @@ class EngineConfig(_Frozen):
         "or a local Hugging Face checkpoint directory.",
     )
     backend: Literal["torch", "vllm"] = Field(
-        default="torch", description="Generator backend: adarag's torch engine or vLLM."
+        default="torch", description="Engine backend: adarag's torch engine or vLLM."
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32", description="Dtype of weights and activations."

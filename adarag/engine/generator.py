@@ -1,4 +1,4 @@
-"""The generator the pipeline drives: a checkpoint, adarag's fusion loop and a decoder.
+"""The engine the pipeline drives: a checkpoint, adarag's fusion loop and a decoder.
 
 One concrete class serves both backends. The checkpoint is read once; the model is either
 adarag's own :class:`~adarag.engine.model.DecoderModel` over its safetensors weights, decoded by
@@ -6,7 +6,7 @@ the same runner, or the model vLLM loaded, decoded by vLLM (``engine.backend == 
 fusion loop (:class:`Runner`) is the same for both.
 
 The engine starts only its own torch backend. Any other backend is started by a
-:data:`StartBackend` function the caller passes to :meth:`Generator.load`, by name
+:data:`StartBackend` function the caller passes to :meth:`Engine.load`, by name
 (``adarag.pipeline.backends.BACKENDS`` holds vLLM's), so the engine never imports the packages
 built on it (``engine/vllm/``).
 """
@@ -44,11 +44,11 @@ StartBackend = Callable[
 ]
 
 
-class Generator:
+class Engine:
     """Fused prefills, chunk KV, logit-lens signals and decoding over one loaded model.
 
     Example:
-        >>> generator = Generator.load(EngineConfig(), KernelConfig(), home)
+        >>> generator = Engine.load(EngineConfig(), KernelConfig(), home)
         >>> output = generator.prefill(layout, max_new_tokens=16)
         >>> tokens = list(generator.decode_tokens(layout, output, GenerationParams()))
 
@@ -82,7 +82,7 @@ class Generator:
         kernels: KernelConfig,
         home: Path,
         backends: Mapping[str, StartBackend] | None = None,
-    ) -> Generator:
+    ) -> Engine:
         """Load ``engine.model`` on ``engine.backend``.
 
         Args:
@@ -139,7 +139,7 @@ class Generator:
         model: DecoderAdapter,
         engine: EngineConfig,
         kernels: KernelConfig,
-    ) -> Generator:
+    ) -> Engine:
         """The torch engine around a model already in memory.
 
         Benchmarks at real shapes with random weights use it: saving and re-reading the weights

@@ -14,7 +14,7 @@ import torch
 
 from adarag.config import AdaRagConfig
 from adarag.conversation import Conversation
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.evaluation.metrics import best_exact_match, best_f1
 from adarag.evaluation.workload import BenchQuestion, StreamItem, distinct_chunks
 from adarag.pipeline import AdaRAG
@@ -65,7 +65,7 @@ class BenchRunner:
 
     def __init__(
         self,
-        generator: Generator,
+        generator: Engine,
         base_config: AdaRagConfig,
         work_dir: Path,
         params: GenerationParams,

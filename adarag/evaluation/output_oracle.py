@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.engine.kv_cache import KVCache
 from adarag.engine.rope import rope_cos_sin
 from adarag.engine.selection import num_to_recompute
@@ -36,7 +36,7 @@ ROUNDS = 4
 
 
 def output_oracle_scores(
-    generator: Generator,
+    generator: Engine,
     layout: PromptLayout,
     reused: KVCache,
     full: KVCache,
@@ -87,7 +87,7 @@ class AnswerLoss:
 
     def __init__(
         self,
-        generator: Generator,
+        generator: Engine,
         layout: PromptLayout,
         reused: KVCache,
         full: KVCache,

@@ -8,18 +8,18 @@ ingest does) at one ratio, with the system prefix an exact hit.
 from __future__ import annotations
 
 from adarag.engine.batch import SegmentSource
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.kv import ChunkKV
 from adarag.schema import PromptLayout
 
 
-def system_prefix_kv(generator: Generator, layout: PromptLayout) -> ChunkKV:
+def system_prefix_kv(generator: Engine, layout: PromptLayout) -> ChunkKV:
     """The exact KV of the system prefix (computed as a prompt of its own)."""
     prefix_only = generator.prefill(PromptLayout((), (), layout.system_ids))
     return prefix_only.kv.segment(0, len(layout.system_ids))
 
 
-def independent_chunks(generator: Generator, layout: PromptLayout) -> tuple[ChunkKV, list[ChunkKV]]:
+def independent_chunks(generator: Engine, layout: PromptLayout) -> tuple[ChunkKV, list[ChunkKV]]:
     """The system prefix's KV and each chunk's independent KV."""
     system_kv = system_prefix_kv(generator, layout)
     system_ids = layout.system_ids

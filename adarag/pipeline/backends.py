@@ -15,7 +15,7 @@ from adarag.config import EngineConfig, KernelConfig
 from adarag.engine.adapter import DecoderAdapter
 from adarag.engine.checkpoint import Checkpoint
 from adarag.engine.decoding import Decoder
-from adarag.engine.generator import Generator, StartBackend
+from adarag.engine.generator import Engine, StartBackend
 
 
 def start_vllm(
@@ -37,11 +37,11 @@ def start_vllm(
 BACKENDS: Mapping[str, StartBackend] = MappingProxyType({"vllm": start_vllm})
 
 
-def load_generator(engine: EngineConfig, kernels: KernelConfig, home: Path) -> Generator:
+def load_generator(engine: EngineConfig, kernels: KernelConfig, home: Path) -> Engine:
     """Load ``engine.model`` on ``engine.backend``, whichever backend it names.
 
     Raises:
         ModelLoadError: The checkpoint is missing or unsupported.
         MissingDependencyError: The vLLM backend is chosen but vLLM is not installed.
     """
-    return Generator.load(engine, kernels, home, BACKENDS)
+    return Engine.load(engine, kernels, home, BACKENDS)

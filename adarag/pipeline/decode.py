@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.errors import InputError
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.pipeline.stream import DecodeSteps, PreparedAnswer, decode_text
@@ -19,14 +19,14 @@ from adarag.schema import GenerationParams, PromptLayout, QueryTrace, StepTrace
 
 
 def decoder(
-    generator: Generator, engine_lock: threading.RLock, params: GenerationParams
+    generator: Engine, engine_lock: threading.RLock, params: GenerationParams
 ) -> DecodeSteps:
     """Decodes a prepared answer with ``params``."""
     return lambda prepared, counter: decode_steps(generator, engine_lock, prepared, params, counter)
 
 
 def decode_steps(
-    generator: Generator,
+    generator: Engine,
     engine_lock: threading.RLock,
     prepared: PreparedAnswer,
     params: GenerationParams,
@@ -77,7 +77,7 @@ def counted_steps(tokens: Iterator[int], counter: list[int]) -> Iterator[int]:
 
 
 def plain_answer(
-    generator: Generator,
+    generator: Engine,
     engine_lock: threading.RLock,
     prompts: PromptBuilder,
     prompt: str | Sequence[Mapping[str, str]],

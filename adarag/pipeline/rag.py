@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.pipeline.asynchronous import AsyncAnswering
 from adarag.pipeline.augmented import augmented_prefill, is_static_fallback
 from adarag.pipeline.context import check_question, retrieve
@@ -75,7 +75,7 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         config: AdaRagConfig | None = None,
         *,
         retriever: Retriever | None = None,
-        generator: Generator | None = None,
+        generator: Engine | None = None,
         engine_lock: threading.RLock | None = None,
         **overrides: Any,
     ) -> None:
@@ -91,7 +91,7 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         config: AdaRagConfig | None = None,
         *,
         retriever: Retriever | None = None,
-        generator: Generator | None = None,
+        generator: Engine | None = None,
         **overrides: Any,
     ) -> AdaRAG:
         """A pipeline configured by a named policy (``adarag.policies.POLICIES``).

@@ -14,11 +14,11 @@ from functools import cached_property
 from pathlib import Path
 
 from adarag.cache.codec import TokenLayout
-from adarag.cache.store import TieredKVStore
+from adarag.cache.store import LayeredKVStore
 from adarag.cache.tiers import TieredCache
 from adarag.cache.variants import VariantIndex
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.kv import ChunkKV
 from adarag.pipeline.backends import load_generator
 from adarag.pipeline.prompt import PromptBuilder
@@ -41,19 +41,19 @@ class Resources:
     def __init__(
         self,
         config: AdaRagConfig,
-        generator: Generator | None = None,
+        generator: Engine | None = None,
         engine_lock: threading.RLock | None = None,
     ) -> None:
         self.config = config
         self.engine_lock = engine_lock or threading.RLock()
         self._generator = generator
-        self._store: TieredKVStore | None = None
+        self._store: LayeredKVStore | None = None
         self._variants: VariantIndex | None = None  # Cache-Craft's metadata, beside the store
         self._cache: TieredCache | None = None
         self._profile: ModelProfile | None = None
 
     @property
-    def generator(self) -> Generator:
+    def generator(self) -> Engine:
         """The backend generator (loaded on first use)."""
         if self._generator is None:
             with self.engine_lock:
@@ -111,7 +111,7 @@ class Resources:
         return self._cache
 
     @property
-    def opened_store(self) -> TieredKVStore | None:
+    def opened_store(self) -> LayeredKVStore | None:
         """The store when opened already, else None (opens nothing)."""
         return self._store
 
@@ -121,7 +121,7 @@ class Resources:
         root = self.config.cache.store.directory or self.config.home / "kv"
         return root / self.kv_namespace
 
-    def open_store(self) -> TieredKVStore:
+    def open_store(self) -> LayeredKVStore:
         """The store of this pipeline's cache (opened on first use)."""
         with self.engine_lock:  # one store per pipeline, also when first used concurrently
             if self._store is None:
@@ -131,7 +131,7 @@ class Resources:
                 layout = TokenLayout(
                     spec.num_layers, spec.num_kv_heads, spec.head_dim, max_positions
                 )
-                self._store = TieredKVStore(
+                self._store = LayeredKVStore(
                     self.config.cache.store, self.kv_directory, self.kv_namespace, layout
                 )
             return self._store

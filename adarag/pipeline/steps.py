@@ -26,7 +26,7 @@ from adarag.cache.tiers import TieredCache, TierHit
 from adarag.cache.variants import VariantStats, variant_stats
 from adarag.config import AugmentConfig, CacheConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.kv import ChunkKV
 from adarag.pipeline.stream import PreparedAnswer, decode_text
 from adarag.schema import (
@@ -82,7 +82,7 @@ class AugmentedPrefill:
 
     def __init__(
         self,
-        generator: Generator,
+        generator: Engine,
         cache: TieredCache,
         cache_config: CacheConfig,
         augment_config: AugmentConfig,

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from adarag.cache.store import StoreStats, TieredKVStore
+from adarag.cache.store import LayeredKVStore, StoreStats
 from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.pipeline.resources import Resources
 from adarag.profiles import ModelProfile
@@ -52,7 +52,7 @@ class ResourceViews:
         return self._resources.engine_lock
 
     @property
-    def generator(self) -> Generator:
+    def generator(self) -> Engine:
         """The backend generator (loaded on first use)."""
         return self._resources.generator
 
@@ -99,7 +99,7 @@ class ResourceViews:
         """Hits per tier, recomputed tokens, and the store's sizes and evictions."""
         cache = self.cache
         store = cache.store
-        store_stats = store.snapshot() if isinstance(store, TieredKVStore) else StoreStats()
+        store_stats = store.snapshot() if isinstance(store, LayeredKVStore) else StoreStats()
         return CacheReport(cache.stats, store_stats)
 
     def close(self) -> None:
@@ -107,7 +107,7 @@ class ResourceViews:
         cache = self._resources.opened_cache
         if cache is not None:
             store = cache.store
-            if isinstance(store, TieredKVStore):
+            if isinstance(store, LayeredKVStore):
                 store.flush()
 
     def __enter__(self) -> Self:

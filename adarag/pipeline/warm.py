@@ -2,14 +2,14 @@
 
 :func:`warm_chunks` is what ``AdaRAG.warm`` runs: every chunk whose independent KV is not cached
 yet is computed once after the system prefix and stored; with FusionRAG on, each chunk's fused
-entry is computed too (see :mod:`adarag.pipeline.fusion`).
+entry is computed too (see :mod:`adarag.pipeline.fusion_warm`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from adarag.pipeline.fusion import FusionWarmer
+from adarag.pipeline.fusion_warm import FusionWarmer
 from adarag.pipeline.resources import Resources
 from adarag.retrievers.base import Retriever
 from adarag.retrievers.memory import MemoryRetriever

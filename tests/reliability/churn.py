@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from adarag.cache.codec import TokenLayout
-from adarag.cache.store import TieredKVStore
+from adarag.cache.store import LayeredKVStore
 from adarag.config import StoreConfig
 from adarag.kv import ChunkKV
 
@@ -43,15 +43,15 @@ def is_intact(key: str, kv: ChunkKV) -> bool:
     )
 
 
-def open_store(directory: Path, memory_bytes: int, disk_bytes: int) -> TieredKVStore:
+def open_store(directory: Path, memory_bytes: int, disk_bytes: int) -> LayeredKVStore:
     """A churn store on ``directory``."""
     config = StoreConfig(
         memory_capacity_bytes=memory_bytes, disk_capacity_bytes=disk_bytes, storage_dtype="float32"
     )
-    return TieredKVStore(config, directory, NAMESPACE, LAYOUT)
+    return LayeredKVStore(config, directory, NAMESPACE, LAYOUT)
 
 
-def churn(store: TieredKVStore, seed: int, num_ops: int, num_keys: int) -> dict[str, int]:
+def churn(store: LayeredKVStore, seed: int, num_ops: int, num_keys: int) -> dict[str, int]:
     """Random puts (some persisted) and gets over ``num_keys`` keys; counts wrong reads."""
     rng = random.Random(seed)
     wrong = hits = 0

@@ -26,7 +26,7 @@ import torch
 from adarag import AdaRAG
 from adarag.cache.disk import SUFFIX
 from adarag.cache.staging import STAGING_MAX_AGE_S, STAGING_PREFIX, writer_id
-from adarag.cache.store import TieredKVStore
+from adarag.cache.store import LayeredKVStore
 from adarag.config import AdaRagConfig, StoreConfig
 from adarag.kv import ChunkKV
 from adarag.schema import GenerationParams
@@ -180,8 +180,8 @@ def _kv(value: float) -> ChunkKV:
     return ChunkKV(torch.full(shape, value), torch.full(shape, -value), 3)
 
 
-def _disk_store(directory: Path) -> TieredKVStore:
-    return TieredKVStore(StoreConfig(storage_dtype="float32"), directory, "model-a")
+def _disk_store(directory: Path) -> LayeredKVStore:
+    return LayeredKVStore(StoreConfig(storage_dtype="float32"), directory, "model-a")
 
 
 @pytest.mark.parametrize("error", ["EMFILE", "EACCES", "EIO"])
@@ -250,7 +250,7 @@ import os, sys, time
 from pathlib import Path
 import torch
 from adarag.kv import ChunkKV
-from adarag.cache.store import TieredKVStore
+from adarag.cache.store import LayeredKVStore
 from adarag.config import StoreConfig
 
 # a pid this namespace has and the test's has not (its pid_max is lower)
@@ -261,7 +261,7 @@ if pid == 0:
         print("staging", os.getpid(), flush=True)
         time.sleep(120)
     os.fsync = stalled_fsync
-    store = TieredKVStore(StoreConfig(), Path(sys.argv[1]), "model-a")
+    store = LayeredKVStore(StoreConfig(), Path(sys.argv[1]), "model-a")
     shape = (2, 8, 2, 4)
     store.put(["key"], ChunkKV(torch.ones(shape), torch.ones(shape), 0), persist=True)
     os._exit(0)

@@ -22,7 +22,7 @@ from safetensors.torch import load, save
 from adarag import AdaRAG
 from adarag.cache.entry_format import entry_checksum
 from adarag.cache.keys import digest
-from adarag.cache.store import TieredKVStore
+from adarag.cache.store import LayeredKVStore
 from adarag.config import AdaRagConfig, StoreConfig
 from adarag.errors import ConfigError
 from adarag.kv import ChunkKV
@@ -100,9 +100,9 @@ def _kv(num_tokens: int) -> ChunkKV:
     return ChunkKV(torch.ones(shape), torch.ones(shape), 0)
 
 
-def _store(server, directory, **config) -> TieredKVStore:
+def _store(server, directory, **config) -> LayeredKVStore:
     settings = StoreConfig(remote_url=url_of(server), storage_dtype="float32", **config)
-    return TieredKVStore(settings, directory, "model-a")
+    return LayeredKVStore(settings, directory, "model-a")
 
 
 def _bytes_sent(client) -> int:
@@ -161,7 +161,7 @@ def test_a_password_in_the_url_never_reaches_a_log_or_an_error(settings, tmp_pat
     shown: list[str] = []
     with caplog.at_level(logging.DEBUG):
         try:
-            store = TieredKVStore(StoreConfig(remote_url=url), None, "model-a")
+            store = LayeredKVStore(StoreConfig(remote_url=url), None, "model-a")
             store.get("key")
         except ValueError as err:  # a URL the client cannot parse: refused by the settings
             shown.append(str(err))

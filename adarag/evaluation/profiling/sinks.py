@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.errors import ConfigError
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.profiles.model_profile import LayerBand, ModelProfile, Pattern
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 def chunk_attention(
-    generator: Generator,
+    generator: Engine,
     prompts: PromptBuilder,
     questions: Iterable[tuple[str, Sequence[str]]],
     num_chunks: int,
@@ -53,7 +53,7 @@ def chunk_attention(
 
 
 def build_profile(
-    generator: Generator, attention: torch.Tensor, num_prompts: int, model_name: str
+    generator: Engine, attention: torch.Tensor, num_prompts: int, model_name: str
 ) -> ModelProfile:
     """Analyse mean chunk attention into a profile of ``generator``'s model."""
     patterns, predecessor, sink, sink_chunk = analyse_chunk_attention(attention)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adarag.cache.admission import CountMinSketch, FrequencyAdmission
-from adarag.cache.store import TieredKVStore
+from adarag.cache.store import LayeredKVStore
 from adarag.cache.tiers import TieredCache
 from adarag.config import CacheConfig
 from adarag.kv import ChunkKV
@@ -39,7 +39,7 @@ def _cache(tmp_path, admission: str, memory_entries: int, disk_entries: int = 0)
             }
         }
     )
-    store = TieredKVStore(config.store, tmp_path / "kv", "model-a")
+    store = LayeredKVStore(config.store, tmp_path / "kv", "model-a")
     return TieredCache(config, store, "model-a", SYSTEM_IDS, sink_chunk_idx=None)
 
 
@@ -121,7 +121,7 @@ def test_probation_entries_are_not_spilled_and_flush_only_into_free_disk_room(tm
 
 def test_threshold_one_keeps_every_write_back(tmp_path):
     config = CacheConfig.model_validate({"store": {"admission_threshold": 1}})
-    store = TieredKVStore(config.store, None, "model-a")
+    store = LayeredKVStore(config.store, None, "model-a")
     cache = TieredCache(config, store, "model-a", SYSTEM_IDS, sink_chunk_idx=None)
     for chunk_id in range(5):
         _serve(cache, [chunk_id])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from adarag.cache.codec import InvalidEntry, KVCodec, StoredKV, TokenLayout
-from adarag.cache.store import TieredKVStore
+from adarag.cache.store import LayeredKVStore
 from adarag.config import StoreConfig
 from adarag.kv import ChunkKV
 
@@ -71,11 +71,11 @@ def test_a_malformed_int8_entry_is_refused(damage, match):
 
 def test_an_int8_store_survives_a_restart_and_counts_encoded_bytes(tmp_path):
     config = StoreConfig(storage_dtype="int8")
-    store = TieredKVStore(config, tmp_path / "kv", "model-a", LAYOUT)
+    store = LayeredKVStore(config, tmp_path / "kv", "model-a", LAYOUT)
     kv = _kv()
     store.put(["key"], kv, persist=True)
     assert store.snapshot().memory_bytes == KVCodec("int8").encode(kv).nbytes
-    reopened = TieredKVStore(config, tmp_path / "kv", "model-a", LAYOUT)
+    reopened = LayeredKVStore(config, tmp_path / "kv", "model-a", LAYOUT)
     loaded = reopened.get("key")
     assert loaded is not None and torch.allclose(loaded.k, kv.k, atol=0.1)
     assert torch.equal(loaded.k, store.get("key").k)  # the same codes decode the same

@@ -10,7 +10,7 @@ import torch
 
 from adarag.cache.codec import TokenLayout
 from adarag.cache.disk import SUFFIX
-from adarag.cache.store import TieredKVStore
+from adarag.cache.store import LayeredKVStore
 from adarag.config import AdaRagConfig, StoreConfig
 from adarag.errors import ConfigError
 from adarag.kv import ChunkKV
@@ -27,9 +27,9 @@ def _kv(seed: int, shape: tuple[int, ...] = SHAPE) -> ChunkKV:
     return ChunkKV(k, v, 3)
 
 
-def _store(directory, url: str, layout: TokenLayout = LAYOUT, **config) -> TieredKVStore:
+def _store(directory, url: str, layout: TokenLayout = LAYOUT, **config) -> LayeredKVStore:
     config.setdefault("storage_dtype", "float32")  # bit-exact round trips
-    return TieredKVStore(StoreConfig(remote_url=url, **config), directory, NAMESPACE, layout)
+    return LayeredKVStore(StoreConfig(remote_url=url, **config), directory, NAMESPACE, layout)
 
 
 def _remote_warnings(caplog) -> list[str]:
@@ -155,7 +155,7 @@ def test_a_pointer_to_an_entry_that_does_not_claim_the_key_is_never_served(tmp_p
 
 def test_stores_of_another_namespace_or_prefix_share_nothing(tmp_path, server):
     _store(tmp_path / "a", url_of(server)).put(["key"], _kv(1), persist=True)
-    other_model = TieredKVStore(
+    other_model = LayeredKVStore(
         StoreConfig(remote_url=url_of(server), storage_dtype="float32"),
         tmp_path / "b",
         "model-b",

@@ -12,7 +12,7 @@ import torch
 
 from adarag.cache.disk import SUFFIX
 from adarag.cache.staging import STAGING_MAX_AGE_S
-from adarag.cache.store import TieredKVStore
+from adarag.cache.store import LayeredKVStore
 from adarag.config import StoreConfig
 from adarag.errors import CacheError
 from adarag.kv import ChunkKV
@@ -25,9 +25,9 @@ def _kv(value: float, start: int = 3) -> ChunkKV:
     return ChunkKV(torch.full(SHAPE, value), torch.full(SHAPE, -value), start)
 
 
-def _store(tmp_path, **config) -> TieredKVStore:
+def _store(tmp_path, **config) -> LayeredKVStore:
     config.setdefault("storage_dtype", "float32")  # bit-exact round trips
-    return TieredKVStore(StoreConfig(**config), tmp_path / "kv", "model-a")
+    return LayeredKVStore(StoreConfig(**config), tmp_path / "kv", "model-a")
 
 
 def test_round_trip_is_bit_exact(tmp_path):
@@ -148,7 +148,7 @@ def test_entries_of_another_model_are_a_clean_miss_and_quarantined(tmp_path):
     store = _store(tmp_path)
     store.put(["key"], _kv(1.0), persist=True)
     (path,) = (tmp_path / "kv").glob(f"*{SUFFIX}")
-    other = TieredKVStore(StoreConfig(), tmp_path / "kv", "model-b")
+    other = LayeredKVStore(StoreConfig(), tmp_path / "kv", "model-b")
     assert other.get("key") is None
     assert not path.exists() and (tmp_path / "kv" / "quarantine" / path.name).is_file()
     assert store.get("key") is not None  # still in the first store's memory
@@ -158,7 +158,7 @@ def test_unwritable_directory_is_a_clear_error(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     with pytest.raises(CacheError, match="not writable.*cache.store.directory"):
-        TieredKVStore(StoreConfig(), blocker / "kv", "model-a")
+        LayeredKVStore(StoreConfig(), blocker / "kv", "model-a")
 
 
 def test_concurrent_readers_and_writers_never_see_a_torn_entry(tmp_path):

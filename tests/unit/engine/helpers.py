@@ -7,7 +7,7 @@ from transformers import DynamicCache
 
 from adarag.config import AdaRagConfig, PromptConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.kv import ChunkKV
 from adarag.pipeline import backends
@@ -23,20 +23,20 @@ CHUNKS = (
 QUESTION = "what is the capital of france?"
 
 
-def load_generator(config: AdaRagConfig) -> Generator:
+def load_generator(config: AdaRagConfig) -> Engine:
     """The generator of ``config`` (as the pipeline loads it)."""
     return backends.load_generator(config.engine, config.kernels, config.home)
 
 
 def layout_of(
-    generator: Generator, question: str, chunks, prompt: PromptConfig | None = None
+    generator: Engine, question: str, chunks, prompt: PromptConfig | None = None
 ) -> PromptLayout:
     """The pipeline's prompt layout of ``question`` over ``chunks``."""
     return PromptBuilder(generator.tokenizer, prompt or PromptConfig()).layout(question, chunks)
 
 
 def answer_text(
-    generator: Generator, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
+    generator: Engine, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
 ) -> str:
     """The decoded answer of a prefill."""
     tokens = generator.decode_tokens(layout, output, params)
@@ -44,7 +44,7 @@ def answer_text(
 
 
 def independent_sources(
-    generator: Generator, layout: PromptLayout, ratio: float
+    generator: Engine, layout: PromptLayout, ratio: float
 ) -> tuple[list[SegmentSource], list[ChunkKV], ChunkKV]:
     """Sources that reuse the exact system KV and each chunk's independent KV at ``ratio``."""
     system_kv, chunk_kvs = independent_chunks(generator, layout)

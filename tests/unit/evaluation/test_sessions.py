@@ -84,13 +84,13 @@ def test_multi_user_requests_share_popular_documents(data_dir):
 def test_the_harness_carries_conversations_and_schedules_ragboost(
     data_dir, tiny_checkpoints, tiny_config, tmp_path
 ):
-    from adarag.engine.generator import Generator
+    from adarag.engine.generator import Engine
     from adarag.evaluation.harness import BenchRunner
     from adarag.policies import POLICIES
     from adarag.schema import GenerationParams
 
     config = tiny_config(tiny_checkpoints["llama"])
-    generator = Generator.load(config.engine, config.kernels, config.home)
+    generator = Engine.load(config.engine, config.kernels, config.home)
     runner = BenchRunner(
         generator, config, tmp_path / "bench", GenerationParams(max_new_tokens=2), True
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.errors import ConfigError
 from adarag.pipeline.backends import BACKENDS, start_vllm
 
@@ -13,7 +13,7 @@ from adarag.pipeline.backends import BACKENDS, start_vllm
 def test_the_engine_refuses_a_backend_it_is_not_given_a_starter_for(tmp_path):
     config = AdaRagConfig.build(home=tmp_path, engine={"backend": "vllm"})
     with pytest.raises(ConfigError, match="adarag.pipeline.backends.load_generator"):
-        Generator.load(config.engine, config.kernels, config.home)
+        Engine.load(config.engine, config.kernels, config.home)
 
 
 def test_vllm_is_the_registered_backend():
@@ -23,14 +23,14 @@ def test_vllm_is_the_registered_backend():
 def test_a_given_starter_supplies_the_model_and_decoder(tiny_checkpoints, tiny_config):
     config = tiny_config(tiny_checkpoints["llama"], engine={"backend": "vllm"})
     torch_engine = config.engine.model_copy(update={"backend": "torch"})
-    reference = Generator.load(torch_engine, config.kernels, config.home)
+    reference = Engine.load(torch_engine, config.kernels, config.home)
     started = []
 
     def start(checkpoint, engine, max_context_tokens, eos_token_ids):
         started.append((checkpoint.name, engine.backend, max_context_tokens, eos_token_ids))
         return reference.model, reference.decoder
 
-    generator = Generator.load(config.engine, config.kernels, config.home, {"vllm": start})
+    generator = Engine.load(config.engine, config.kernels, config.home, {"vllm": start})
     assert generator.model is reference.model and generator.decoder is reference.decoder
     assert started == [
         (

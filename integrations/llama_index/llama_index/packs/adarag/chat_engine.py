@@ -15,7 +15,7 @@ import asyncio
 from dataclasses import dataclass
 from functools import partial
 from threading import Thread
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.chat_engine.types import (
@@ -27,23 +27,51 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.packs.adarag.llm_events import PreparedAnswerLLM, prompt_messages
 from llama_index.packs.adarag.response import chunks_from_nodes, describe
 
-from adarag import Answer, AnswerStream
+from adarag import AdaRAG, Answer, AnswerStream, GenerationParams
 
 if TYPE_CHECKING:
-    from llama_index.packs.adarag.query_engine import AdaptiveCachedQueryEngine
+    from llama_index.core.callbacks import CallbackManager
 
 GROUNDED = "adarag_grounded"  # an assistant message's additional_kwargs flag
+
+
+class AnsweringEngine(Protocol):
+    """What a chat engine answers through; :class:`AdaptiveCachedQueryEngine` is one.
+
+    The chat engine needs only these members, so it never imports the query engine module (which
+    imports this one for ``as_chat_engine``).
+    """
+
+    @property
+    def rag(self) -> AdaRAG:
+        """The adarag pipeline answering."""
+        ...
+
+    @property
+    def params(self) -> GenerationParams:
+        """Decoding options of every answer."""
+        ...
+
+    @property
+    def callback_manager(self) -> CallbackManager:
+        """LlamaIndex's legacy callbacks the answers report to."""
+        ...
+
+    def retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        """The nodes to answer ``query_bundle`` from."""
+        ...
 
 
 class AdaptiveChatEngine(BaseChatEngine):
     """Multi-turn chat over an :class:`AdaptiveCachedQueryEngine` (``engine.as_chat_engine()``).
 
     Args:
-        query_engine: Retrieval, pipeline and decoding options.
+        query_engine: Retrieval, pipeline and decoding options (an
+            :class:`AdaptiveCachedQueryEngine`, or any :class:`AnsweringEngine`).
         max_turns: Earlier turns carried into the prompt and the retrieval query.
     """
 
-    def __init__(self, query_engine: AdaptiveCachedQueryEngine, max_turns: int = 2) -> None:
+    def __init__(self, query_engine: AnsweringEngine, max_turns: int = 2) -> None:
         self._engine = query_engine
         self._max_turns = max_turns
         self._messages: list[ChatMessage] = []

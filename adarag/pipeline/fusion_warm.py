@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from adarag.cache.tiers import TieredCache
 from adarag.config import FusionConfig
-from adarag.engine.generator import Generator
+from adarag.engine.generator import Engine
 from adarag.kv import ChunkKV
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.retrievers.base import Retriever
@@ -42,7 +42,7 @@ class FusionWarmer:
     """
 
     config: FusionConfig
-    generator: Generator
+    generator: Engine
     cache: TieredCache
     prompts: PromptBuilder
     system_kv: ChunkKV
