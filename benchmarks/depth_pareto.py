@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -115,9 +114,7 @@ def run(args: argparse.Namespace) -> None:
     )
     items = [json.loads(line) for line in (CACHE / f"{args.dataset}.retrieved.jsonl").open()]
     items = items[: args.questions]
-    home = Path(tempfile.mkdtemp(prefix="adarag-depth-"))
     config = AdaRagConfig.build(
-        home=home,
         engine={"model": args.model, "num_threads": args.threads},
         cache={
             "soft": {"enabled": False},

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +31,6 @@ VARIANTS = {"new cache per step": False, "previous step's cache": True}
 
 def build(model: str, threads: int, reuse: bool) -> AdaRAG:
     config = AdaRagConfig.build(
-        home=Path(tempfile.mkdtemp(prefix="adarag-step-")),
         engine={"model": model, "num_threads": threads},
         augment={"reuse_step_kv": reuse},
         cache={
