@@ -24,19 +24,24 @@ from depth_pareto import CACHE, MAX_K
 
 from adarag import AdaRAG, AdaRagConfig
 from adarag.augment.step_cost import StepCostModel
+from adarag.evaluation.machine import describe_machine
 from adarag.schema import Chunk, GenerationParams
 
 VARIANTS = {"new cache per step": False, "previous step's cache": True}
 
 
-def build(model: str, threads: int, reuse: bool) -> AdaRAG:
+def build(model: str, threads: int, reuse: bool, storage_dtype: str) -> AdaRAG:
     config = AdaRagConfig.build(
         engine={"model": model, "num_threads": threads},
         augment={"reuse_step_kv": reuse},
         cache={
             "soft": {"enabled": False},
             "independent": {"enabled": False},
-            "store": {"storage_dtype": "float32", "admission": "always", "disk_capacity_bytes": 0},
+            "store": {
+                "storage_dtype": storage_dtype,
+                "admission": "always",
+                "disk_capacity_bytes": 0,
+            },
         },
     )
     return AdaRAG(config)
@@ -65,10 +70,19 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--offset", type=int, default=45, help="questions the depth run left out")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--storage-dtype",
+        default="bfloat16",
+        help="the store's format (bfloat16, the default: a hard hit loaded from the store is "
+        "rounded, the rows left in place are not; float32: both variants compute the same)",
+    )
     args = parser.parse_args()
     items = [json.loads(line) for line in (CACHE / f"{args.dataset}.retrieved.jsonl").open()]
     items = items[args.offset : args.offset + args.questions]
-    rags = {name: build(args.model, args.threads, reuse) for name, reuse in VARIANTS.items()}
+    rags = {
+        name: build(args.model, args.threads, reuse, args.storage_dtype)
+        for name, reuse in VARIANTS.items()
+    }
     for rag in rags.values():
         steps(rag, "warm-up?", [Chunk("A short passage."), Chunk("Another one.")])
     timed: dict[str, list[tuple[int, float]]] = {name: [] for name in rags}
@@ -99,7 +113,8 @@ def main() -> None:
         f"# Augmentation step cost, {model}",
         "",
         f"`python benchmarks/step_cost.py --model {args.model} --questions {args.questions} "
-        f"--threads {args.threads}` on {machine()}; {len(items)} {args.dataset} questions x "
+        f"--threads {args.threads} --storage-dtype {args.storage_dtype}`. "
+        f"{describe_machine(machine())} {len(items)} {args.dataset} questions x "
         f"{MAX_K} steps per variant, in one process, alternating. Largest logit difference "
         f"between the variants: {max_diff:.2e}.",
         "",
@@ -114,13 +129,14 @@ def main() -> None:
         )
     payload = {
         "machine": machine(),
+        "storage_dtype": args.storage_dtype,
         "model": model,
         "questions": len(items),
         "max_logit_diff": max_diff,
         "fits": {n: {"fixed_s": f.fixed_s, "per_token_s": f.per_token_s} for n, f in fits.items()},
         "steps": timed,
     }
-    write_results(f"step_cost_{model}", payload, "\n".join(lines))
+    write_results(f"step_cost_{model}_{args.storage_dtype}", payload, "\n".join(lines))
     print("\n".join(lines))
 
 

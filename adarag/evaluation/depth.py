@@ -239,6 +239,32 @@ class Outcome:
         return float(np.mean(self.f1))
 
 
+def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
+    """How well ``scores`` rank the positive labels first (0.5: chance), ties counted half.
+
+    None when either class is empty.
+    """
+    positive = [s for s, label in zip(scores, labels, strict=True) if label]
+    negative = [s for s, label in zip(scores, labels, strict=True) if not label]
+    if not positive or not negative:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in positive for n in negative)
+    return wins / (len(positive) * len(negative))
+
+
+def signal_auroc(
+    questions: Sequence[DepthQuestion], name: str, min_f1: float = 0.5
+) -> float | None:
+    """AUROC of a step signal for "this step's answer reaches ``min_f1``", over every step."""
+    pairs = [
+        (float(getattr(step, name)), step.f1 >= min_f1)
+        for q in questions
+        for step in q.steps
+        if getattr(step, name) is not None
+    ]
+    return auroc([s for s, _ in pairs], [label for _, label in pairs])
+
+
 def fixed_at_tokens(fixed_outcomes: Sequence[Outcome], mean_tokens: float) -> list[float]:
     """Per-question F1 of fixed top-k interpolated to ``mean_tokens`` (clamped at the ends).
 

@@ -11,12 +11,14 @@ from adarag.evaluation.depth import (
     DepthStep,
     Outcome,
     Prices,
+    auroc,
     choose,
     fixed,
     fixed_at_tokens,
     oracle,
     prior,
     signal,
+    signal_auroc,
     stable,
 )
 
@@ -104,3 +106,12 @@ def test_choose_prefers_the_rule_that_beats_fixed_depth():
     ]
     family = [signal("confidence", tau, 1) for tau in (0.0, 0.5, 1.1)]
     assert choose(family, questions, PRICES, max_depth=3).name == family[1].name
+
+
+def test_auroc_is_one_for_a_perfect_ranking_and_a_half_for_ties():
+    assert auroc([0.9, 0.8, 0.1], [True, True, False]) == 1.0
+    assert auroc([0.1, 0.8, 0.9], [True, True, False]) == 0.0
+    assert auroc([0.5, 0.5], [True, False]) == 0.5
+    assert auroc([0.5], [True]) is None
+    q = question([1.0, 0.0, 1.0], confidence=[0.9, 0.2, 0.8])
+    assert signal_auroc([q], "confidence") == 1.0
