@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from adarag.cli import ask, bench, calibrate, chat, demo, ingest, profile, serve, setup
+from adarag.cli import ask, bench, calibrate, chat, check, demo, ingest, profile, serve, setup
 from adarag.errors import AdaRagError
 
 DESCRIPTION = """Retrieval-augmented answers from a local model, faster: the KV caches of chunks
@@ -32,6 +32,7 @@ _COMMANDS = {
     "demo": demo,
     "profile": profile,
     "calibrate": calibrate,
+    "check": check,
     "bench": bench,
 }
 
