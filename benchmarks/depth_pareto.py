@@ -30,6 +30,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common import DEFAULT_DATA_DIR, RESULTS
 
@@ -42,6 +43,9 @@ from adarag.evaluation.corpora import (
 )
 from adarag.evaluation.metrics import best_exact_match, best_f1
 from adarag.schema import Chunk, GenerationParams
+
+if TYPE_CHECKING:
+    from adarag import AdaRAG
 
 MAX_K = 12
 OUTPUT = RESULTS / "depth"
@@ -101,10 +105,34 @@ def retrieve(args: argparse.Namespace) -> None:
         print(f"{dataset}: {len(lines)} questions retrieved -> {path}")
 
 
-def run(args: argparse.Namespace) -> None:
-    """Every step of every question (resuming after the questions already written)."""
+def hard_tier_pipeline(
+    model: str, threads: int, storage_dtype: str = "float32", **augment: object
+) -> AdaRAG:
+    """A pipeline whose only tier is the hard one, its store in memory.
+
+    Augmentation step k then finds chunks 1..k-1 as the previous step computed them and
+    computes chunk k and the question; with a float32 store its answer is static top-k's.
+    """
     from adarag import AdaRAG, AdaRagConfig
 
+    config = AdaRagConfig.build(
+        engine={"model": model, "num_threads": threads},
+        augment=augment,
+        cache={
+            "soft": {"enabled": False},
+            "independent": {"enabled": False},
+            "store": {
+                "storage_dtype": storage_dtype,
+                "admission": "always",
+                "disk_capacity_bytes": 0,
+            },
+        },
+    )
+    return AdaRAG(config)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Every step of every question (resuming after the questions already written)."""
     out = OUTPUT / args.model_dir / f"{args.dataset}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     done = (
@@ -114,15 +142,7 @@ def run(args: argparse.Namespace) -> None:
     )
     items = [json.loads(line) for line in (CACHE / f"{args.dataset}.retrieved.jsonl").open()]
     items = items[: args.questions]
-    config = AdaRagConfig.build(
-        engine={"model": args.model, "num_threads": args.threads},
-        cache={
-            "soft": {"enabled": False},
-            "independent": {"enabled": False},
-            "store": {"storage_dtype": "float32", "admission": "always", "disk_capacity_bytes": 0},
-        },
-    )
-    rag = AdaRAG(config)
+    rag = hard_tier_pipeline(args.model, args.threads)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     rag.answer_each_step("warm-up?", ["A short passage."], params)
     for index, item in enumerate(items):

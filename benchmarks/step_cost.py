@@ -20,31 +20,14 @@ from pathlib import Path
 
 import torch
 from common import machine, write_results
-from depth_pareto import CACHE, MAX_K
+from depth_pareto import CACHE, MAX_K, hard_tier_pipeline
 
-from adarag import AdaRAG, AdaRagConfig
+from adarag import AdaRAG
 from adarag.augment.step_cost import StepCostModel
 from adarag.evaluation.machine import describe_machine
 from adarag.schema import Chunk, GenerationParams
 
 VARIANTS = {"new cache per step": False, "previous step's cache": True}
-
-
-def build(model: str, threads: int, reuse: bool, storage_dtype: str) -> AdaRAG:
-    config = AdaRagConfig.build(
-        engine={"model": model, "num_threads": threads},
-        augment={"reuse_step_kv": reuse},
-        cache={
-            "soft": {"enabled": False},
-            "independent": {"enabled": False},
-            "store": {
-                "storage_dtype": storage_dtype,
-                "admission": "always",
-                "disk_capacity_bytes": 0,
-            },
-        },
-    )
-    return AdaRAG(config)
 
 
 def steps(rag: AdaRAG, question: str, chunks: list[Chunk]) -> list[tuple[int, float, torch.Tensor]]:
@@ -80,7 +63,7 @@ def main() -> None:
     items = [json.loads(line) for line in (CACHE / f"{args.dataset}.retrieved.jsonl").open()]
     items = items[args.offset : args.offset + args.questions]
     rags = {
-        name: build(args.model, args.threads, reuse, args.storage_dtype)
+        name: hard_tier_pipeline(args.model, args.threads, args.storage_dtype, reuse_step_kv=reuse)
         for name, reuse in VARIANTS.items()
     }
     for rag in rags.values():

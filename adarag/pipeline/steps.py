@@ -307,25 +307,17 @@ class AugmentedPrefill:
 def _resident_rows(layout: PromptLayout, hits: Sequence[TierHit], previous: _Step | None) -> int:
     """Leading rows of ``previous``'s KV that hold ``layout``'s exact KV, at a segment end.
 
-    The system prefix, then each cached segment found in the hard tier, as long as the previous
-    step's prompt had the same tokens there and its prefill covered them.
+    The leading segments both prompts share before their query suffixes: the system prefix, then
+    each cached segment that is the same in both and was found in the hard tier.
     """
     if previous is None:
         return 0
-    cu = layout.cu_segments
-    before = previous.layout
-    shared = before.num_tokens - len(
-        before.query_ids
-    )  # the previous prompt's rows before its query
     rows = 0
-    for idx in range(len(hits) + 1):  # segment 0 is the system prefix; idx >= 1 a cached segment
-        end = cu[idx + 1]
-        exact = idx == 0 or hits[idx - 1].tier == "hard"
-        if not exact or end > shared:
+    pairs = zip(layout.segments[:-1], previous.layout.segments[:-1], strict=False)
+    for idx, (segment, earlier) in enumerate(pairs):  # idx 0: the system prefix
+        if segment != earlier or (idx > 0 and hits[idx - 1].tier != "hard"):
             break
-        rows = end
-    if layout.token_ids[:rows] != before.token_ids[:rows]:
-        return 0
+        rows += len(segment)
     return rows
 
 
