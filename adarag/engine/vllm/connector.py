@@ -7,9 +7,18 @@ kv_connector_module_path="adarag.engine.vllm.connector", kv_role="kv_both")``:
   ``kv_transfer_params`` (every prompt token but the last), records the load once vLLM allocated
   blocks, and turns it into slot mappings in :meth:`build_connector_meta`
   (:class:`~adarag.engine.vllm.scheduling.ConnectorScheduler`);
-- the **worker** one, bound to the generator's :class:`KVHandoff` after start-up, writes the
-  fused rows into every layer's paged blocks in :meth:`start_load_kv`, before vLLM's forward of
-  the remaining prompt token. Loads are synchronous; there is nothing to save.
+- the **worker** one writes the fused rows into every layer's paged blocks in
+  :meth:`start_load_kv`, before vLLM's forward of the remaining prompt token. It takes them from
+  the generator's :class:`KVHandoff` when adarag runs vLLM in its own process (bound after
+  start-up), or, under ``vllm serve``, from the files an adarag front end wrote in the directory
+  named by ``kv_connector_extra_config.handoff_dir``
+  (:class:`~adarag.engine.vllm.handoff_files.HandoffFiles`); each tensor-parallel rank reads
+  only its KV heads. Loads are synchronous; there is nothing to save.
+
+A request whose fused KV is missing or unusable is computed by vLLM itself, with the reason
+logged: the scheduler side claims no tokens for it, or (when the file vanished between the two
+sides) the worker reports its blocks as failed, which vLLM recomputes under
+``kv_load_failure_policy = "recompute"``.
 """
 
 from __future__ import annotations
@@ -26,8 +35,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from adarag.engine.vllm.handoff import KVHandoff
+from adarag.engine.vllm.handoff import FusedContext, KVHandoff
+from adarag.engine.vllm.handoff_files import HandoffFiles
 from adarag.engine.vllm.kv_writer import attention_layers, write_rows
+from adarag.engine.vllm.ranks import kv_heads_of_rank
 from adarag.engine.vllm.scheduling import ConnectorScheduler, KVLoad
 
 if TYPE_CHECKING:
@@ -59,8 +70,16 @@ class AdaRagConnector(KVConnectorBase_V1):
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self._block_size = vllm_config.cache_config.block_size
-        self._scheduler = ConnectorScheduler(self._block_size)
+        transfer = vllm_config.kv_transfer_config
+        handoff_dir = (
+            None if transfer is None else transfer.get_from_extra_config("handoff_dir", None)
+        )
+        self._files = None if handoff_dir is None else HandoffFiles(handoff_dir)
+        self._scheduler = ConnectorScheduler(
+            self._block_size, None if self._files is None else self._files.exists
+        )
         self._handoff: KVHandoff | None = None
+        self._total_kv_heads = vllm_config.model_config.get_total_num_kv_heads()
         self._failed_block_ids: set[int] = set()
 
     # --- worker side
@@ -76,19 +95,68 @@ class AdaRagConnector(KVConnectorBase_V1):
         assert isinstance(metadata, AdaRagConnectorMetadata)
         if not metadata.loads:
             return
-        assert self._handoff is not None, "the generator did not bind its KV handoff"
         layers = attention_layers(forward_context.no_compile_layers)
+        layer = next(iter(layers.values()))
+        device = layer.kv_cache.device
+        shape = (len(layers), int(layer.num_kv_heads), int(layer.head_size))
         for load in metadata.loads:
-            context = self._handoff.get(load.handoff_id)
+            context = self._context(load, shape)
             if context is None:
-                # The request was dropped meanwhile: vLLM recomputes the blocks it cannot load.
-                logger.warning("no fused KV for request %s; vLLM recomputes it", load.request_id)
+                # vLLM recomputes the blocks it cannot load (kv_load_failure_policy="recompute").
                 self._failed_block_ids.update(s // self._block_size for s in load.slot_mapping)
                 continue
-            device = next(iter(layers.values())).kv_cache.device
             slots = torch.tensor(load.slot_mapping, dtype=torch.int64, device=device)
             write_rows(layers, context, load.start, load.end, slots)
-            self._handoff.record_written(load.handoff_id, load.end - load.start)
+            if self._handoff is not None:
+                self._handoff.record_written(load.handoff_id, load.end - load.start)
+
+    def _context(self, load: KVLoad, shape: tuple[int, int, int]) -> FusedContext | None:
+        """The fused KV of ``load``'s request (this rank's heads), or None with a warning.
+
+        Args:
+            load: The rows to write.
+            shape: (layers, KV heads, head dim) of this rank's paged cache.
+        """
+        if self._handoff is not None:
+            context = self._handoff.get(load.handoff_id)
+        else:
+            assert self._files is not None, (
+                "adarag's connector has no fused KV source: set kv_connector_extra_config."
+                "handoff_dir (vllm serve) or run vLLM through adarag's vllm backend"
+            )
+            context = self._files.read(load.handoff_id, self._rank_heads())
+        if context is None:
+            logger.warning("no fused KV for request %s; vLLM recomputes it", load.request_id)
+        elif context.num_tokens < load.end:
+            logger.warning(
+                "fused KV of request %s has %d rows, %d needed; vLLM recomputes it",
+                load.request_id,
+                context.num_tokens,
+                load.end,
+            )
+            return None
+        elif (context.k.shape[0], context.k.shape[2], context.k.shape[3]) != shape:
+            logger.warning(
+                "fused KV of request %s has (layers, heads, dim) %s, this worker %s; vLLM "
+                "recomputes it (was it computed for another model?)",
+                load.request_id,
+                tuple(context.k.shape[i] for i in (0, 2, 3)),
+                shape,
+            )
+            return None
+        return context
+
+    def _rank_heads(self) -> range | None:
+        """The KV heads this tensor-parallel rank holds (None: all of them, one rank)."""
+        from vllm.distributed import (
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+        )
+
+        world_size = get_tensor_model_parallel_world_size()
+        if world_size == 1:
+            return None
+        return kv_heads_of_rank(self._total_kv_heads, world_size, get_tensor_model_parallel_rank())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Loads finish inside :meth:`start_load_kv`; nothing to wait for."""

