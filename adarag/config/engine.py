@@ -77,6 +77,13 @@ class EngineConfig(_Frozen):
         "their own cache salt, so their fused KV is never reused for another prompt.",
     )
 
+    blending_gate: Literal["refuse", "warn", "off"] = Field(
+        default="refuse",
+        description="Backends 'vllm' and 'vllm-server': at start-up, check that chunk-KV reuse is "
+        "exact for the model (`adarag check`: re-rotated KV and ratio 1.0 through the connector "
+        "against the full prefill and vLLM's own). 'refuse': on failure vLLM computes every "
+        "prompt itself (no fused KV is handed over); 'warn': log and blend anyway.",
+    )
     vllm_server_urls: tuple[str, ...] = Field(
         default=(),
         description="Backend 'vllm-server': base URLs of the `vllm serve` replicas (each started "

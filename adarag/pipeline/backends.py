@@ -7,15 +7,20 @@ plus one entry of :data:`BACKENDS`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Protocol, cast
 
 from adarag.config import EngineConfig, KernelConfig
 from adarag.engine.adapter import DecoderAdapter
 from adarag.engine.checkpoint import Checkpoint
 from adarag.engine.decoding import Decoder
+from adarag.engine.gate import check_blending
 from adarag.engine.generator import Engine, StartBackend
+
+logger = logging.getLogger(__name__)
 
 
 def start_vllm(
@@ -58,8 +63,40 @@ BACKENDS: Mapping[str, StartBackend] = MappingProxyType(
 def load_generator(engine: EngineConfig, kernels: KernelConfig, home: Path) -> Engine:
     """Load ``engine.model`` on ``engine.backend``, whichever backend it names.
 
+    On a vLLM backend the blending gate runs first (``engine.blending_gate``): a model whose
+    chunk-KV reuse is not exact is served without handing fused KV to vLLM.
+
     Raises:
         ModelLoadError: The checkpoint is missing or unsupported.
         MissingDependencyError: The vLLM backend is chosen but vLLM is not installed.
     """
-    return Engine.load(engine, kernels, home, BACKENDS)
+    generator = Engine.load(engine, kernels, home, BACKENDS)
+    if engine.backend != "torch" and engine.blending_gate != "off":
+        _gate(generator, engine.blending_gate)
+    return generator
+
+
+def _gate(generator: Engine, mode: str) -> None:
+    """Run the blending gate on a vLLM backend; on failure refuse to blend (or only warn)."""
+    try:
+        report = check_blending(generator)
+    except BaseException:
+        generator.close()
+        raise
+    if report.passed:
+        logger.info("blending gate passed for %s", report.model)
+        return
+    if mode == "warn":
+        logger.warning("%s\nblending anyway (engine.blending_gate='warn')", report.summary())
+        return
+    logger.error(
+        "%s\nrefusing to blend: vLLM computes every prompt itself (engine.blending_gate)",
+        report.summary(),
+    )
+    cast(_RefusesBlending, generator.decoder).refuse_blending("; ".join(report.reasons))
+
+
+class _RefusesBlending(Protocol):
+    """A vLLM decoder: it can stop handing fused KV over and let vLLM compute every prompt."""
+
+    def refuse_blending(self, reason: str) -> None: ...

@@ -1,7 +1,8 @@
 """Decoding glue: a prepared answer's text deltas, its decode steps counted and locked.
 
 Without ``engine.batch_decode`` each decode step takes the engine lock, so concurrent requests
-interleave step by step; with it the steps take none and meet in the decoder's batcher.
+interleave step by step; with it the steps take none and meet in the decoder's batcher. Tokens
+streamed from a remote server (a decoder with ``remote = True``) take no lock either.
 :func:`plain_answer` prefills a plain prompt (no retrieval, no chunk KV) for ``AdaRAG.generate``.
 """
 
@@ -44,9 +45,10 @@ def decode_steps(
     """
     assert prepared.layout is not None and prepared.output is not None
     tokens = generator.decode_tokens(prepared.layout, prepared.output, params)
-    if getattr(generator.decoder, "batcher", None) is None:
+    decoder = generator.decoder
+    if getattr(decoder, "batcher", None) is None and not getattr(decoder, "remote", False):
         steps = locked_steps(tokens, engine_lock, counter)
-    else:  # engine.batch_decode: concurrent requests' steps meet in the batcher, unlocked
+    else:  # batched steps meet in the batcher; a remote server's tokens need no engine
         steps = counted_steps(tokens, counter)
     try:
         yield from decode_text(steps, generator.tokenizer, params)

@@ -18,9 +18,9 @@ from adarag import AdaRAG
 from adarag.config import AdaRagConfig
 from adarag.engine.vllm.handoff import HandoffRequest
 from adarag.engine.vllm.handoff_files import HandoffFiles
+from adarag.engine.vllm.launch import free_port, running_vllm_server, serve_command
 from adarag.errors import BackendError
 from adarag.schema import GenerationParams, PromptLayout
-from tests.integration.vllm_server import free_port, running_vllm_server, serve_command
 from tests.unit.engine.helpers import independent_sources, layout_of, load_generator
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -166,7 +166,70 @@ def test_handoff_files_of_a_stopped_front_end_are_removed_at_start(real_config, 
         "vllm_handoff_dir": str(handoff_dir),
         "vllm_server_timeout_s": 0.001,
         "max_context_tokens": 8192,
+        "blending_gate": "off",  # its requests would time out
     }
     generator = load_generator(AdaRagConfig.build(real_config, engine=engine))
     generator.close()
     assert not stale.exists()
+
+
+def _not_rotated(keys, delta_positions, inv_freq, *, backend="auto"):
+    return keys  # a deliberately wrong re-rotation: stored keys keep their old positions
+
+
+def test_a_model_failing_the_blending_gate_is_served_without_blending(
+    real_config, server, layout, server_alone, monkeypatch, caplog
+):
+    url, handoff_dir, _ = server
+    monkeypatch.setattr("adarag.engine.kv_cache.rope_delta", _not_rotated)
+    engine = {
+        "backend": "vllm-server",
+        "vllm_server_urls": (url,),
+        "vllm_handoff_dir": str(handoff_dir),
+        "max_context_tokens": 8192,
+    }
+    generator = load_generator(AdaRagConfig.build(real_config, engine=engine))
+    try:
+        refused = generator.decoder.blending_refused
+        assert refused is not None and refused.startswith("re-rotation:")
+        assert "refusing to blend" in caplog.text
+        stream = generator.decode_tokens(layout, _fused(generator, layout, 1.0), GREEDY)
+        assert list(stream) == server_alone[0]  # the server computed the prompt itself
+        assert stream.num_cached_tokens < layout.num_tokens - 1
+        assert not any(handoff_dir.iterdir())
+    finally:
+        generator.close()
+
+
+def test_adarag_serve_in_front_of_vllm_serve_answers_openai_clients(
+    front_end, kb_config, knowledge_base, server
+):
+    """``adarag serve --vllm-url``: retrieval and fusion in adarag, decoding in vllm serve."""
+    from tests.integration.test_serve import running
+    from tests.reliability.workload import EXACT_STORE, EXACT_TIERS
+
+    question = "When did Lothair II's mother die?"
+    store = {**EXACT_STORE, "directory": str(server[1].parent / "kv")}
+    config = AdaRagConfig.build(kb_config, cache={**EXACT_TIERS, "store": store})
+    rag = AdaRAG(config, generator=front_end, retriever=knowledge_base)
+    layout = rag.layout(question, rag.retrieve(question), GREEDY)
+    alone = front_end.decoder.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
+    expected = front_end.tokenizer.decode(list(alone), skip_special_tokens=True).strip()
+    with running(rag) as handle:
+        client = handle.client()
+        messages = [{"role": "user", "content": question}]
+        whole = client.chat.completions.create(
+            model="adarag", messages=messages, max_tokens=GREEDY.max_new_tokens, temperature=0
+        )
+        deltas = client.chat.completions.create(
+            model="adarag",
+            messages=messages,
+            max_tokens=GREEDY.max_new_tokens,
+            temperature=0,
+            stream=True,
+        )
+        streamed = "".join(c.choices[0].delta.content or "" for c in deltas if c.choices)
+    # ratio 1.0: the answer vllm serve gives when it computes the prompt itself
+    assert whole.choices[0].message.content.strip() == streamed.strip() == expected
+    assert whole.usage.prompt_tokens == layout.num_tokens
+    assert not any(server[1].iterdir())

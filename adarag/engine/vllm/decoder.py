@@ -129,6 +129,7 @@ class VLLMDecoder:
         self.handoff = handoff
         self.eos_token_ids = eos_token_ids
         self.startup_s = startup_s
+        self.blending_refused: str | None = None
 
     def reserved_rows(self, max_new_tokens: int) -> int:
         """None: vLLM decodes into its own paged blocks."""
@@ -144,6 +145,8 @@ class VLLMDecoder:
             output: The prefill; rows ``0..n-2`` of ``output.kv`` go to vLLM as computed.
             params: Decoding options (vLLM samples).
         """
+        if self.blending_refused is not None:  # the blending gate failed: vLLM computes it
+            return self.generate(layout.token_ids, params)
         num_context = layout.num_tokens - 1
         assert output.kv.length >= num_context, f"prefill has {output.kv.length} rows"
         handoff = HandoffRequest(uuid.uuid4().hex, num_context)
@@ -151,6 +154,10 @@ class VLLMDecoder:
         sampling = self._sampling(params, handoff.to_params())
         # The salt keeps blocks of fused KV out of every other prompt's prefix-cache lookups.
         return self._stream(layout.token_ids, sampling, handoff.handoff_id, (handoff, context))
+
+    def refuse_blending(self, reason: str) -> None:
+        """Hand no fused KV over from now on: vLLM computes every prompt (``reason`` kept)."""
+        self.blending_refused = reason
 
     def generate(
         self, token_ids: Sequence[int], params: GenerationParams, cache_salt: str | None = None

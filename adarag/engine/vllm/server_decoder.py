@@ -92,6 +92,9 @@ class VLLMServerDecoder:
         timeout_s: Seconds to wait for a replica's next bytes before giving up.
     """
 
+    remote = True
+    """Tokens come from another process: decoding needs no engine lock (``pipeline.decode``)."""
+
     def __init__(
         self,
         replicas: Sequence[Replica],
@@ -106,6 +109,7 @@ class VLLMServerDecoder:
         self.eos_token_ids = eos_token_ids
         self.kv_dtype = kv_dtype
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self.blending_refused: str | None = None
         self._lock = threading.Lock()
         self._order = itertools.count()
 
@@ -123,6 +127,8 @@ class VLLMServerDecoder:
             output: The prefill; rows ``0..n-2`` of ``output.kv`` go to the replica as computed.
             params: Decoding options (the replica samples).
         """
+        if self.blending_refused is not None:  # the blending gate failed: vLLM computes it
+            return self.generate(layout.token_ids, params)
         num_context = layout.num_tokens - 1
         assert output.kv.length >= num_context, f"prefill has {output.kv.length} rows"
         handoff = HandoffRequest(uuid.uuid4().hex, num_context)
@@ -131,6 +137,10 @@ class VLLMServerDecoder:
         # The salt keeps blocks of fused KV out of every other prompt's prefix-cache lookups.
         extra = {"kv_transfer_params": handoff.to_params(), "cache_salt": handoff.handoff_id}
         return self._stream(layout.token_ids, params, extra, handoff.handoff_id)
+
+    def refuse_blending(self, reason: str) -> None:
+        """Hand no fused KV over from now on: vLLM computes every prompt (``reason`` kept)."""
+        self.blending_refused = reason
 
     def generate(
         self, token_ids: Sequence[int], params: GenerationParams, cache_salt: str | None = None
@@ -203,12 +213,14 @@ class VLLMServerDecoder:
                         f"vLLM server {replica.url} answered {reply.status_code}: "
                         f"{reply.text[:500]}"
                     )
+                ended = False  # at EOS; read on to the usage the server sends last
                 for event in _events(reply.iter_lines()):
                     _record_usage(event, report)
-                    for choice in event.get("choices") or ():
+                    for choice in () if ended else event.get("choices") or ():
                         for token in choice.get("token_ids") or ():
                             if token in self.eos_token_ids:
-                                return
+                                ended = True
+                                break
                             yield int(token)
         except httpx.HTTPError as err:
             raise BackendError(

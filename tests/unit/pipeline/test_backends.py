@@ -7,7 +7,7 @@ import pytest
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Engine
 from adarag.errors import ConfigError
-from adarag.pipeline.backends import BACKENDS, start_vllm
+from adarag.pipeline.backends import BACKENDS, start_vllm, start_vllm_server
 
 
 def test_the_engine_refuses_a_backend_it_is_not_given_a_starter_for(tmp_path):
@@ -16,8 +16,8 @@ def test_the_engine_refuses_a_backend_it_is_not_given_a_starter_for(tmp_path):
         Engine.load(config.engine, config.kernels, config.home)
 
 
-def test_vllm_is_the_registered_backend():
-    assert dict(BACKENDS) == {"vllm": start_vllm}
+def test_the_vllm_backends_are_registered():
+    assert dict(BACKENDS) == {"vllm": start_vllm, "vllm-server": start_vllm_server}
 
 
 def test_a_given_starter_supplies_the_model_and_decoder(tiny_checkpoints, tiny_config):

