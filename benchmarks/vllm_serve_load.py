@@ -1,20 +1,21 @@
 """Many users on one machine: plain ``vllm serve`` vs ``vllm serve`` + adarag's connector (behind
 ``adarag serve --vllm-url``) vs ``adarag serve`` on its torch engine, at 1, 4 and 16 clients.
 
-The workload shares knowledge-base chunks in different orders. A knowledge base of
-``--passages`` 2WikiMQA corpus passages is ingested once (``adarag ingest``: chunk KV
-precomputed); each request is a different 2WikiMQA question, whose top ``--top-k`` chunks come
-in its own similarity order, so prompts share no prefix beyond the system prompt unless their
-first chunks agree. Every prompt is computed once in this process (the pipeline's retrieval and
-layout) so that plain vLLM receives exactly the token ids adarag builds; each adarag reply's
-``usage.prompt_tokens`` is checked against them.
+The workload shares knowledge-base chunks in different orders. The knowledge base holds
+the evidence passages of every 2WikiMQA question asked (``adarag ingest`` precomputes their
+chunk KV once); each request is a different question, whose top ``--top-k`` chunks (its evidence
+among other questions' passages) come in its own similarity order, so prompts share no prefix
+beyond the system prompt unless their first chunks agree. Every prompt is computed once in this
+process (the pipeline's retrieval and layout) so that plain vLLM receives exactly the token ids
+adarag builds; each adarag reply's ``usage.prompt_tokens`` is checked against them.
 
 Variants, one after another, each alone on the machine:
 
 - ``vllm``: ``vllm serve`` (prefix caching on) answers the token ids through ``/v1/completions``;
 - ``connector``: ``adarag serve --vllm-url`` (retrieval, chunk KV, fused prefill at the default
   ratio) in front of ``vllm serve`` with adarag's connector (decoding, batching);
-- ``connector@1.0``: the same at ratio 1.0, 1 client only: its answers must equal ``vllm``'s;
+- ``connector@1.0``: the same at ratio 1.0 with a float32 store (the system prompt's hard hit
+  is not rounded either), 1 client only: its answers must equal ``vllm``'s;
 - ``adarag``: ``adarag serve --batch-decode`` (torch engine).
 
 Each client count gets its own questions (the first ``--requests N`` after the previous
@@ -55,8 +56,7 @@ ADARAG = str(Path(sys.executable).parent / "adarag")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="default")
-    parser.add_argument("--passages", type=int, default=12)
-    parser.add_argument("--top-k", type=int, default=6)
+    parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument(
         "--requests", type=int, nargs="+", default=[8, 16, 32], help="per client count"
@@ -74,7 +74,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="adarag-vllm-serve-") as tmp:
         root = Path(tmp)
-        config = _prepare(root, args)
+        config, num_passages = _prepare(root, args)
         levels = _levels(config, args)
         results = {}
         for variant in args.variants:
@@ -87,18 +87,36 @@ def main() -> None:
                     print(json.dumps({"variant": variant, **runs[-1]["summary"]}), flush=True)
                 results[variant] = {"startup_s": startup_s, "levels": runs}
     _agreement(results, config)
-    payload = {"machine": machine(), "settings": vars(args), "variants": results}
+    prompts = [p for _, level in levels for p in level]
+    payload = {
+        "machine": machine(),
+        "settings": vars(args),
+        "num_passages": num_passages,
+        "mean_prompt_tokens": sum(len(p["token_ids"]) for p in prompts) / len(prompts),
+        "chunk_orders": [p["chunk_order"] for p in prompts],
+        "variants": results,
+    }
     payload["settings"]["data_dir"] = str(args.data_dir)
     write_results(args.output, payload, _table(payload))
 
 
-def _prepare(root: Path, args: argparse.Namespace) -> AdaRagConfig:
-    """The knowledge base (ingested, chunk KV precomputed) and the config every adarag uses."""
+def _questions(args: argparse.Namespace) -> list[str]:
+    """The benchmark's questions, one per request of every client count."""
+    rows = load_jsonl("2wikimqa_dev.jsonl", args.data_dir)[: sum(args.requests)]
+    return [row["question"] for row in rows]
+
+
+def _prepare(root: Path, args: argparse.Namespace) -> tuple[AdaRagConfig, int]:
+    """The knowledge base (ingested, chunk KV precomputed) and the config every adarag uses.
+
+    The knowledge base holds the evidence passages of every question, so each question
+    retrieves its own evidence among other questions' passages.
+    """
+    rows = load_jsonl("2wikimqa_dev.jsonl", args.data_dir)[: sum(args.requests)]
+    titles = {title for row in rows for title in row["gold_titles"]}
     passages = [
-        p
-        for p in load_jsonl("2wikimqa_corpus.jsonl", args.data_dir)
-        if 100 <= len(p["text"].split()) <= 180
-    ][: args.passages]
+        p for p in load_jsonl("2wikimqa_corpus.jsonl", args.data_dir) if p["title"] in titles
+    ]
     corpus = root / "passages.jsonl"
     corpus.write_text("".join(json.dumps({"text": p["text"]}) + "\n" for p in passages))
     config = AdaRagConfig.build(
@@ -111,6 +129,7 @@ def _prepare(root: Path, args: argparse.Namespace) -> AdaRagConfig:
             "chroma_directory": str(root / "chroma"),
             "collection": "load",
             "top_k": args.top_k,
+            "min_top_score": None,
         },
         cache={"store": {"directory": str(root / "kv")}},
     )
@@ -118,14 +137,14 @@ def _prepare(root: Path, args: argparse.Namespace) -> AdaRagConfig:
     subprocess.run(
         [ADARAG, "--config", str(root / "config.json"), "ingest", str(corpus)], check=True
     )
-    return config
+    return config, len(passages)
 
 
 def _levels(config: AdaRagConfig, args: argparse.Namespace) -> list[tuple[int, list[dict]]]:
     """Per client count, its questions with the prompt adarag builds for each."""
     from adarag.cli.options import open_knowledge_base
 
-    questions = [row["question"] for row in load_jsonl("2wikimqa_dev.jsonl", args.data_dir)]
+    questions = _questions(args)
     levels, offset = [], 0
     with open_knowledge_base(config) as kb:
         rag = AdaRAG(config, retriever=kb)
@@ -154,7 +173,8 @@ def _variant(variant: str, root: Path, config: AdaRagConfig, args: argparse.Name
     started = time.perf_counter()
     with ExitStack() as stack:
         if variant == "adarag":
-            url = stack.enter_context(_adarag_serve(root, root / "config.json", ["--batch-decode"]))
+            path = _adarag_config(root, variant, config, None)
+            url = stack.enter_context(_adarag_serve(root, path, ["--batch-decode"]))
         else:
             handoff = None if variant == "vllm" else Path("/dev/shm") / f"adarag-{root.name}"
             port = free_port()
@@ -167,21 +187,30 @@ def _variant(variant: str, root: Path, config: AdaRagConfig, args: argparse.Name
             )
             url = vllm_url
             if handoff is not None:
-                path = root / f"config_{variant}.json"
                 ratio = 1.0 if variant == "connector@1.0" else None
-                path.write_text(json.dumps(_front_end_config(config, ratio)))
+                path = _adarag_config(root, variant, config, ratio)
                 options = ["--vllm-url", vllm_url, "--vllm-handoff-dir", str(handoff)]
                 url = stack.enter_context(_adarag_serve(root, path, options))
                 stack.callback(shutil.rmtree, handoff, ignore_errors=True)
         yield url, time.perf_counter() - started
 
 
-def _front_end_config(config: AdaRagConfig, ratio: float | None) -> dict:
+def _adarag_config(root: Path, variant: str, config: AdaRagConfig, ratio: float | None) -> Path:
+    """The config file of ``variant``'s adarag serve, on a copy of the store as ingest left it.
+
+    Every variant starts from the same chunk KV: no variant's write-back helps another.
+    """
+    store = root / f"kv_{variant}"
+    shutil.copytree(root / "kv", store)
     dumped = config.model_dump(mode="json")
-    if ratio is not None:
+    dumped["cache"]["store"]["directory"] = str(store)
+    if ratio is not None:  # every token computed, none rounded by the store's dtype
         for tier in ("soft", "independent"):
             dumped["cache"][tier]["recompute_ratio"] = ratio
-    return dumped
+        dumped["cache"]["store"]["storage_dtype"] = "float32"
+    path = root / f"config_{variant}.json"
+    path.write_text(json.dumps(dumped))
+    return path
 
 
 @contextmanager
@@ -325,8 +354,9 @@ def _table(payload: dict) -> str:
         "",
         describe_machine(payload["machine"]),
         "",
-        f"Model {settings['model']}; a knowledge base of {settings['passages']} 2WikiMQA "
-        f"passages, top-{settings['top_k']} per question in similarity order; a different "
+        f"Model {settings['model']}; a knowledge base of the {payload['num_passages']} 2WikiMQA "
+        f"evidence passages of the questions asked, top-{settings['top_k']} per question in "
+        f"similarity order (mean prompt {payload['mean_prompt_tokens']:.0f} tokens); a different "
         f"question per request; {settings['max_tokens']} greedy tokens; {settings['threads']} "
         "threads per process; the variants one after another.",
         "",

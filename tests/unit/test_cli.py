@@ -127,3 +127,10 @@ def test_a_bad_request_limit_option_is_named_before_anything_loads(capsys, argv,
     assert main(["serve", *argv]) == 2
     error = capsys.readouterr().err
     assert f"{argv[0]} (config field {field})" in error and f"fix {argv[0]}" in error
+
+
+def test_a_malformed_vllm_url_is_refused_before_anything_loads(capsys):
+    from adarag.cli import main
+
+    assert main(["serve", "--vllm-url", "vllm-host:8000"]) == 2
+    assert "must look like http://host:port" in capsys.readouterr().err
