@@ -69,7 +69,10 @@ class HandoffFiles:
         """Store ``context`` under ``handoff_id``; readers never see a partial file."""
         target = self.path(handoff_id)
         temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tensors = {"k": context.k.contiguous(), "v": context.v.contiguous()}
+        k, v = context.k.contiguous(), context.v.contiguous()
+        if k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr():
+            v = v.clone()  # safetensors stores no two tensors that share memory
+        tensors = {"k": k, "v": v}
         try:
             save_file(tensors, str(temporary))
             os.replace(temporary, target)

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import torch
+from safetensors import SafetensorError
 
 from adarag.config import EngineConfig
 from adarag.engine.adapter import DecoderAdapter
@@ -133,7 +134,15 @@ class VLLMServerDecoder:
         assert output.kv.length >= num_context, f"prefill has {output.kv.length} rows"
         handoff = HandoffRequest(uuid.uuid4().hex, num_context)
         context = FusedContext(output.kv.k[:, :num_context], output.kv.v[:, :num_context])
-        self.files.write(handoff.handoff_id, as_storage(context, self.kv_dtype))
+        try:
+            self.files.write(handoff.handoff_id, as_storage(context, self.kv_dtype))
+        except (OSError, SafetensorError) as err:  # e.g. a full tmpfs: the replica computes it
+            logger.warning(
+                "cannot hand fused KV over through %s (%s); vLLM computes the prompt",
+                self.files.directory,
+                err,
+            )
+            return self.generate(layout.token_ids, params)
         # The salt keeps blocks of fused KV out of every other prompt's prefix-cache lookups.
         extra = {"kv_transfer_params": handoff.to_params(), "cache_salt": handoff.handoff_id}
         return self._stream(layout.token_ids, params, extra, handoff.handoff_id)

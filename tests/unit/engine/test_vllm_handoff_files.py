@@ -84,6 +84,14 @@ def test_a_file_in_place_of_the_directory_is_a_config_error(tmp_path):
         HandoffFiles(tmp_path / "taken")
 
 
+def test_keys_and_values_sharing_memory_are_written_too(tmp_path):
+    files, handoff_id = HandoffFiles(tmp_path), uuid.uuid4().hex
+    both = torch.randn(2, 3, 5, 2, 8)  # one buffer holding K and V
+    files.write(handoff_id, FusedContext(both[0], both[1]))
+    read = files.read(handoff_id)
+    assert read is not None and torch.equal(read.k, both[0]) and torch.equal(read.v, both[1])
+
+
 def test_storage_dtype_is_the_cache_dtype():
     stored = as_storage(_context(), torch.bfloat16)
     assert stored.k.dtype == stored.v.dtype == torch.bfloat16

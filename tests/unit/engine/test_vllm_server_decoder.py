@@ -67,3 +67,18 @@ def _params():
     from adarag.schema import GenerationParams
 
     return GenerationParams(max_new_tokens=4)
+
+
+def test_a_failed_hand_over_falls_back_to_the_replicas_own_prefill(tmp_path, caplog, monkeypatch):
+    from types import SimpleNamespace
+
+    decoder = _decoder(tmp_path / "handoff", 1)
+    (tmp_path / "handoff").rmdir()  # the directory is gone: writing the file fails
+    sent = []
+    monkeypatch.setattr(decoder, "generate", lambda token_ids, params: sent.append(token_ids))
+    layout = SimpleNamespace(num_tokens=3, token_ids=(7, 8, 9))
+    kv = torch.zeros(1, 3, 1, 2)
+    output = SimpleNamespace(kv=SimpleNamespace(length=3, k=kv, v=kv))
+    decoder.decode_tokens(layout, output, _params())
+    assert sent == [(7, 8, 9)] and "vLLM computes the prompt" in caplog.text
+    decoder.close()
