@@ -3,13 +3,13 @@
 Against a running ``vllm serve`` started with adarag's connector (any tensor-parallel size),
 adarag's torch engine fuses each musique prompt (its first ``--passages`` passages; chunk KV
 precomputed as ingest computes it) at every ``--ratios`` and hands the KV to the server through
-the handoff directory; the server's own answer to the same prompt (a fresh cache salt: it
+the hand-over; the server's own answer to the same prompt (a fresh cache salt: it
 computes every token) is the reference. Greedy answers of ``--max-tokens`` tokens are compared
 token by token; the server's count of prompt tokens it did not compute shows the connector's
 rows were used.
 
     python benchmarks/vllm_serve_agreement.py --url http://127.0.0.1:8000 \\
-        --handoff-dir /dev/shm/adarag-handoff --model qwen2.5-coder-0.5b --output NAME
+        --handoff /dev/shm/adarag-handoff --model qwen2.5-coder-0.5b --output NAME
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from adarag.schema import GenerationParams
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", required=True, help="base URL of the vllm serve replica")
-    parser.add_argument("--handoff-dir", required=True, help="the connector's handoff_dir")
+    parser.add_argument(
+        "--handoff", required=True, help="the connector's handoff (directory or redis:// URL)"
+    )
     parser.add_argument("--model", default="default")
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--passages", type=int, default=4)
@@ -48,7 +50,7 @@ def main() -> None:
         "model": args.model,
         "backend": "vllm-server",
         "vllm_server_urls": (args.url,),
-        "vllm_handoff_dir": args.handoff_dir,
+        "vllm_handoff": args.handoff,
         "max_context_tokens": served["max_model_len"],
         "num_threads": args.threads,
     }

@@ -189,7 +189,7 @@ def _variant(variant: str, root: Path, config: AdaRagConfig, args: argparse.Name
             if handoff is not None:
                 ratio = 1.0 if variant == "connector@1.0" else None
                 path = _adarag_config(root, variant, config, ratio)
-                options = ["--vllm-url", vllm_url, "--vllm-handoff-dir", str(handoff)]
+                options = ["--vllm-url", vllm_url, "--vllm-handoff", str(handoff)]
                 url = stack.enter_context(_adarag_serve(root, path, options))
                 stack.callback(shutil.rmtree, handoff, ignore_errors=True)
         yield url, time.perf_counter() - started

@@ -109,10 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "replicas; engine.backend='vllm-server'): adarag fuses the prompt's KV, vLLM decodes",
     )
     parser.add_argument(
-        "--vllm-handoff-dir",
-        metavar="DIR",
-        help="directory the replicas' connector reads fused KV from (its handoff_dir; default: "
-        "engine.vllm_handoff_dir)",
+        "--vllm-handoff",
+        metavar="DIR_OR_URL",
+        help="where the replicas' connector reads fused KV (its handoff): a shared directory or "
+        "a redis:// URL (default: engine.vllm_handoff)",
     )
     add_knowledge_base_arguments(parser)
     add_model_arguments(parser)
@@ -132,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
     engine: dict[str, Any] = {"batch_decode": True} if args.batch_decode else {}
     if args.vllm_url:
         engine.update(backend="vllm-server", vllm_server_urls=tuple(args.vllm_url))
-    if args.vllm_handoff_dir:
-        engine["vllm_handoff_dir"] = args.vllm_handoff_dir
+    if args.vllm_handoff:
+        engine["vllm_handoff"] = args.vllm_handoff
     config = build_config(args, flags, serve=serve, engine=engine)
     api_key = os.environ.get(config.serve.api_key_env) or None
     from adarag.serve import AdaRagServer, create_app

@@ -89,11 +89,12 @@ class EngineConfig(_Frozen):
         description="Backend 'vllm-server': base URLs of the `vllm serve` replicas (each started "
         "with adarag's connector); a request goes to the one with the fewest open streams.",
     )
-    vllm_handoff_dir: str = Field(
+    vllm_handoff: str = Field(
         default="/dev/shm/adarag-handoff",
         min_length=1,
-        description="Backend 'vllm-server': directory where fused KV waits for the replicas' "
-        "connector (its kv_connector_extra_config.handoff_dir); a tmpfs keeps it in memory.",
+        description="Backend 'vllm-server': where fused KV waits for the replicas' connector (its "
+        "kv_connector_extra_config.handoff): a directory they share (a tmpfs keeps it in "
+        "memory), or a redis:// URL for replicas on other machines.",
     )
     vllm_server_timeout_s: float = Field(
         default=600.0,

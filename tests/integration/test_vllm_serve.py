@@ -51,13 +51,8 @@ def server(real_config, tmp_path_factory):
 @pytest.fixture(scope="module")
 def front_end(real_config, server):
     url, handoff_dir, _ = server
-    engine = {
-        "backend": "vllm-server",
-        "vllm_server_urls": (url,),
-        "vllm_handoff_dir": str(handoff_dir),
-        "max_context_tokens": 8192,
-    }
-    generator = load_generator(AdaRagConfig.build(real_config, engine=engine))
+    config = _server_config(real_config, url, handoff_dir)
+    generator = load_generator(config)
     yield generator
     generator.close()
 
@@ -72,6 +67,18 @@ def server_alone(front_end, layout):
     """The server computing the whole prompt itself (a fresh cache salt: no prefix-cache hit)."""
     stream = front_end.decoder.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
     return list(stream), stream.num_cached_tokens
+
+
+def _server_config(real_config, url, handoff, **engine) -> AdaRagConfig:
+    """The real model's config on the vllm-server backend, fusing for the server at ``url``."""
+    engine = {
+        "backend": "vllm-server",
+        "vllm_server_urls": (url,),
+        "vllm_handoff": str(handoff),
+        "max_context_tokens": 8192,
+        **engine,
+    }
+    return AdaRagConfig.build(real_config, engine=engine)
 
 
 def _fused(generator, layout, ratio):
@@ -146,13 +153,9 @@ def test_pipeline_answers_through_vllm_serve(front_end, real_config, record, ser
 
 def test_unreachable_server_is_a_clear_error(real_config, tmp_path):
     url = "http://127.0.0.1:9"  # the discard port: nothing answers
-    engine = {
-        "backend": "vllm-server",
-        "vllm_server_urls": (url,),
-        "vllm_handoff_dir": str(tmp_path),
-    }
+    config = _server_config(real_config, url, tmp_path)
     with pytest.raises(BackendError, match=f"no vLLM server answers at {url}"):
-        load_generator(AdaRagConfig.build(real_config, engine=engine))
+        load_generator(config)
 
 
 def test_handoff_files_of_a_stopped_front_end_are_removed_at_start(real_config, server):
@@ -160,15 +163,11 @@ def test_handoff_files_of_a_stopped_front_end_are_removed_at_start(real_config, 
     files = HandoffFiles(handoff_dir)
     stale = files.path(uuid.uuid4().hex)
     stale.write_bytes(b"left by a front end that was killed")
-    engine = {
-        "backend": "vllm-server",
-        "vllm_server_urls": (url,),
-        "vllm_handoff_dir": str(handoff_dir),
-        "vllm_server_timeout_s": 0.001,
-        "max_context_tokens": 8192,
-        "blending_gate": "off",  # its requests would time out
-    }
-    generator = load_generator(AdaRagConfig.build(real_config, engine=engine))
+    # the gate's requests would time out at 0.001 s
+    config = _server_config(
+        real_config, url, handoff_dir, vllm_server_timeout_s=0.001, blending_gate="off"
+    )
+    generator = load_generator(config)
     generator.close()
     assert not stale.exists()
 
@@ -182,13 +181,8 @@ def test_a_model_failing_the_blending_gate_is_served_without_blending(
 ):
     url, handoff_dir, _ = server
     monkeypatch.setattr("adarag.engine.kv_cache.rope_delta", _not_rotated)
-    engine = {
-        "backend": "vllm-server",
-        "vllm_server_urls": (url,),
-        "vllm_handoff_dir": str(handoff_dir),
-        "max_context_tokens": 8192,
-    }
-    generator = load_generator(AdaRagConfig.build(real_config, engine=engine))
+    config = _server_config(real_config, url, handoff_dir)
+    generator = load_generator(config)
     try:
         refused = generator.decoder.blending_refused
         assert refused is not None and refused.startswith("re-rotation:")
@@ -233,3 +227,25 @@ def test_adarag_serve_in_front_of_vllm_serve_answers_openai_clients(
     assert whole.choices[0].message.content.strip() == streamed.strip() == expected
     assert whole.usage.prompt_tokens == layout.num_tokens
     assert not any(server[1].iterdir())
+
+
+def test_fused_kv_handed_over_through_a_valkey_server(real_config, layout, tmp_path):
+    """Replicas on other machines: the hand-over goes through a Redis-protocol server."""
+    from adarag.engine.checkpoint import Checkpoint
+    from tests.remote_server import client_of, running_server, url_of
+
+    checkpoint = Checkpoint.open(real_config.engine.model, real_config.home)
+    with running_server() as valkey:
+        port = free_port()
+        command = serve_command(checkpoint.path, port, url_of(valkey))
+        with running_vllm_server(command, port, tmp_path / "vllm_serve.log") as url:
+            config = _server_config(real_config, url, url_of(valkey))
+            generator = load_generator(config)
+            try:
+                alone = list(generator.decoder.generate(layout.token_ids, GREEDY, uuid.uuid4().hex))
+                stream = generator.decode_tokens(layout, _fused(generator, layout, 1.0), GREEDY)
+                assert list(stream) == alone
+                assert stream.num_cached_tokens == layout.num_tokens - 1
+                assert client_of(valkey).keys("adarag:handoff:*") == []  # deleted when done
+            finally:
+                generator.close()

@@ -10,10 +10,10 @@ kv_connector_module_path="adarag.engine.vllm.connector", kv_role="kv_both")``:
 - the **worker** one writes the fused rows into every layer's paged blocks in
   :meth:`start_load_kv`, before vLLM's forward of the remaining prompt token. It takes them from
   the generator's :class:`KVHandoff` when adarag runs vLLM in its own process (bound after
-  start-up), or, under ``vllm serve``, from the files an adarag front end wrote in the directory
-  named by ``kv_connector_extra_config.handoff_dir``
-  (:class:`~adarag.engine.vllm.handoff_files.HandoffFiles`); each tensor-parallel rank reads
-  only its KV heads. Loads are synchronous; there is nothing to save.
+  start-up), or, under ``vllm serve``, from where an adarag front end handed it over: the
+  directory or ``redis://`` server named by ``kv_connector_extra_config.handoff``
+  (:mod:`~adarag.engine.vllm.handoff_store`); each tensor-parallel rank reads only its KV
+  heads. Loads are synchronous; there is nothing to save.
 
 A request whose fused KV is missing or unusable is computed by vLLM itself, with the reason
 logged: the scheduler side claims no tokens for it, or (when the file vanished between the two
@@ -36,7 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from adarag.engine.vllm.handoff import FusedContext, KVHandoff
-from adarag.engine.vllm.handoff_files import HandoffFiles
+from adarag.engine.vllm.handoff_store import open_handoff
 from adarag.engine.vllm.kv_writer import attention_layers, write_rows
 from adarag.engine.vllm.ranks import kv_heads_of_rank
 from adarag.engine.vllm.scheduling import ConnectorScheduler, KVLoad
@@ -71,12 +71,10 @@ class AdaRagConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         self._block_size = vllm_config.cache_config.block_size
         transfer = vllm_config.kv_transfer_config
-        handoff_dir = (
-            None if transfer is None else transfer.get_from_extra_config("handoff_dir", None)
-        )
-        self._files = None if handoff_dir is None else HandoffFiles(handoff_dir)
+        location = None if transfer is None else transfer.get_from_extra_config("handoff", None)
+        self._handed = None if location is None else open_handoff(str(location))
         self._scheduler = ConnectorScheduler(
-            self._block_size, None if self._files is None else self._files.exists
+            self._block_size, None if self._handed is None else self._handed.exists
         )
         self._handoff: KVHandoff | None = None
         self._total_kv_heads = vllm_config.model_config.get_total_num_kv_heads()
@@ -120,11 +118,11 @@ class AdaRagConnector(KVConnectorBase_V1):
         if self._handoff is not None:
             context = self._handoff.get(load.handoff_id)
         else:
-            assert self._files is not None, (
+            assert self._handed is not None, (
                 "adarag's connector has no fused KV source: set kv_connector_extra_config."
-                "handoff_dir (vllm serve) or run vLLM through adarag's vllm backend"
+                "handoff (vllm serve) or run vLLM through adarag's vllm backend"
             )
-            context = self._files.read(load.handoff_id, self._rank_heads())
+            context = self._handed.read(load.handoff_id, self._rank_heads())
         if context is None:
             logger.warning("no fused KV for request %s; vLLM recomputes it", load.request_id)
         elif context.num_tokens < load.end:

@@ -5,8 +5,8 @@ in-process :class:`~adarag.engine.vllm.handoff.KVHandoff`. The front end (``engi
 "vllm-server"``) writes each request's fused context as one safetensors file named by its
 handoff id, atomically (a temporary name, then a rename); every worker reads only the KV heads
 its tensor-parallel rank holds, memory-mapped; the front end deletes the file when the request
-ends. The directory is configured on both sides (``engine.vllm_handoff_dir`` and the
-connector's ``kv_connector_extra_config.handoff_dir``): a request names an id, never a path.
+ends. The directory is configured on both sides (``engine.vllm_handoff`` and the connector's
+``kv_connector_extra_config.handoff``): a request names an id, never a path.
 
 Plain torch and safetensors: the front end needs no vLLM.
 """
@@ -52,8 +52,13 @@ class HandoffFiles:
         except OSError as err:
             raise ConfigError(
                 f"the KV handoff directory {self.directory} cannot be created ({err}); point "
-                "engine.vllm_handoff_dir and the connector's handoff_dir at a writable directory"
+                "engine.vllm_handoff and the connector's handoff at a writable directory"
             ) from err
+
+    @property
+    def location(self) -> str:
+        """The directory, for messages."""
+        return str(self.directory)
 
     def path(self, handoff_id: str) -> Path:
         """The file of ``handoff_id``.
@@ -97,7 +102,7 @@ class HandoffFiles:
                 selected = slice(heads.start, heads.stop)
                 return FusedContext(k[:, :, selected], v[:, :, selected])
         except FileNotFoundError:
-            logger.warning("no fused KV under handoff %s in %s", handoff_id, self.directory)
+            logger.warning("no fused KV under handoff %s in %s", handoff_id, self.location)
         except (SafetensorError, OSError, KeyError, AssertionError, ValueError) as err:
             logger.warning("fused KV under handoff %s is unreadable: %s", handoff_id, err)
         return None

@@ -40,14 +40,16 @@ def free_port() -> int:
 def serve_command(
     checkpoint: Path,
     port: int,
-    handoff_dir: Path | None,
+    handoff: str | Path | None,
     *,
     dtype: str = "float32",
     max_model_len: int = 8192,
     kv_cache_bytes: int = 1 << 30,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The command line of ``vllm serve`` on ``checkpoint``, with the connector if ``handoff_dir``.
+    """The command line of ``vllm serve`` on ``checkpoint``, with the connector if ``handoff``.
+
+    ``handoff`` is a directory or a ``redis://`` URL (``engine.vllm_handoff`` of the front end).
 
     ``--enable-prompt-tokens-details`` makes the server report, per request, the prompt tokens it
     did not compute; ``kv_load_failure_policy = "recompute"`` makes it compute a request whose
@@ -75,8 +77,8 @@ def serve_command(
         "0",
         *extra,
     ]
-    if handoff_dir is not None:
-        config = {**CONNECTOR, "kv_connector_extra_config": {"handoff_dir": str(handoff_dir)}}
+    if handoff is not None:
+        config = {**CONNECTOR, "kv_connector_extra_config": {"handoff": str(handoff)}}
         command += ["--kv-transfer-config", json.dumps(config)]
     return command
 

@@ -2,8 +2,9 @@
 
 ``engine.backend = "vllm-server"`` is a prefill/decode split. adarag's torch engine does what
 it does for every request (retrieval, arrangement, chunk-KV lookup in its store tiers, the fused
-prefill); :class:`VLLMServerDecoder` then writes the fused KV of every prompt token but the last
-to the shared handoff directory and sends the prompt's token ids to a replica's OpenAI
+prefill); :class:`VLLMServerDecoder` then hands the fused KV of every prompt token but the last
+over (a shared directory or a Redis-protocol server, :mod:`~adarag.engine.vllm.handoff_store`)
+and sends the prompt's token ids to a replica's OpenAI
 ``/v1/completions`` route with ``kv_transfer_params`` naming the handoff. adarag's connector in
 the replica's worker processes writes those rows into vLLM's paged blocks; vLLM computes the
 last prompt token, then decodes, samples and batches with every other request it serves.
@@ -32,7 +33,8 @@ from adarag.engine.batch import PrefillOutput
 from adarag.engine.checkpoint import Checkpoint
 from adarag.engine.loader import load_model
 from adarag.engine.vllm.handoff import FusedContext, HandoffRequest
-from adarag.engine.vllm.handoff_files import HandoffFiles, as_storage
+from adarag.engine.vllm.handoff_files import as_storage
+from adarag.engine.vllm.handoff_store import HandoffStore, open_handoff
 from adarag.errors import BackendError, ConfigError, InputError
 from adarag.schema import GenerationParams, PromptLayout
 
@@ -58,7 +60,7 @@ class ServerTokenStream(Iterator[int]):
     """Generated token ids of one request to a replica, and what the replica reported.
 
     Closing the stream (or dropping it) closes the HTTP response, which aborts the request in
-    vLLM, and deletes the request's handoff file.
+    vLLM, and deletes the request's handed-over KV.
     """
 
     def __init__(self, tokens: Generator[int, None, None], report: dict[str, int | None]) -> None:
@@ -87,7 +89,7 @@ class VLLMServerDecoder:
 
     Args:
         replicas: The replicas; each request goes to the one with the fewest open streams.
-        files: The handoff directory every replica's connector reads.
+        handoff: Where every replica's connector reads fused KV (a directory or a server).
         eos_token_ids: Tokens that end an answer.
         kv_dtype: Dtype the fused KV is written in (that of the replicas' KV cache).
         timeout_s: Seconds to wait for a replica's next bytes before giving up.
@@ -99,14 +101,14 @@ class VLLMServerDecoder:
     def __init__(
         self,
         replicas: Sequence[Replica],
-        files: HandoffFiles,
+        handoff: HandoffStore,
         eos_token_ids: frozenset[int],
         kv_dtype: torch.dtype,
         timeout_s: float,
     ) -> None:
         assert replicas, "at least one replica"
         self.replicas = list(replicas)
-        self.files = files
+        self.handoff = handoff
         self.eos_token_ids = eos_token_ids
         self.kv_dtype = kv_dtype
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
@@ -135,11 +137,11 @@ class VLLMServerDecoder:
         handoff = HandoffRequest(uuid.uuid4().hex, num_context)
         context = FusedContext(output.kv.k[:, :num_context], output.kv.v[:, :num_context])
         try:
-            self.files.write(handoff.handoff_id, as_storage(context, self.kv_dtype))
+            self.handoff.write(handoff.handoff_id, as_storage(context, self.kv_dtype))
         except (OSError, SafetensorError) as err:  # e.g. a full tmpfs: the replica computes it
             logger.warning(
                 "cannot hand fused KV over through %s (%s); vLLM computes the prompt",
-                self.files.directory,
+                self.handoff.location,
                 err,
             )
             return self.generate(layout.token_ids, params)
@@ -239,7 +241,7 @@ class VLLMServerDecoder:
         finally:
             self._done(replica)
             if handoff_id is not None:
-                self.files.remove(handoff_id)
+                self.handoff.remove(handoff_id)
 
 
 def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
@@ -277,10 +279,10 @@ def start_vllm_server(
         BackendError: A replica does not answer ``GET /v1/models``.
         ConfigError: A replica accepts shorter prompts than ``max_context_tokens``.
     """
-    files = HandoffFiles(engine_config.vllm_handoff_dir)
-    removed = files.remove_stale(max_age_s=engine_config.vllm_server_timeout_s)
+    handoff = open_handoff(engine_config.vllm_handoff, engine_config.vllm_server_timeout_s)
+    removed = handoff.remove_stale(max_age_s=engine_config.vllm_server_timeout_s)
     if removed:
-        logger.info("removed %d stale KV handoff files from %s", removed, files.directory)
+        logger.info("removed %d stale KV handoff files from %s", removed, handoff.location)
     replicas = [
         _replica(url, max_context_tokens, engine_config.vllm_server_timeout_s)
         for url in engine_config.vllm_server_urls
@@ -288,7 +290,7 @@ def start_vllm_server(
     dtype = getattr(torch, engine_config.dtype)
     model = load_model(checkpoint.path, checkpoint.spec, dtype, engine_config.device)
     decoder = VLLMServerDecoder(
-        replicas, files, eos_token_ids, dtype, engine_config.vllm_server_timeout_s
+        replicas, handoff, eos_token_ids, dtype, engine_config.vllm_server_timeout_s
     )
     return model, decoder
 
