@@ -63,6 +63,12 @@ def main() -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2, help="each process's CPU threads")
+    parser.add_argument(
+        "--replica-threads",
+        type=int,
+        help="threads of the vllm serve behind the connector (default: --threads); plain vLLM "
+        "always gets --threads",
+    )
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument(
         "--variants", nargs="+", default=["vllm", "connector@1.0", "connector", "adarag"]
@@ -182,9 +188,8 @@ def _variant(variant: str, root: Path, config: AdaRagConfig, args: argparse.Name
                 checkpoint.path, port, handoff, max_model_len=args.max_model_len
             )
             log = root / f"vllm_{variant}.log"
-            vllm_url = stack.enter_context(
-                running_vllm_server(command, port, log, threads=args.threads)
-            )
+            threads = args.threads if handoff is None else args.replica_threads or args.threads
+            vllm_url = stack.enter_context(running_vllm_server(command, port, log, threads=threads))
             url = vllm_url
             if handoff is not None:
                 ratio = 1.0 if variant == "connector@1.0" else None
@@ -358,7 +363,13 @@ def _table(payload: dict) -> str:
         f"evidence passages of the questions asked, top-{settings['top_k']} per question in "
         f"similarity order (mean prompt {payload['mean_prompt_tokens']:.0f} tokens); a different "
         f"question per request; {settings['max_tokens']} greedy tokens; {settings['threads']} "
-        "threads per process; the variants one after another.",
+        "threads per process"
+        + (
+            f" ({settings['replica_threads']} for the vllm serve behind the connector)"
+            if settings.get("replica_threads")
+            else ""
+        )
+        + "; the variants one after another.",
         "",
         "| variant | clients | requests | requests/s | tokens/s | TTFT p50 | TTFT p95 | "
         "answers = vLLM's | token F1 vs vLLM | same prompt |",
