@@ -68,6 +68,29 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "p50": statistics.median(values), "p95": p95}
 
 
+def load_summary(results: list[dict], clients: int, wall_s: float, tokens: int) -> dict:
+    """One client count's figures: requests and tokens per second, TTFT and latency.
+
+    Args:
+        results: One dict per request, with its ``ttft_s`` and ``latency_s``.
+        clients: Concurrent clients.
+        wall_s: Seconds from the first request sent to the last answer ended.
+        tokens: Completion tokens of all the requests.
+    """
+    ttft = summary([r["ttft_s"] for r in results])
+    return {
+        "clients": clients,
+        "num_requests": len(results),
+        "wall_s": wall_s,
+        "requests_per_s": len(results) / wall_s,
+        "tokens_per_s": tokens / wall_s,
+        "completion_tokens": tokens,
+        "ttft_p50_s": ttft["p50"],
+        "ttft_p95_s": ttft["p95"],
+        "latency_p50_s": summary([r["latency_s"] for r in results])["p50"],
+    }
+
+
 def write_results(
     name: str, payload: Any, table: str, *, directory: Path = RESULTS, indent: int = 2
 ) -> None:

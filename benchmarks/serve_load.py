@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 import openai
-from common import machine, summary, write_results
+from common import load_summary, machine, write_results
 
 from adarag import AdaRagConfig
 from adarag.evaluation.machine import describe_machine
@@ -193,21 +193,10 @@ async def _load(
         wall_s = time.perf_counter() - started
     results = [result for group in per_client_results for result in group]
     tokens = sum(r["tokens"] for r in results)
-    ttft = summary([r["ttft_s"] for r in results])
     return {
         "clients": clients,
         "requests": results,
-        "summary": {
-            "clients": clients,
-            "num_requests": len(results),
-            "wall_s": wall_s,
-            "requests_per_s": len(results) / wall_s,
-            "tokens_per_s": tokens / wall_s,
-            "completion_tokens": tokens,
-            "ttft_p50_s": ttft["p50"],
-            "ttft_p95_s": ttft["p95"],
-            "latency_p50_s": summary([r["latency_s"] for r in results])["p50"],
-        },
+        "summary": load_summary(results, clients, wall_s, tokens),
     }
 
 

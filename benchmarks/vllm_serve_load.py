@@ -31,9 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +40,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
-from common import load_jsonl, machine, summary, write_results
+from common import load_jsonl, load_summary, machine, write_results
+from serve_load import Server
 
 from adarag import AdaRAG, AdaRagConfig
 from adarag.engine.checkpoint import Checkpoint
@@ -180,7 +179,7 @@ def _variant(variant: str, root: Path, config: AdaRagConfig, args: argparse.Name
     with ExitStack() as stack:
         if variant == "adarag":
             path = _adarag_config(root, variant, config, None)
-            url = stack.enter_context(_adarag_serve(root, path, ["--batch-decode"]))
+            url = stack.enter_context(_adarag_serve(path, ["--batch-decode"]))
         else:
             handoff = None if variant == "vllm" else Path("/dev/shm") / f"adarag-{root.name}"
             port = free_port()
@@ -195,7 +194,7 @@ def _variant(variant: str, root: Path, config: AdaRagConfig, args: argparse.Name
                 ratio = 1.0 if variant == "connector@1.0" else None
                 path = _adarag_config(root, variant, config, ratio)
                 options = ["--vllm-url", vllm_url, "--vllm-handoff", str(handoff)]
-                url = stack.enter_context(_adarag_serve(root, path, options))
+                url = stack.enter_context(_adarag_serve(path, options))
                 stack.callback(shutil.rmtree, handoff, ignore_errors=True)
         yield url, time.perf_counter() - started
 
@@ -219,29 +218,10 @@ def _adarag_config(root: Path, variant: str, config: AdaRagConfig, ratio: float 
 
 
 @contextmanager
-def _adarag_serve(root: Path, config_path: Path, options: list[str]):
+def _adarag_serve(config_path: Path, options: list[str]):
     """``adarag serve`` on a free port with 16 active slots; yields its base URL."""
-    port = free_port()
-    command = [ADARAG, "--config", str(config_path), "serve", "--port", str(port)]
-    command += ["--max-active", "16", "--max-queued", "64", "--log-level", "warning", *options]
-    with (root / f"adarag_serve_{port}.log").open("w") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "ADARAG_API_KEY": ""}
-        )
-    try:
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None:
-                raise SystemExit(f"adarag serve exited before it listened; see {log.name}")
-            time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=300)
+    with Server(config_path, ["--max-active", "16", "--max-queued", "64", *options]) as server:
+        yield server.base_url.removesuffix("/v1")
 
 
 async def _level(
@@ -259,21 +239,7 @@ async def _level(
         wall_s = time.perf_counter() - started
     results = [r for group in groups for r in group]
     tokens = sum(r["completion_tokens"] for r in results)
-    ttft = summary([r["ttft_s"] for r in results])
-    return {
-        "requests": results,
-        "summary": {
-            "clients": clients,
-            "num_requests": len(results),
-            "wall_s": wall_s,
-            "requests_per_s": len(results) / wall_s,
-            "tokens_per_s": tokens / wall_s,
-            "completion_tokens": tokens,
-            "ttft_p50_s": ttft["p50"],
-            "ttft_p95_s": ttft["p95"],
-            "latency_p50_s": summary([r["latency_s"] for r in results])["p50"],
-        },
-    }
+    return {"requests": results, "summary": load_summary(results, clients, wall_s, tokens)}
 
 
 async def _request(

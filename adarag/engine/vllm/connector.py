@@ -23,6 +23,7 @@ sides) the worker reports its blocks as failed, which vLLM recomputes under
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -122,7 +123,7 @@ class AdaRagConnector(KVConnectorBase_V1):
                 "adarag's connector has no fused KV source: set kv_connector_extra_config."
                 "handoff (vllm serve) or run vLLM through adarag's vllm backend"
             )
-            context = self._handed.read(load.handoff_id, self._rank_heads())
+            context = self._handed.read(load.handoff_id, self._rank_heads)
         if context is None:
             logger.warning("no fused KV for request %s; vLLM recomputes it", load.request_id)
         elif context.num_tokens < load.end:
@@ -144,6 +145,7 @@ class AdaRagConnector(KVConnectorBase_V1):
             return None
         return context
 
+    @functools.cached_property
     def _rank_heads(self) -> range | None:
         """The KV heads this tensor-parallel rank holds (None: all of them, one rank)."""
         from vllm.distributed import (

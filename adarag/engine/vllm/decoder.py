@@ -15,8 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-import uuid
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import torch
@@ -25,20 +24,20 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.worker.worker_base import WorkerBase
 
 from adarag.config import EngineConfig
-from adarag.engine.batch import PrefillOutput
 from adarag.engine.checkpoint import Checkpoint
 from adarag.engine.vllm.adapter import VLLMDecoderAdapter
 from adarag.engine.vllm.connector import AdaRagConnector
 from adarag.engine.vllm.engine import EngineDriver, RequestProgress, build_engine
+from adarag.engine.vllm.fused_decoder import FusedKVDecoder, TokenStream
 from adarag.engine.vllm.handoff import FusedContext, HandoffRequest, KVHandoff
-from adarag.errors import ConfigError, InputError
-from adarag.schema import GenerationParams, PromptLayout
+from adarag.errors import ConfigError
+from adarag.schema import GenerationParams
 
 logger = logging.getLogger(__name__)
 
 
-class VLLMTokenStream(Iterator[int]):
-    """Generated token ids of one vLLM request, and what was reported about its prompt.
+class VLLMTokenStream(TokenStream):
+    """Generated token ids of one in-process vLLM request, and what was reported about its prompt.
 
     The request is submitted at the first ``next()`` and each ``next()`` steps the engine until
     a token is ready; closing the stream (or dropping it) aborts an unfinished request and
@@ -46,20 +45,8 @@ class VLLMTokenStream(Iterator[int]):
     """
 
     def __init__(self, tokens: Generator[int, None, None], progress: RequestProgress) -> None:
-        self._tokens = tokens
+        super().__init__(tokens, progress)
         self._progress = progress
-
-    def __next__(self) -> int:
-        return next(self._tokens)
-
-    def close(self) -> None:
-        """Stop early: abort the request in vLLM and release its fused KV."""
-        self._tokens.close()
-
-    @property
-    def num_cached_tokens(self) -> int | None:
-        """Prompt tokens vLLM did not compute (its prefix-cache hit plus the connector's)."""
-        return self._progress.num_cached_tokens
 
     @property
     def num_connector_tokens(self) -> int:
@@ -103,7 +90,7 @@ def start_vllm(
     return model, VLLMDecoder(driver, handoff, eos_token_ids, startup_s)
 
 
-class VLLMDecoder:
+class VLLMDecoder(FusedKVDecoder):
     """Decoding by an in-process vLLM engine fed adarag's fused KV (``engine.backend == "vllm"``).
 
     :meth:`decode_tokens` hands the fused KV of every prompt token but the last to vLLM's worker
@@ -129,51 +116,20 @@ class VLLMDecoder:
         self.handoff = handoff
         self.eos_token_ids = eos_token_ids
         self.startup_s = startup_s
-        self.blending_refused: str | None = None
 
-    def reserved_rows(self, max_new_tokens: int) -> int:
-        """None: vLLM decodes into its own paged blocks."""
-        return 0
-
-    def decode_tokens(
-        self, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
+    def _decode_fused(
+        self,
+        token_ids: Sequence[int],
+        params: GenerationParams,
+        handoff: HandoffRequest,
+        context: FusedContext,
     ) -> VLLMTokenStream:
-        """Generated token ids from vLLM, fed the fused KV of all prompt tokens but the last.
-
-        Args:
-            layout: The prompt the prefill computed.
-            output: The prefill; rows ``0..n-2`` of ``output.kv`` go to vLLM as computed.
-            params: Decoding options (vLLM samples).
-        """
-        if self.blending_refused is not None:  # the blending gate failed: vLLM computes it
-            return self.generate(layout.token_ids, params)
-        num_context = layout.num_tokens - 1
-        assert output.kv.length >= num_context, f"prefill has {output.kv.length} rows"
-        handoff = HandoffRequest(uuid.uuid4().hex, num_context)
-        context = FusedContext(output.kv.k[:, :num_context], output.kv.v[:, :num_context])
         sampling = self._sampling(params, handoff.to_params())
-        # The salt keeps blocks of fused KV out of every other prompt's prefix-cache lookups.
-        return self._stream(layout.token_ids, sampling, handoff.handoff_id, (handoff, context))
+        return self._stream(token_ids, sampling, handoff.handoff_id, (handoff, context))
 
-    def refuse_blending(self, reason: str) -> None:
-        """Hand no fused KV over from now on: vLLM computes every prompt (``reason`` kept)."""
-        self.blending_refused = reason
-
-    def generate(
-        self, token_ids: Sequence[int], params: GenerationParams, cache_salt: str | None = None
+    def _generate(
+        self, token_ids: Sequence[int], params: GenerationParams, cache_salt: str | None
     ) -> VLLMTokenStream:
-        """Plain vLLM generation: vLLM computes the whole prompt (or reuses its prefix cache).
-
-        Args:
-            token_ids: The prompt.
-            params: Decoding options.
-            cache_salt: Keeps the request's prefix-cache blocks apart from other salts'.
-
-        Raises:
-            InputError: The prompt is empty.
-        """
-        if not token_ids:
-            raise InputError("the prompt is empty; pass at least one token id")
         return self._stream(token_ids, self._sampling(params, None), cache_salt, None)
 
     def close(self) -> None:

@@ -34,6 +34,28 @@ HANDOFF_ID = re.compile(r"^[0-9a-f]{32}$")
 SUFFIX = ".kv.safetensors"
 
 
+def checked_id(handoff_id: str) -> str:
+    """``handoff_id`` itself.
+
+    Raises:
+        ValueError: ``handoff_id`` is not 32 lowercase hex digits.
+    """
+    if not HANDOFF_ID.match(handoff_id):
+        raise ValueError(f"handoff id must be 32 lowercase hex digits, got {handoff_id!r}")
+    return handoff_id
+
+
+def tensors_of(context: FusedContext) -> dict[str, torch.Tensor]:
+    """``context`` as the tensors safetensors stores: ``k`` and ``v``, contiguous, apart.
+
+    safetensors stores no two tensors that share memory, so V is copied when it does.
+    """
+    k, v = context.k.contiguous(), context.v.contiguous()
+    if k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr():
+        v = v.clone()
+    return {"k": k, "v": v}
+
+
 class HandoffFiles:
     """Fused contexts as files in ``directory``, one per handoff id.
 
@@ -66,20 +88,14 @@ class HandoffFiles:
         Raises:
             ValueError: ``handoff_id`` is not 32 lowercase hex digits.
         """
-        if not HANDOFF_ID.match(handoff_id):
-            raise ValueError(f"handoff id must be 32 lowercase hex digits, got {handoff_id!r}")
-        return self.directory / f"{handoff_id}{SUFFIX}"
+        return self.directory / f"{checked_id(handoff_id)}{SUFFIX}"
 
     def write(self, handoff_id: str, context: FusedContext) -> None:
         """Store ``context`` under ``handoff_id``; readers never see a partial file."""
         target = self.path(handoff_id)
         temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        k, v = context.k.contiguous(), context.v.contiguous()
-        if k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr():
-            v = v.clone()  # safetensors stores no two tensors that share memory
-        tensors = {"k": k, "v": v}
         try:
-            save_file(tensors, str(temporary))
+            save_file(tensors_of(context), str(temporary))
             os.replace(temporary, target)
         finally:
             temporary.unlink(missing_ok=True)
@@ -123,11 +139,6 @@ class HandoffFiles:
             except FileNotFoundError:
                 continue
         return removed
-
-
-def tensor_bytes(context: FusedContext) -> int:
-    """Bytes of a fused context's tensors (what one hand-over writes)."""
-    return sum(t.numel() * t.element_size() for t in (context.k, context.v))
 
 
 def as_storage(context: FusedContext, dtype: torch.dtype) -> FusedContext:

@@ -17,7 +17,7 @@ from safetensors.torch import load, save
 
 from adarag.config import redact_url
 from adarag.engine.vllm.handoff import FusedContext
-from adarag.engine.vllm.handoff_files import HANDOFF_ID
+from adarag.engine.vllm.handoff_files import HANDOFF_ID, checked_id, tensors_of
 from adarag.errors import MissingDependencyError
 
 logger = logging.getLogger(__name__)
@@ -54,9 +54,7 @@ class HandoffRedis:
         Raises:
             ValueError: ``handoff_id`` is not 32 lowercase hex digits.
         """
-        if not HANDOFF_ID.match(handoff_id):
-            raise ValueError(f"handoff id must be 32 lowercase hex digits, got {handoff_id!r}")
-        return f"{KEY_PREFIX}{handoff_id}"
+        return f"{KEY_PREFIX}{checked_id(handoff_id)}"
 
     def write(self, handoff_id: str, context: FusedContext) -> None:
         """Store ``context`` under ``handoff_id``.
@@ -64,11 +62,8 @@ class HandoffRedis:
         Raises:
             ConnectionError: The server cannot be reached or refused the value.
         """
-        k, v = context.k.contiguous(), context.v.contiguous()
-        if k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr():
-            v = v.clone()  # safetensors stores no two tensors that share memory
         try:
-            self._client.set(self.key(handoff_id), save({"k": k, "v": v}), px=self.ttl_ms)
+            self._client.set(self.key(handoff_id), save(tensors_of(context)), px=self.ttl_ms)
         except self._errors as err:
             raise ConnectionError(f"cannot store fused KV on {self.location}: {err}") from err
 

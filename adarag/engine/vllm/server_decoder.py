@@ -18,7 +18,6 @@ import itertools
 import json
 import logging
 import threading
-import uuid
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,14 +28,14 @@ from safetensors import SafetensorError
 
 from adarag.config import EngineConfig
 from adarag.engine.adapter import DecoderAdapter
-from adarag.engine.batch import PrefillOutput
 from adarag.engine.checkpoint import Checkpoint
 from adarag.engine.loader import load_model
+from adarag.engine.vllm.fused_decoder import FusedKVDecoder, TokenStream
 from adarag.engine.vllm.handoff import FusedContext, HandoffRequest
 from adarag.engine.vllm.handoff_files import as_storage
 from adarag.engine.vllm.handoff_store import HandoffStore, open_handoff
-from adarag.errors import BackendError, ConfigError, InputError
-from adarag.schema import GenerationParams, PromptLayout
+from adarag.errors import BackendError, ConfigError
+from adarag.schema import GenerationParams
 
 logger = logging.getLogger(__name__)
 
@@ -56,35 +55,20 @@ class Replica:
     in_flight: int = 0
 
 
-class ServerTokenStream(Iterator[int]):
-    """Generated token ids of one request to a replica, and what the replica reported.
+@dataclass
+class ServerReport:
+    """What a replica reported about a request's prompt (its last event's usage).
 
-    Closing the stream (or dropping it) closes the HTTP response, which aborts the request in
-    vLLM, and deletes the request's handed-over KV.
+    Attributes:
+        num_cached_tokens: Prompt tokens the replica did not compute, its prefix-cache hit plus
+            the connector's tokens; None until the stream ended, or when the replica does not
+            report it (start it with ``--enable-prompt-tokens-details``).
     """
 
-    def __init__(self, tokens: Generator[int, None, None], report: dict[str, int | None]) -> None:
-        self._tokens = tokens
-        self._report = report
-
-    def __next__(self) -> int:
-        return next(self._tokens)
-
-    def close(self) -> None:
-        """Stop early."""
-        self._tokens.close()
-
-    @property
-    def num_cached_tokens(self) -> int | None:
-        """Prompt tokens the replica did not compute, once the stream ended.
-
-        Its prefix-cache hit plus the connector's tokens; None when the replica does not report
-        it (start it with ``--enable-prompt-tokens-details``).
-        """
-        return self._report.get("cached_tokens")
+    num_cached_tokens: int | None = None
 
 
-class VLLMServerDecoder:
+class VLLMServerDecoder(FusedKVDecoder):
     """Decodes on ``vllm serve`` replicas fed adarag's fused KV (``engine.backend="vllm-server"``).
 
     Args:
@@ -112,30 +96,16 @@ class VLLMServerDecoder:
         self.eos_token_ids = eos_token_ids
         self.kv_dtype = kv_dtype
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
-        self.blending_refused: str | None = None
         self._lock = threading.Lock()
         self._order = itertools.count()
 
-    def reserved_rows(self, max_new_tokens: int) -> int:
-        """None: the replica decodes into its own paged blocks."""
-        return 0
-
-    def decode_tokens(
-        self, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
-    ) -> ServerTokenStream:
-        """Generated token ids from a replica fed the fused KV of all prompt tokens but the last.
-
-        Args:
-            layout: The prompt the prefill computed.
-            output: The prefill; rows ``0..n-2`` of ``output.kv`` go to the replica as computed.
-            params: Decoding options (the replica samples).
-        """
-        if self.blending_refused is not None:  # the blending gate failed: vLLM computes it
-            return self.generate(layout.token_ids, params)
-        num_context = layout.num_tokens - 1
-        assert output.kv.length >= num_context, f"prefill has {output.kv.length} rows"
-        handoff = HandoffRequest(uuid.uuid4().hex, num_context)
-        context = FusedContext(output.kv.k[:, :num_context], output.kv.v[:, :num_context])
+    def _decode_fused(
+        self,
+        token_ids: Sequence[int],
+        params: GenerationParams,
+        handoff: HandoffRequest,
+        context: FusedContext,
+    ) -> TokenStream:
         try:
             self.handoff.write(handoff.handoff_id, as_storage(context, self.kv_dtype))
         except (OSError, SafetensorError) as err:  # e.g. a full tmpfs: the replica computes it
@@ -144,25 +114,13 @@ class VLLMServerDecoder:
                 self.handoff.location,
                 err,
             )
-            return self.generate(layout.token_ids, params)
-        # The salt keeps blocks of fused KV out of every other prompt's prefix-cache lookups.
+            return self.generate(token_ids, params)
         extra = {"kv_transfer_params": handoff.to_params(), "cache_salt": handoff.handoff_id}
-        return self._stream(layout.token_ids, params, extra, handoff.handoff_id)
+        return self._stream(token_ids, params, extra, handoff.handoff_id)
 
-    def refuse_blending(self, reason: str) -> None:
-        """Hand no fused KV over from now on: vLLM computes every prompt (``reason`` kept)."""
-        self.blending_refused = reason
-
-    def generate(
-        self, token_ids: Sequence[int], params: GenerationParams, cache_salt: str | None = None
-    ) -> ServerTokenStream:
-        """Plain generation: the replica computes the whole prompt (or reuses its prefix cache).
-
-        Raises:
-            InputError: The prompt is empty.
-        """
-        if not token_ids:
-            raise InputError("the prompt is empty; pass at least one token id")
+    def _generate(
+        self, token_ids: Sequence[int], params: GenerationParams, cache_salt: str | None
+    ) -> TokenStream:
         extra = {} if cache_salt is None else {"cache_salt": cache_salt}
         return self._stream(token_ids, params, extra, None)
 
@@ -176,10 +134,10 @@ class VLLMServerDecoder:
         params: GenerationParams,
         extra: dict[str, Any],
         handoff_id: str | None,
-    ) -> ServerTokenStream:
-        report: dict[str, int | None] = {}
+    ) -> TokenStream:
+        report = ServerReport()
         body = {**self._body(token_ids, params), **extra}
-        return ServerTokenStream(self._tokens(body, handoff_id, report), report)
+        return TokenStream(self._tokens(body, handoff_id, report), report)
 
     def _body(self, token_ids: Sequence[int], params: GenerationParams) -> dict[str, Any]:
         return {
@@ -211,7 +169,7 @@ class VLLMServerDecoder:
             replica.in_flight -= 1
 
     def _tokens(
-        self, body: dict[str, Any], handoff_id: str | None, report: dict[str, int | None]
+        self, body: dict[str, Any], handoff_id: str | None, report: ServerReport
     ) -> Generator[int, None, None]:
         """POST, then yield tokens as the replica streams them; always clean up what was taken."""
         replica = self._pick()
@@ -258,13 +216,10 @@ def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
         yield event
 
 
-def _record_usage(event: dict[str, Any], report: dict[str, int | None]) -> None:
+def _record_usage(event: dict[str, Any], report: ServerReport) -> None:
     usage = event.get("usage")
-    if not usage:
-        return
-    report["prompt_tokens"] = usage.get("prompt_tokens")
-    details = usage.get("prompt_tokens_details") or {}
-    report["cached_tokens"] = details.get("cached_tokens")
+    if usage:
+        report.num_cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
 
 
 def start_vllm_server(

@@ -1,0 +1,128 @@
+"""What the two vLLM decoders share: handing vLLM a prompt's fused KV, and the token stream back.
+
+Both hand over the fused KV of every prompt token but the last (vLLM computes the last one to
+get the first token's logits) under a fresh handoff id, and both fall back to vLLM computing the
+whole prompt once the blending gate refused the model. They differ only in how the KV and the
+prompt reach vLLM: :class:`~adarag.engine.vllm.decoder.VLLMDecoder` (vLLM in this process) and
+:class:`~adarag.engine.vllm.server_decoder.VLLMServerDecoder` (``vllm serve`` replicas).
+
+No vLLM import: the server decoder's front end runs without vLLM.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Generator, Iterator, Sequence
+from typing import Protocol
+
+from adarag.engine.batch import PrefillOutput
+from adarag.engine.vllm.handoff import FusedContext, HandoffRequest
+from adarag.errors import InputError
+from adarag.schema import GenerationParams, PromptLayout
+
+
+class PromptReport(Protocol):
+    """What vLLM reported about a request's prompt, filled in while its tokens stream."""
+
+    @property
+    def num_cached_tokens(self) -> int | None:
+        """Prompt tokens vLLM did not compute (its prefix-cache hit plus the connector's)."""
+        ...
+
+
+class TokenStream(Iterator[int]):
+    """Generated token ids of one vLLM request, and what was reported about its prompt.
+
+    Closing the stream (or dropping it) ends an unfinished request in vLLM and releases the
+    fused KV handed over for it.
+    """
+
+    def __init__(self, tokens: Generator[int, None, None], report: PromptReport) -> None:
+        self._tokens = tokens
+        self._report = report
+
+    def __next__(self) -> int:
+        return next(self._tokens)
+
+    def close(self) -> None:
+        """Stop early."""
+        self._tokens.close()
+
+    @property
+    def num_cached_tokens(self) -> int | None:
+        """Prompt tokens vLLM did not compute, its prefix-cache hit plus the connector's.
+
+        None while (or where) vLLM has not reported it.
+        """
+        return self._report.num_cached_tokens
+
+
+class FusedKVDecoder(ABC):
+    """Decoding by vLLM fed adarag's fused KV; subclasses say how it reaches vLLM."""
+
+    blending_refused: str | None = None
+    """Why the blending gate refused the model; None while fused KV is handed over."""
+
+    def reserved_rows(self, max_new_tokens: int) -> int:
+        """None: vLLM decodes into its own paged blocks."""
+        return 0
+
+    def decode_tokens(
+        self, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
+    ) -> TokenStream:
+        """Generated token ids from vLLM, fed the fused KV of all prompt tokens but the last.
+
+        Args:
+            layout: The prompt the prefill computed.
+            output: The prefill; rows ``0..n-2`` of ``output.kv`` go to vLLM as computed.
+            params: Decoding options (vLLM samples).
+        """
+        if self.blending_refused is not None:  # the blending gate failed: vLLM computes it
+            return self.generate(layout.token_ids, params)
+        num_context = layout.num_tokens - 1
+        assert output.kv.length >= num_context, f"prefill has {output.kv.length} rows"
+        handoff = HandoffRequest(uuid.uuid4().hex, num_context)
+        context = FusedContext(output.kv.k[:, :num_context], output.kv.v[:, :num_context])
+        return self._decode_fused(layout.token_ids, params, handoff, context)
+
+    def refuse_blending(self, reason: str) -> None:
+        """Hand no fused KV over from now on: vLLM computes every prompt (``reason`` kept)."""
+        self.blending_refused = reason
+
+    def generate(
+        self, token_ids: Sequence[int], params: GenerationParams, cache_salt: str | None = None
+    ) -> TokenStream:
+        """Plain vLLM generation: vLLM computes the whole prompt (or reuses its prefix cache).
+
+        Args:
+            token_ids: The prompt.
+            params: Decoding options.
+            cache_salt: Keeps the request's prefix-cache blocks apart from other salts'.
+
+        Raises:
+            InputError: The prompt is empty.
+        """
+        if not token_ids:
+            raise InputError("the prompt is empty; pass at least one token id")
+        return self._generate(token_ids, params, cache_salt)
+
+    @abstractmethod
+    def _decode_fused(
+        self,
+        token_ids: Sequence[int],
+        params: GenerationParams,
+        handoff: HandoffRequest,
+        context: FusedContext,
+    ) -> TokenStream:
+        """Hand ``context`` to vLLM under ``handoff`` and stream the prompt's answer.
+
+        The request carries a cache salt of its own (the handoff id): vLLM's prefix cache never
+        serves blocks of fused KV to another prompt.
+        """
+
+    @abstractmethod
+    def _generate(
+        self, token_ids: Sequence[int], params: GenerationParams, cache_salt: str | None
+    ) -> TokenStream:
+        """Stream the answer vLLM computes for the whole prompt."""
