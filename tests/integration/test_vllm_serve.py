@@ -93,8 +93,9 @@ def test_ratio_one_through_the_connector_matches_vllm_serve_alone(
     stream = front_end.decode_tokens(layout, _fused(front_end, layout, 1.0), GREEDY)
     assert len(expected) > 0 and cached_alone == 0
     assert list(stream) == expected
-    # the server's own count of prompt tokens it did not compute: every one but the last
-    assert stream.num_cached_tokens == layout.num_tokens - 1
+    # the server continues the first token the front end sampled: it did not compute one token
+    # of the prompt (its own count), only the first token's KV
+    assert stream.num_cached_tokens == layout.num_tokens
     assert not any(server[1].iterdir())  # the front end deleted its handoff file
 
 
@@ -107,7 +108,7 @@ def test_fused_kv_at_015_decodes_on_the_server_as_on_the_torch_engine(
     expected = list(torch_generator.decode_tokens(layout, output, GREEDY))
     stream = front_end.decode_tokens(layout, output, GREEDY)
     assert list(stream) == expected
-    assert stream.num_cached_tokens == layout.num_tokens - 1
+    assert stream.num_cached_tokens == layout.num_tokens
 
 
 def test_concurrent_streams_each_get_their_own_tokens(front_end, layout, server_alone):
@@ -115,8 +116,9 @@ def test_concurrent_streams_each_get_their_own_tokens(front_end, layout, server_
     fused_output = _fused(front_end, layout, 1.0)
     streams = [front_end.decode_tokens(layout, fused_output, GREEDY) for _ in range(2)]
     plain = front_end.decoder.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
-    firsts = [next(stream) for stream in (*streams, plain)]  # all three in flight at once
-    answers = [[first, *stream] for first, stream in zip(firsts, (*streams, plain), strict=True)]
+    # two tokens each: the fused streams' second token is the server's, all three are in flight
+    starts = [[next(stream), next(stream)] for stream in (*streams, plain)]
+    answers = [[*start, *stream] for start, stream in zip(starts, (*streams, plain), strict=True)]
     assert answers == [plain_expected] * 3
 
 
@@ -245,7 +247,7 @@ def test_fused_kv_handed_over_through_a_valkey_server(real_config, layout, tmp_p
                 alone = list(generator.decoder.generate(layout.token_ids, GREEDY, uuid.uuid4().hex))
                 stream = generator.decode_tokens(layout, _fused(generator, layout, 1.0), GREEDY)
                 assert list(stream) == alone
-                assert stream.num_cached_tokens == layout.num_tokens - 1
+                assert stream.num_cached_tokens == layout.num_tokens
                 assert client_of(valkey).keys("adarag:handoff:*") == []  # deleted when done
             finally:
                 generator.close()

@@ -4,12 +4,13 @@ vLLM builds two instances of the class named in ``KVTransferConfig(kv_connector=
 kv_connector_module_path="adarag.engine.vllm.connector", kv_role="kv_both")``:
 
 - the **scheduler** one answers :meth:`get_num_new_matched_tokens` from the request's
-  ``kv_transfer_params`` (every prompt token but the last), records the load once vLLM allocated
+  ``kv_transfer_params`` (all prompt tokens before the last), records the load once vLLM allocated
   blocks, and turns it into slot mappings in :meth:`build_connector_meta`
   (:class:`~adarag.engine.vllm.scheduling.ConnectorScheduler`);
 - the **worker** one writes the fused rows into every layer's paged blocks in
-  :meth:`start_load_kv`, before vLLM's forward of the remaining prompt token. It takes them from
-  the generator's :class:`KVHandoff` when adarag runs vLLM in its own process (bound after
+  :meth:`start_load_kv`, before vLLM's forward of the last prompt token (under ``vllm serve``,
+  the first answer token, which the front end already streamed). It takes them from the
+  generator's :class:`KVHandoff` when adarag runs vLLM in its own process (bound after
   start-up), or, under ``vllm serve``, from where an adarag front end handed it over: the
   directory or ``redis://`` server named by ``kv_connector_extra_config.handoff``
   (:mod:`~adarag.engine.vllm.handoff_store`); each tensor-parallel rank reads only its KV

@@ -91,6 +91,7 @@ def running_vllm_server(
     threads: int = 1,
     timeout_s: float = 300.0,
     env: dict[str, str] | None = None,
+    nice: int = 0,
 ) -> Iterator[str]:
     """Run ``command`` until the block ends; yields the base URL once ``/v1/models`` answers.
 
@@ -101,6 +102,8 @@ def running_vllm_server(
         threads: OpenMP threads of vLLM's CPU worker (unbound, unless ``env`` binds them).
         timeout_s: Longest wait for the server to answer.
         env: Extra environment variables (``VLLM_CPU_OMP_THREADS_BIND="0|1"`` for two ranks).
+        nice: Added to the server's niceness (and its workers'): above 0, a front end's fused
+            prefills on the same cores run first and the server decodes in between.
     """
     env = {
         **os.environ,
@@ -110,7 +113,12 @@ def running_vllm_server(
     }
     url = f"http://127.0.0.1:{port}"
     with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            ["nice", "-n", str(nice), *command] if nice else command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
         deadline = time.monotonic() + timeout_s
         while True:

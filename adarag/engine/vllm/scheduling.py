@@ -2,8 +2,9 @@
 
 vLLM's connector API is prefix-only: the scheduler asks how many leading prompt tokens beyond
 its own prefix-cache hit the connector can load. adarag answers with the context length it was
-handed in ``kv_transfer_params`` (every prompt token but the last, which vLLM computes to get
-the first token's logits), minus what vLLM already holds. After vLLM allocates blocks, the
+handed in ``kv_transfer_params`` (all prompt tokens before the last, which vLLM computes: to get
+the first token's logits in process, or the KV of the first token the ``vllm serve`` front end
+sampled), minus what vLLM already holds. After vLLM allocates blocks, the
 loads of the step are turned into slot mappings for the worker side.
 
 Plain Python over the few fields of vLLM's request and scheduler-output objects it reads, so it

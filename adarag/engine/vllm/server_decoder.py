@@ -2,12 +2,13 @@
 
 ``engine.backend = "vllm-server"`` is a prefill/decode split. adarag's torch engine does what
 it does for every request (retrieval, arrangement, chunk-KV lookup in its store tiers, the fused
-prefill); :class:`VLLMServerDecoder` then hands the fused KV of every prompt token but the last
-over (a shared directory or a Redis-protocol server, :mod:`~adarag.engine.vllm.handoff_store`)
-and sends the prompt's token ids to a replica's OpenAI
-``/v1/completions`` route with ``kv_transfer_params`` naming the handoff. adarag's connector in
-the replica's worker processes writes those rows into vLLM's paged blocks; vLLM computes the
-last prompt token, then decodes, samples and batches with every other request it serves.
+prefill) and samples the first token from the prefill's logits, which is streamed at once.
+:class:`VLLMServerDecoder` then hands the fused KV of the whole prompt over (a shared directory
+or a Redis-protocol server, :mod:`~adarag.engine.vllm.handoff_store`) and sends the prompt's
+token ids and the first token to a replica's OpenAI ``/v1/completions`` route with
+``kv_transfer_params`` naming the handoff. adarag's connector in the replica's worker processes
+writes those rows into vLLM's paged blocks; vLLM computes the first token's KV, then decodes,
+samples and batches with every other request it serves.
 
 No vLLM import: the front end runs on a machine (or in an environment) without vLLM.
 """
@@ -81,6 +82,8 @@ class VLLMServerDecoder(FusedKVDecoder):
 
     remote = True
     """Tokens come from another process: decoding needs no engine lock (``pipeline.decode``)."""
+
+    first_token_from_prefill = True
 
     def __init__(
         self,
