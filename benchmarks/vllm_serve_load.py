@@ -13,17 +13,22 @@ Variants, one after another, each alone on the machine:
 
 - ``vllm``: ``vllm serve`` (prefix caching on) answers the token ids through ``/v1/completions``;
 - ``connector``: ``adarag serve --vllm-url`` (retrieval, chunk KV, fused prefill at the default
-  ratio) in front of ``vllm serve`` with adarag's connector (decoding, batching);
+  ratio, the first token) in front of ``vllm serve`` with adarag's connector (decoding,
+  batching), which runs at ``--replica-nice`` (19: the front end's prefills come first on the
+  shared cores);
 - ``connector@1.0``: the same at ratio 1.0 with a float32 store (the system prompt's hard hit
   is not rounded either), 1 client only: its answers must equal ``vllm``'s;
 - ``adarag``: ``adarag serve --batch-decode`` (torch engine).
 
 Each client count gets its own questions (the first ``--requests N`` after the previous
 level's), ``--max-tokens`` greedy tokens, each client sending its next request when its last
-ended. TTFT is measured by the client, to the first streamed token. Agreement: an adarag
-answer's text against plain vLLM's answer to the same prompt (decoded with the same tokenizer).
+ended. TTFT is measured by the client, to the first streamed token; its median comes with a
+95% bootstrap interval over requests, as does each variant's ratio to plain vLLM's. Agreement:
+an adarag answer's text against plain vLLM's answer to the same prompt (decoded with the same
+tokenizer), with its interval.
 
     python benchmarks/vllm_serve_load.py --output vllm_serve_load
+    python benchmarks/vllm_serve_load.py --tables-only --output vllm_serve_load  # the .md again
 """
 
 from __future__ import annotations
@@ -40,12 +45,13 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
-from common import load_jsonl, load_summary, machine, write_results
+from common import RESULTS, load_jsonl, load_summary, machine, write_results
 from serve_load import Server
 
 from adarag import AdaRAG, AdaRagConfig
 from adarag.engine.checkpoint import Checkpoint
 from adarag.engine.vllm.launch import free_port, running_vllm_server, serve_command
+from adarag.evaluation.intervals import bootstrap_interval, median_interval, ratio_of_medians
 from adarag.evaluation.machine import describe_machine
 from adarag.evaluation.metrics import token_f1
 
@@ -58,7 +64,7 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument(
-        "--requests", type=int, nargs="+", default=[8, 16, 32], help="per client count"
+        "--requests", type=int, nargs="+", default=[8, 32, 48], help="per client count"
     )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2, help="each process's CPU threads")
@@ -68,14 +74,31 @@ def main() -> None:
         help="threads of the vllm serve behind the connector (default: --threads); plain vLLM "
         "always gets --threads",
     )
+    parser.add_argument(
+        "--replica-nice",
+        type=int,
+        default=19,
+        help="niceness of the vllm serve behind the connector: the front end's fused prefills "
+        "on the same cores go first, as docs/scaling.md advises on one machine (plain vLLM "
+        "always runs at 0)",
+    )
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument(
         "--variants", nargs="+", default=["vllm", "connector@1.0", "connector", "adarag"]
     )
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--output", default="vllm_serve_load")
+    parser.add_argument(
+        "--tables-only", action="store_true", help="rewrite --output's .md from its .json, no run"
+    )
     args = parser.parse_args()
     assert len(args.requests) == len(args.clients), "one --requests per --clients"
+    if args.tables_only:
+        payload = json.loads((RESULTS / f"{args.output}.json").read_text())
+        model = payload["settings"]["model"]
+        _agreement(payload["variants"], AdaRagConfig.build(engine={"model": model}))
+        write_results(args.output, payload, _table(payload))
+        return
 
     with tempfile.TemporaryDirectory(prefix="adarag-vllm-serve-") as tmp:
         root = Path(tmp)
@@ -188,7 +211,10 @@ def _variant(variant: str, root: Path, config: AdaRagConfig, args: argparse.Name
             )
             log = root / f"vllm_{variant}.log"
             threads = args.threads if handoff is None else args.replica_threads or args.threads
-            vllm_url = stack.enter_context(running_vllm_server(command, port, log, threads=threads))
+            nice = 0 if handoff is None else args.replica_nice
+            vllm_url = stack.enter_context(
+                running_vllm_server(command, port, log, threads=threads, nice=nice)
+            )
             url = vllm_url
             if handoff is not None:
                 ratio = 1.0 if variant == "connector@1.0" else None
@@ -309,6 +335,7 @@ def _agreement(results: dict, config: AdaRagConfig) -> None:
         for level in result["levels"]:
             rows = level["requests"]
             exact = [r["text"].strip() == reference[r["question"]] for r in rows]
+            level["exact"] = [float(e) for e in exact]
             f1 = [token_f1(r["text"], reference[r["question"]]) for r in rows]
             same_prompt = [r["prompt_tokens"] == r["expected_prompt_tokens"] for r in rows]
             level["summary"] |= {
@@ -335,24 +362,64 @@ def _table(payload: dict) -> str:
             if settings.get("replica_threads")
             else ""
         )
+        + (
+            f"; the vllm serve behind the connector at niceness {settings['replica_nice']}"
+            if settings.get("replica_nice")
+            else ""
+        )
         + "; the variants one after another.",
         "",
-        "| variant | clients | requests | requests/s | tokens/s | TTFT p50 | TTFT p95 | "
-        "answers = vLLM's | token F1 vs vLLM | same prompt |",
+        "| variant | clients | requests | requests/s | tokens/s | TTFT p50 [95% CI] | TTFT p95 | "
+        "answers = vLLM's [95% CI] | token F1 vs vLLM | same prompt |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for variant, result in payload["variants"].items():
         for level in result["levels"]:
             s = level["summary"]
+            p50 = median_interval([r["ttft_s"] for r in level["requests"]])
+            exact = level.get("exact") or [0.0]
+            agreement = bootstrap_interval([100.0 * e for e in exact])
             lines.append(
                 f"| {variant} | {s['clients']} | {s['num_requests']} | "
-                f"{s['requests_per_s']:.2f} | {s['tokens_per_s']:.1f} | {s['ttft_p50_s']:.3f} s | "
-                f"{s['ttft_p95_s']:.3f} s | {s.get('exact_vs_vllm', 0):.0%} | "
+                f"{s['requests_per_s']:.2f} | {s['tokens_per_s']:.1f} | "
+                f"{p50.mean:.2f} s [{p50.low:.2f}, {p50.high:.2f}] | {s['ttft_p95_s']:.2f} s | "
+                f"{agreement.mean:.0f}% [{agreement.low:.0f}, {agreement.high:.0f}] | "
                 f"{s.get('f1_vs_vllm', 0):.2f} | {s.get('same_prompt', 0):.0%} |"
             )
+    lines += ["", *_against_plain_vllm(payload)]
     starts = ", ".join(f"{v} {r['startup_s']:.1f} s" for v, r in payload["variants"].items())
     lines += ["", f"Start-up (all servers of a variant): {starts}."]
     return "\n".join(lines)
+
+
+def _against_plain_vllm(payload: dict) -> list[str]:
+    """Each variant's TTFT p50 and tokens/s as a ratio to plain vLLM's at the same client count."""
+    variants = payload["variants"]
+    if "vllm" not in variants:
+        return []
+    plain = {level["summary"]["clients"]: level for level in variants["vllm"]["levels"]}
+    lines = [
+        "Against plain vllm serve at the same client count (TTFT p50: plain vLLM's over the "
+        "variant's, above 1 is sooner, 95% bootstrap interval over requests):",
+        "",
+        "| variant | clients | TTFT p50: times lower [95% CI] | tokens/s: times plain vLLM's |",
+        "|---|---:|---:|---:|",
+    ]
+    for variant, result in variants.items():
+        for level in result["levels"] if variant != "vllm" else ():
+            reference = plain.get(level["summary"]["clients"])
+            if reference is None:
+                continue
+            lower = ratio_of_medians(
+                [r["ttft_s"] for r in reference["requests"]],
+                [r["ttft_s"] for r in level["requests"]],
+            )
+            throughput = level["summary"]["tokens_per_s"] / reference["summary"]["tokens_per_s"]
+            lines.append(
+                f"| {variant} | {level['summary']['clients']} | "
+                f"{lower.mean:.2f}x [{lower.low:.2f}, {lower.high:.2f}] | {throughput:.2f}x |"
+            )
+    return lines
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Every quality figure is a mean over questions; its interval comes from resamplin
 with replacement (percentile bootstrap, a seeded generator, so a report is reproducible). Two
 policies measured on the same questions are compared question by question: the interval of the
 mean paired difference, and a two-sided bootstrap p-value for "no difference" (the share of
-resampled means on the other side of zero, doubled).
+resampled means on the other side of zero, doubled). Latencies under load are summarised by their
+median, with its interval, and two servers' medians by their ratio (each sample resampled on
+its own).
 """
 
 from __future__ import annotations
@@ -44,11 +46,53 @@ class PairedDifference:
         )
 
 
-def _resampled_means(values: Sequence[float], resamples: int, seed: int) -> torch.Tensor:
+def _resamples(values: Sequence[float], resamples: int, seed: int) -> torch.Tensor:
+    """[resamples, len(values)]: ``values`` drawn with replacement, one row per resample."""
     data = torch.tensor(list(values), dtype=torch.float64)
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randint(len(data), (resamples, len(data)), generator=generator)
-    return data[picks].mean(dim=1)
+    return data[picks]
+
+
+def _resampled_means(values: Sequence[float], resamples: int, seed: int) -> torch.Tensor:
+    return _resamples(values, resamples, seed).mean(dim=1)
+
+
+def _median(values: torch.Tensor) -> torch.Tensor:
+    """Medians along the last dimension (the mean of the middle two for an even count)."""
+    return torch.quantile(values, 0.5, dim=-1)
+
+
+def _percentiles(statistic: torch.Tensor) -> tuple[float, float]:
+    low, high = torch.quantile(statistic, torch.tensor([0.025, 0.975], dtype=torch.float64))
+    return float(low), float(high)
+
+
+def median_interval(
+    values: Sequence[float], resamples: int = RESAMPLES, seed: int = SEED
+) -> Interval:
+    """The median of ``values`` (e.g. request latencies) and its 95% bootstrap interval."""
+    if not values:
+        raise ValueError("no values to bootstrap; measure at least one request")
+    median = float(_median(torch.tensor(list(values), dtype=torch.float64)))
+    return Interval(median, *_percentiles(_median(_resamples(values, resamples, seed))))
+
+
+def ratio_of_medians(
+    first: Sequence[float], second: Sequence[float], resamples: int = RESAMPLES, seed: int = SEED
+) -> Interval:
+    """``median(first) / median(second)`` and its 95% bootstrap interval.
+
+    The two samples are independent (e.g. two servers' latencies under the same load), so
+    each is resampled on its own.
+    """
+    if not first or not second:
+        raise ValueError("a ratio of medians needs values on both sides")
+    ratio = median_interval(first).mean / median_interval(second).mean
+    ratios = _median(_resamples(first, resamples, seed)) / _median(
+        _resamples(second, resamples, seed + 1)
+    )
+    return Interval(ratio, *_percentiles(ratios))
 
 
 def bootstrap_interval(
@@ -60,9 +104,7 @@ def bootstrap_interval(
     mean = float(torch.tensor(list(values), dtype=torch.float64).mean())
     if len(values) == 1:
         return Interval(mean, mean, mean)
-    means = _resampled_means(values, resamples, seed)
-    low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64))
-    return Interval(mean, float(low), float(high))
+    return Interval(mean, *_percentiles(_resampled_means(values, resamples, seed)))
 
 
 def paired_difference(
