@@ -38,7 +38,7 @@ def test_a_pathological_heading_splits_in_linear_time(tmp_path, num_bytes, ledge
     """A heading '# a # # # ... x' took 25 s at 32 KB and hours at 1 MB (regex backtracking).
 
     Cutting the file at its headings takes well under a second; splitting it into chunks costs
-    what the same text costs as a plain file (its ~500,000 words are tokenized either way).
+    about what the same text costs as a plain file (its ~500,000 words are tokenized either way).
     """
     line = "# a" + " #" * ((num_bytes - 4) // 2) + "x"
     text = line + "\nsome text after it.\n"
@@ -63,7 +63,9 @@ def test_a_pathological_heading_splits_in_linear_time(tmp_path, num_bytes, ledge
         headings = {json.loads(meta).get("heading") for _, meta in stored(kb).values()}
     finally:
         kb.collection._client.delete_collection(kb.config.collection)
-    linear = sections_s < 1.0 and timings["heading.md"] < 1.5 * timings["plain.txt"] + 0.5
+    # the backtracking split took 25 s at 32 KB: a bound loose enough for a busy machine still
+    # tells linear from that (the markdown split also records each chunk's heading)
+    linear = sections_s < 1.0 and timings["heading.md"] < 3 * timings["plain.txt"] + 2.0
     ledger.record("pathological markdown heading", detected=int(linear))
     ledger.extra.setdefault("heading_split", {})[str(num_bytes)] = {
         "sections_s": round(sections_s, 4),
