@@ -46,9 +46,13 @@ class PairedDifference:
         )
 
 
+def _as_tensor(values: Sequence[float]) -> torch.Tensor:
+    return torch.tensor(list(values), dtype=torch.float64)
+
+
 def _resamples(values: Sequence[float], resamples: int, seed: int) -> torch.Tensor:
     """[resamples, len(values)]: ``values`` drawn with replacement, one row per resample."""
-    data = torch.tensor(list(values), dtype=torch.float64)
+    data = _as_tensor(values)
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randint(len(data), (resamples, len(data)), generator=generator)
     return data[picks]
@@ -74,7 +78,7 @@ def median_interval(
     """The median of ``values`` (e.g. request latencies) and its 95% bootstrap interval."""
     if not values:
         raise ValueError("no values to bootstrap; measure at least one request")
-    median = float(_median(torch.tensor(list(values), dtype=torch.float64)))
+    median = float(_median(_as_tensor(values)))
     return Interval(median, *_percentiles(_median(_resamples(values, resamples, seed))))
 
 
@@ -88,7 +92,7 @@ def ratio_of_medians(
     """
     if not first or not second:
         raise ValueError("a ratio of medians needs values on both sides")
-    ratio = median_interval(first).mean / median_interval(second).mean
+    ratio = float(_median(_as_tensor(first)) / _median(_as_tensor(second)))
     ratios = _median(_resamples(first, resamples, seed)) / _median(
         _resamples(second, resamples, seed + 1)
     )
@@ -101,7 +105,7 @@ def bootstrap_interval(
     """The mean of ``values`` and its 95% percentile-bootstrap interval."""
     if not values:
         raise ValueError("no values to bootstrap; measure at least one question")
-    mean = float(torch.tensor(list(values), dtype=torch.float64).mean())
+    mean = float(_as_tensor(values).mean())
     if len(values) == 1:
         return Interval(mean, mean, mean)
     return Interval(mean, *_percentiles(_resampled_means(values, resamples, seed)))
