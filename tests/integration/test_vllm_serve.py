@@ -8,6 +8,8 @@ passages, answered greedily with SmolLM2-135M-Instruct.
 from __future__ import annotations
 
 import json
+import os
+import time
 import uuid
 from pathlib import Path
 
@@ -165,9 +167,11 @@ def test_handoff_files_of_a_stopped_front_end_are_removed_at_start(real_config, 
     files = HandoffFiles(handoff_dir)
     stale = files.path(uuid.uuid4().hex)
     stale.write_bytes(b"left by a front end that was killed")
-    # the gate's requests would time out at 0.001 s
+    timeout_s = 60.0
+    old = time.time() - 2 * timeout_s  # older than any request could still be reading it
+    os.utime(stale, (old, old))
     config = _server_config(
-        real_config, url, handoff_dir, vllm_server_timeout_s=0.001, blending_gate="off"
+        real_config, url, handoff_dir, vllm_server_timeout_s=timeout_s, blending_gate="off"
     )
     generator = load_generator(config)
     generator.close()
