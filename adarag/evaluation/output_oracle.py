@@ -120,8 +120,14 @@ class AnswerLoss:
     def _loss(self, m: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(self.logits(m), self.targets)
 
-    def logits(self, m: torch.Tensor) -> torch.Tensor:
-        """[num_answer, vocab] logits predicting each answer token over the context mixed by m."""
+    def logits(self, m: torch.Tensor, attention: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """[num_answer, vocab] logits predicting each answer token over the context mixed by m.
+
+        Args:
+            m: [context] one mix per position.
+            attention: When given, each layer's attention over the context is appended to it:
+                [num_query + num_answer - 1, context], averaged over heads.
+        """
         spec = self.spec
         hidden = self.model.embed(self.token_ids).float()
         num_new = self.token_ids.numel()
@@ -146,6 +152,8 @@ class AnswerLoss:
             values = values.repeat_interleave(group, dim=1)
             logits = torch.einsum("qhd,khd->hqk", q, keys) * spec.head_dim**-0.5
             probs = logits.masked_fill(~visible[None], -math.inf).softmax(dim=-1)
+            if attention is not None:
+                attention.append(probs[:, :, : self.context].mean(dim=0).detach())
             out = torch.einsum("hqk,khd->qhd", probs, values).flatten(1)
             hidden = hidden + F.linear(out, attn.o_proj.weight)
             mlp = layer.mlp  # type: ignore[attr-defined]

@@ -59,3 +59,21 @@ def test_scores_pick_the_budget_and_drive_the_output_oracle(tiny_checkpoints, ti
     output = generator.prefill(layout, sources, selection=selection, position_scores=scores)
     chosen = set(output.recomputed_positions.tolist())
     assert {int(p) for p in (scores >= 1e6).nonzero().squeeze(1)} <= chosen
+
+
+def test_the_attention_it_collects_is_each_layer_s_over_the_context(tiny_checkpoints, tiny_config):
+    generator, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
+    loss = AnswerLoss(generator, layout, reused.kv, full.kv, answer)
+    context = layout.cu_segments[-2]
+    attention: list[torch.Tensor] = []
+    with torch.no_grad():
+        plain = loss.logits(torch.zeros(context))
+        torch.testing.assert_close(loss.logits(torch.zeros(context), attention), plain)
+    rows = loss.token_ids.numel()
+    assert len(attention) == generator.spec.num_layers
+    for layer in attention:
+        assert layer.shape == (rows, context)
+        # a row's mass over the context is what its own tokens (the query and answer) leave
+        assert bool((layer >= 0).all()) and bool((layer.sum(dim=1) <= 1 + 1e-5).all())
+        assert float(layer.sum(dim=1).min()) > 0.0
+    assert not torch.allclose(attention[0], attention[-1])

@@ -1,0 +1,256 @@
+"""Which signal could close the gap to the output-aware oracle? A cheap screen of selection scores.
+
+The fidelity benchmark decodes every rule for real, which costs minutes per question on the
+quality model. This screen asks a cheaper question of many candidate scores at once: with the
+positions a score picks at each ratio made exact (the full prefill's K/V in every layer, the rest
+as cached), does the model still predict full recomputation's answer? For each question it runs
+the full prefill (its greedy answer is the reference), the reused prefill (ratio 0), and then,
+per score and ratio, one teacher-forced pass of the query and the reference answer over the mixed
+context (``AnswerLoss``). A row holds the answer's loss, whether every answer token stays the
+argmax ("answer kept", a proxy for exact agreement) and whether the first one does.
+
+Exact K/V stand in for recomputation (what a recomputed token would get if its context were
+exact), so the screen ranks scores and does not replace the fidelity benchmark. The
+``output_oracle`` is left out: it optimizes this very loss, so it scores near 100% here.
+
+Scores (``a``: attention the query suffix pays a position over the cached KV, summed over query
+tokens and the layers named, head-mean; ``dV_l``: squared deviation of the cached V from the
+full prefill's at layer ``l``, which the engine computes exactly at its check layer ``l``):
+
+- practical (what the engine can know before recomputing): ``kv_deviation`` (dV_1),
+  ``query_attention`` (a, every layer), ``query_deviation`` (a x dV_1, the default),
+  ``qdev_deep_layers`` (a from the upper half of the layers x dV_1), ``qdev_last_token``
+  (a of the query's last token x dV_1), ``qdev_linear`` (a x sqrt(dV_1)), ``qdev_check_2`` /
+  ``qdev_check_3`` (a x dV_2 / dV_3: a deeper check layer, one / two more full layers),
+  ``qdev_draft`` (a of a draft answer, 8 greedy tokens over the cached KV, x dV_1: the lookahead
+  queries of pseudo-query KV selection);
+- controls (need the full prefill): ``all_layer_deviation`` (each layer's a x sqrt(dV_l),
+  summed: every layer's true deviation), ``answer_attention`` (a of the reference answer's own
+  tokens x dV_1: what the draft approximates).
+
+    python benchmarks/selection_signals.py --model qwen2.5-coder-0.5b --questions 8 --offset 0
+
+Rows are appended per question to ``<output>/<model>.rows.jsonl`` (a stopped run resumes);
+the report ``<output>/<model>.md`` has each score's figures with 95% bootstrap intervals and its
+paired difference against ``query_deviation``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from common import DEFAULT_DATA_DIR, RESULTS
+from fidelity import CHUNKS_PER_DATASET, _model_name
+
+from adarag.engine.selection import num_to_recompute
+from adarag.evaluation.intervals import bootstrap_interval, paired_difference
+from adarag.evaluation.machine import describe_machine, machine
+from adarag.evaluation.output_oracle import AnswerLoss
+from adarag.evaluation.reuse import independent_chunks, reuse_sources
+from adarag.evaluation.workload import DATASETS, load_questions
+
+RATIOS = (0.1, 0.2, 0.3)
+DRAFT_TOKENS = 8
+BASELINE = "query_deviation"
+
+
+class Signals:
+    """What the scores read, for one prompt."""
+
+    def __init__(self, loss: AnswerLoss, draft: AnswerLoss, answer_rows: slice) -> None:
+        with torch.no_grad():
+            query_rows = slice(0, loss.num_query)
+            attention: list[torch.Tensor] = []
+            loss.logits(torch.zeros(loss.context), attention)
+            self.query = torch.stack([a[query_rows] for a in attention]).sum(dim=1)  # [L, ctx]
+            self.answer = torch.stack([a[answer_rows] for a in attention]).sum(dim=(0, 1))
+            attention = []
+            draft.logits(torch.zeros(draft.context), attention)
+            self.draft = torch.stack([a[answer_rows] for a in attention]).sum(dim=(0, 1))
+            self.last_token = torch.stack([a[loss.num_query - 1] for a in attention]).sum(dim=0)
+        self.deviation = loss.delta_v.pow(2).sum(dim=(2, 3))  # [L, ctx]
+        self.num_layers = self.deviation.shape[0]
+
+
+SCORES: dict[str, Callable[[Signals], torch.Tensor]] = {
+    "kv_deviation": lambda s: s.deviation[1],
+    "query_attention": lambda s: s.query.sum(0),
+    "query_deviation": lambda s: s.query.sum(0) * s.deviation[1],
+    "qdev_deep_layers": lambda s: s.query[s.num_layers // 2 :].sum(0) * s.deviation[1],
+    "qdev_last_token": lambda s: s.last_token * s.deviation[1],
+    "qdev_linear": lambda s: s.query.sum(0) * s.deviation[1].sqrt(),
+    "qdev_check_2": lambda s: s.query.sum(0) * s.deviation[2],
+    "qdev_check_3": lambda s: s.query.sum(0) * s.deviation[3],
+    "qdev_draft": lambda s: s.draft * s.deviation[1],
+    "all_layer_deviation": lambda s: (
+        s.query * (s.deviation / s.deviation.mean(dim=1, keepdim=True).clamp(min=1e-12)).sqrt()
+    ).sum(0),
+    "answer_attention": lambda s: s.answer * s.deviation[1],
+}
+"""Score name -> [context] scores (higher is made exact first)."""
+
+
+def draft_answer(loss: AnswerLoss, generator, layout, reused, full) -> list[int]:
+    """``DRAFT_TOKENS`` greedy tokens over the cached context (what ratio 0 would answer)."""
+    draft: list[int] = []
+    with torch.no_grad():
+        for _ in range(DRAFT_TOKENS):
+            step = AnswerLoss(generator, layout, reused, full, [*draft, 0])
+            draft.append(int(step.logits(torch.zeros(loss.context))[-1].argmax()))
+    return draft
+
+
+def measure(rag, dataset: str, item, max_new_tokens: int) -> list[dict]:
+    """Every score at every ratio on one question."""
+    from adarag.schema import GenerationParams
+
+    generator = rag.generator
+    params = GenerationParams(max_new_tokens=max_new_tokens)
+    layout = rag.layout(item.question, item.chunks, params)
+    full = generator.prefill(layout, None, max_new_tokens=max_new_tokens)
+    answer = list(generator.decode_tokens(layout, full, params)) or [int(full.logits.argmax())]
+    system_kv, chunk_kvs = independent_chunks(generator, layout)
+    reused = generator.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
+    loss = AnswerLoss(generator, layout, reused.kv, full.kv, answer)
+    draft = draft_answer(loss, generator, layout, reused.kv, full.kv)
+    answer_rows = slice(loss.num_query - 1, None)
+    signals = Signals(loss, AnswerLoss(generator, layout, reused.kv, full.kv, draft), answer_rows)
+    first_chunk = layout.cu_segments[1]
+    rows = []
+    for name, score_of in SCORES.items():
+        scores = score_of(signals).clone()
+        scores[:first_chunk] = -torch.inf  # the system prefix is reused as is
+        order = torch.sort(-scores, stable=True).indices
+        for ratio in RATIOS:
+            budget = sum(num_to_recompute(len(ids), ratio) for ids in layout.chunk_ids)
+            mix = torch.zeros(loss.context)
+            mix[order[:budget]] = 1.0
+            with torch.no_grad():
+                logits = loss.logits(mix)
+            predicted = logits.argmax(dim=-1)
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "qid": item.qid,
+                    "score": name,
+                    "ratio": ratio,
+                    "answer_loss": float(F.cross_entropy(logits, loss.targets)),
+                    "answer_kept": float(bool((predicted == loss.targets).all())),
+                    "first_token_kept": float(predicted[0] == loss.targets[0]),
+                    "num_prompt_tokens": layout.num_tokens,
+                }
+            )
+    return rows
+
+
+def report(rows: list[dict], title: str) -> str:
+    """The table: each score at each ratio, with intervals and the paired difference."""
+    lines = [
+        f"## {title}",
+        "",
+        f"| score | ratio | n | answer kept % | first token kept % | answer loss | "
+        f"answer kept - {BASELINE} (paired) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by_key: dict[tuple[str, float], dict[tuple[str, str], dict]] = {}
+    for row in rows:
+        by_key.setdefault((row["score"], row["ratio"]), {})[(row["dataset"], row["qid"])] = row
+    for name in SCORES:
+        for ratio in RATIOS:
+            group = by_key.get((name, ratio))
+            if not group:
+                continue
+            kept = [100 * row["answer_kept"] for row in group.values()]
+            first = [100 * row["first_token_kept"] for row in group.values()]
+            nll = [row["answer_loss"] for row in group.values()]
+            base = by_key.get((BASELINE, ratio), {})
+            paired = [
+                (100 * row["answer_kept"], 100 * base[key]["answer_kept"])
+                for key, row in group.items()
+                if key in base
+            ]
+            diff = "" if name == BASELINE else _paired(paired)
+            lines.append(
+                f"| {name} | {ratio:.1f} | {len(kept)} | {_interval(kept)} | "
+                f"{_interval(first)} | {sum(nll) / len(nll):.3f} | {diff} |"
+            )
+    return "\n".join(lines)
+
+
+def _interval(values: list[float]) -> str:
+    return str(bootstrap_interval(values))
+
+
+def _paired(pairs: list[tuple[float, float]]) -> str:
+    difference = paired_difference([a for a, _ in pairs], [b for _, b in pairs])
+    return f"{difference} (p = {difference.p_value:.2f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--dataset", nargs="+", default=list(DATASETS), choices=DATASETS)
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--offset", type=int, default=0, help="skip this many questions")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--output", type=Path, default=RESULTS / "fidelity" / "signals")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    model = _model_name(args.model)
+    args.output.mkdir(parents=True, exist_ok=True)
+    path = args.output / f"{model}.rows.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    if not args.report_only:
+        rows += _measure(args, model, path, {(row["dataset"], row["qid"]) for row in rows})
+    count = len({(row["dataset"], row["qid"]) for row in rows})
+    title = f"{model}: {count} questions from #{args.offset} of {', '.join(args.dataset)}"
+    header = [
+        f"# Selection signals: {model}",
+        "",
+        describe_machine(machine()),
+        "",
+        "Each score's chosen positions made exact (the full prefill's K/V in every layer), the "
+        "rest as cached; the query and full recomputation's greedy answer teacher-forced over "
+        "that context. 'answer kept': every answer token is still the argmax (a proxy for exact "
+        "agreement). Means over questions with 95% bootstrap intervals; the last column is "
+        f"the paired difference in 'answer kept' against `{BASELINE}`.",
+        "",
+    ]
+    (args.output / f"{model}.md").write_text("\n".join([*header, report(rows, title)]) + "\n")
+
+
+def _measure(args: argparse.Namespace, model: str, path: Path, done: set) -> list[dict]:
+    from adarag import AdaRAG
+
+    engine: dict = {"model": args.model}
+    if args.threads:
+        engine["num_threads"] = args.threads
+    rag = AdaRAG(engine=engine)
+    assert rag.generator.checkpoint.name == model, f"model {model} writes under {path}"
+    measured = []
+    started = time.perf_counter()
+    for dataset in args.dataset:
+        questions = load_questions(
+            dataset, args.data_dir, args.questions, CHUNKS_PER_DATASET[dataset], args.offset
+        )
+        for item in questions:
+            if (dataset, item.qid) in done:
+                continue
+            rows = measure(rag, dataset, item, args.max_new_tokens)
+            with path.open("a") as out:
+                out.writelines(json.dumps(row) + "\n" for row in rows)
+            measured += rows
+            print(f"{model} {dataset} {item.qid} ({time.perf_counter() - started:.0f} s)")
+    return measured
+
+
+if __name__ == "__main__":
+    main()
