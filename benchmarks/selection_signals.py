@@ -63,17 +63,18 @@ BASELINE = "query_deviation"
 class Signals:
     """What the scores read, for one prompt."""
 
-    def __init__(self, loss: AnswerLoss, draft: AnswerLoss, answer_rows: slice) -> None:
+    def __init__(self, loss: AnswerLoss, draft: AnswerLoss) -> None:
+        query_rows = slice(0, loss.num_query)
+        answer_rows = slice(loss.num_query - 1, None)  # the rows that predict answer tokens
         with torch.no_grad():
-            query_rows = slice(0, loss.num_query)
             attention: list[torch.Tensor] = []
             loss.logits(torch.zeros(loss.context), attention)
             self.query = torch.stack([a[query_rows] for a in attention]).sum(dim=1)  # [L, ctx]
+            self.last_token = torch.stack([a[loss.num_query - 1] for a in attention]).sum(dim=0)
             self.answer = torch.stack([a[answer_rows] for a in attention]).sum(dim=(0, 1))
             attention = []
             draft.logits(torch.zeros(draft.context), attention)
             self.draft = torch.stack([a[answer_rows] for a in attention]).sum(dim=(0, 1))
-            self.last_token = torch.stack([a[loss.num_query - 1] for a in attention]).sum(dim=0)
         self.deviation = loss.delta_v.pow(2).sum(dim=(2, 3))  # [L, ctx]
         self.num_layers = self.deviation.shape[0]
 
@@ -96,12 +97,12 @@ SCORES: dict[str, Callable[[Signals], torch.Tensor]] = {
 """Score name -> [context] scores (higher is made exact first)."""
 
 
-def draft_answer(loss: AnswerLoss, generator, layout, reused, full) -> list[int]:
+def draft_answer(loss: AnswerLoss) -> list[int]:
     """``DRAFT_TOKENS`` greedy tokens over the cached context (what ratio 0 would answer)."""
     draft: list[int] = []
     with torch.no_grad():
         for _ in range(DRAFT_TOKENS):
-            step = AnswerLoss(generator, layout, reused, full, [*draft, 0])
+            step = loss.with_answer([*draft, 0])  # the placeholder's row predicts the next token
             draft.append(int(step.logits(torch.zeros(loss.context))[-1].argmax()))
     return draft
 
@@ -118,9 +119,7 @@ def measure(rag, dataset: str, item, max_new_tokens: int) -> list[dict]:
     system_kv, chunk_kvs = independent_chunks(generator, layout)
     reused = generator.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
     loss = AnswerLoss(generator, layout, reused.kv, full.kv, answer)
-    draft = draft_answer(loss, generator, layout, reused.kv, full.kv)
-    answer_rows = slice(loss.num_query - 1, None)
-    signals = Signals(loss, AnswerLoss(generator, layout, reused.kv, full.kv, draft), answer_rows)
+    signals = Signals(loss, loss.with_answer(draft_answer(loss)))
     first_chunk = layout.cu_segments[1]
     rows = []
     for name, score_of in SCORES.items():

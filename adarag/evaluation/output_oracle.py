@@ -19,6 +19,7 @@ in plain differentiable torch over the query and answer tokens only.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -101,14 +102,24 @@ class AnswerLoss:
         self.cached_v = reused.v[:, rows].float().clone()
         self.delta_k = full.k[:, rows].float().clone() - self.cached_k
         self.delta_v = full.v[:, rows].float().clone() - self.cached_v
-        answer = list(answer_ids)
-        query = list(layout.query_ids)
-        self.token_ids = torch.tensor(query + answer[:-1], dtype=torch.int64)
-        self.targets = torch.tensor(answer, dtype=torch.int64)
-        self.num_query = len(query)
-        positions = torch.arange(context, context + self.token_ids.numel())
-        self.cos, self.sin = rope_cos_sin(positions, generator.runner.inv_freq.cpu(), torch.float32)
         self.context = context
+        self.query_ids = list(layout.query_ids)
+        self.num_query = len(self.query_ids)
+        self.inv_freq = generator.runner.inv_freq.cpu()
+        self._set_answer(answer_ids)
+
+    def with_answer(self, answer_ids: Sequence[int]) -> AnswerLoss:
+        """The same mixed context (its tensors shared, not copied) under another answer."""
+        other = copy.copy(self)
+        other._set_answer(answer_ids)
+        return other
+
+    def _set_answer(self, answer_ids: Sequence[int]) -> None:
+        answer = list(answer_ids)
+        self.token_ids = torch.tensor(self.query_ids + answer[:-1], dtype=torch.int64)
+        self.targets = torch.tensor(answer, dtype=torch.int64)
+        positions = torch.arange(self.context, self.context + self.token_ids.numel())
+        self.cos, self.sin = rope_cos_sin(positions, self.inv_freq, torch.float32)
 
     def gain(self, mix: torch.Tensor) -> torch.Tensor:
         """[context] ``-dL/dm`` at ``mix``: the loss reduction of making each position exact."""

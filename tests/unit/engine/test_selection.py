@@ -56,6 +56,18 @@ def test_every_rule_recomputes_different_positions_at_one_ratio(generator):
     assert len({len(positions) for positions in chosen.values()}) == 1  # one budget
 
 
+def test_query_layers_change_what_query_deviation_recomputes(generator):
+    """The query's attention read in the upper layers only is another rule, not a relabel."""
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+    num_layers = generator.spec.num_layers
+    every_layer = _recomputed(generator, layout, sources, "query_deviation")
+    upper = _recomputed(
+        generator, layout, sources, "query_deviation", query_layers=(num_layers - 1, num_layers)
+    )
+    assert len(upper) == len(every_layer) and upper != every_layer
+
+
 def test_with_config_pipeline_recomputes_with_its_own_selection_rule(tiny_checkpoints, tiny_config):
     """Issue 20: a pipeline made by with_config must not run the base pipeline's rule."""
     rag = AdaRAG(

@@ -77,3 +77,17 @@ def test_the_attention_it_collects_is_each_layer_s_over_the_context(tiny_checkpo
         assert bool((layer >= 0).all()) and bool((layer.sum(dim=1) <= 1 + 1e-5).all())
         assert float(layer.sum(dim=1).min()) > 0.0
     assert not torch.allclose(attention[0], attention[-1])
+
+
+def test_another_answer_shares_the_context_and_scores_as_a_new_loss(tiny_checkpoints, tiny_config):
+    generator, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
+    loss = AnswerLoss(generator, layout, reused.kv, full.kv, answer)
+    other_answer = [3, 9]
+    other = loss.with_answer(other_answer)
+    assert other.delta_v is loss.delta_v and other.cached_k is loss.cached_k
+    context = layout.cu_segments[-2]
+    mix = torch.rand(context, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = AnswerLoss(generator, layout, reused.kv, full.kv, other_answer).logits(mix)
+        torch.testing.assert_close(other.logits(mix), expected)
+        assert loss.logits(mix).shape[0] == len(answer)  # the first loss keeps its answer
