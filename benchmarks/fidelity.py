@@ -14,7 +14,12 @@ exact agreement against ``--baseline``; ``<model>/<dataset><tag>.json`` (summari
     python benchmarks/fidelity.py --model qwen2.5-coder-0.5b --questions 40 --offset 40
 
 Rules are named selections; ``--rule name:key=value,...`` adds one (e.g.
-``sinks:selection_policy=kv_deviation,chunk_start_tokens=4``).
+``sinks:selection_policy=kv_deviation,chunk_start_tokens=4``). ``--fused n`` reuses FusionRAG's
+fused entries instead of the independent KV: each chunk computed after its ``n`` most similar
+passages of the data set's knowledge base (BM25 with the chunk's text; 2Wiki's corpus, HotpotQA's
+and MuSiQue's pooled passages), rows named ``<rule>+fused<n>``; ``--fusion-gate g`` keeps a
+chunk's independent KV unless ``g`` of its neighbours are in the prompt
+(``<rule>+fused<n>in<g>``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from common import DEFAULT_DATA_DIR, RESULTS
 
 from adarag.config import DEFAULT_MODEL, RecomputeConfig
 from adarag.engine.provision import DEFAULT_PACKAGED_MODEL, PACKAGED_MODELS
+from adarag.evaluation import corpora
 from adarag.evaluation.fidelity import (
     FidelityRow,
     FidelitySummary,
@@ -43,6 +49,9 @@ from adarag.evaluation.fidelity import (
 from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.plots import pyplot
 from adarag.evaluation.workload import DATASETS, load_questions
+from adarag.retrievers.chunking import passage_text
+from adarag.retrievers.memory import MemoryRetriever
+from adarag.schema import Chunk
 
 RATIOS = (0.0, 0.1, 0.2, 0.3, 0.5, 1.0)
 BUILT_IN_RULES: dict[str, dict[str, Any]] = {
@@ -91,6 +100,20 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--output", type=Path, default=RESULTS / "fidelity")
     parser.add_argument("--tag", default="", help="suffix of the output names")
+    parser.add_argument(
+        "--fused",
+        type=int,
+        metavar="N",
+        help="reuse fused entries (each chunk after its N most similar passages)",
+    )
+    parser.add_argument(
+        "--fusion-gate",
+        type=int,
+        default=0,
+        metavar="G",
+        help="with --fused: a chunk reuses its fused entry only when G of its neighbours are "
+        "in the prompt (rows named <rule>+fused<N>in<G>)",
+    )
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from rows")
     parser.add_argument(
         "--storage",
@@ -121,15 +144,21 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
     model = rag.generator.checkpoint.name
     assert model == out.name, f"model {model} writes under {out}"
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    run = FidelityRun(rag, rules, args.ratios, params, args.storage)
     index, count = (int(part) for part in args.shard.split("/"))
-    names = [
-        rule if storage == "float32" else f"{rule}@{storage}"
-        for storage in args.storage
-        for rule in rules
-    ]
-    wanted = {(name, ratio) for name in names for ratio in run.ratios}
     for dataset in args.dataset:
+        knowledge_base = _knowledge_base(dataset, args.data_dir) if args.fused else None
+        run = FidelityRun(
+            rag,
+            rules,
+            args.ratios,
+            params,
+            args.storage,
+            knowledge_base,
+            args.fused or 1,
+            args.fusion_gate,
+        )
+        names = [run.rule_name(rule, storage) for storage in args.storage for rule in rules]
+        wanted = {(name, ratio) for name in names for ratio in run.ratios}
         path = out / f"{dataset}{args.tag}.rows.jsonl"
         questions = load_questions(
             dataset, args.data_dir, args.questions, CHUNKS_PER_DATASET[dataset], args.offset
@@ -148,6 +177,18 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
             print(
                 f"{model} {dataset} #{args.offset + number} ({time.perf_counter() - started:.0f} s)"
             )
+
+
+def _knowledge_base(dataset: str, data_dir: Path) -> MemoryRetriever:
+    """Where fused entries find their neighbours, passages written as prompts hold them."""
+    if dataset.startswith("2wikimqa"):
+        return MemoryRetriever(corpora.corpus_chunks("2wikimqa", data_dir))
+    texts = {
+        passage_text(passage["text"], passage.get("title"))
+        for row in corpora.questions(dataset, data_dir)
+        for passage in row["passages"]
+    }
+    return MemoryRetriever([Chunk(text) for text in sorted(texts)])
 
 
 def _report(args: argparse.Namespace, model: str, out: Path) -> None:

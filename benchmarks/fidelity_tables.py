@@ -16,6 +16,10 @@ from adarag.evaluation.fidelity import FidelityRow, paired_rules, read_rows, sum
 
 MODELS = ("Qwen2.5-Coder-0.5B-Instruct", "SmolLM2-135M-Instruct")
 RATIOS = (0.1, 0.2, 0.3)
+PAIRS = (  # (lever, the rule it is measured against), on the questions both ran
+    ("qdev+fused5", "qdev"),
+    ("query_deviation+fused5", "query_deviation"),
+)
 
 
 def rows_under(folder: Path) -> list[FidelityRow]:
@@ -74,6 +78,33 @@ def report(model: str, rows: list[FidelityRow]) -> str:
     return "\n".join(lines)
 
 
+def paired(model: str, rows: list[FidelityRow]) -> str:
+    """Each lever of :data:`PAIRS` against its rule, per data set and pooled, per ratio."""
+    lines = [
+        f"| {model} | lever vs rule | ratio | n | exact agree: lever / rule | paired "
+        "| first-token agree: lever / rule | gold F1: lever / rule (full) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    datasets = list(dict.fromkeys(row.dataset for row in rows))
+    for lever, rule in PAIRS:
+        both = [r for r in common_questions(rows, [lever, rule]) if r.rule in (lever, rule)]
+        for dataset in [*datasets, "pooled"]:
+            subset = both if dataset == "pooled" else [r for r in both if r.dataset == dataset]
+            summaries = {(s.rule, s.ratio): s for s in summarize(subset)}
+            for ratio in RATIOS:
+                new, old = summaries.get((lever, ratio)), summaries.get((rule, ratio))
+                if new is None or old is None:
+                    continue
+                versus = paired_rules(subset, lever, rule, ratio, "exact_agreement")
+                lines.append(
+                    f"| {dataset} | {lever} vs {rule} | {ratio} | {new.num_questions} "
+                    f"| {new.exact_interval} / {old.exact_agreement:.0f} | {versus} "
+                    f"| {new.first_token_agreement:.0f} / {old.first_token_agreement:.0f} "
+                    f"| {new.gold_f1:.1f} / {old.gold_f1:.1f} ({new.reference_gold_f1:.1f}) |"
+                )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main() -> None:
     for model in MODELS:
         calibration = rows_under(RESULTS / "fidelity" / "calibration" / model)
@@ -82,6 +113,9 @@ def main() -> None:
         held_out = rows_under(RESULTS / "fidelity" / model)
         if held_out:
             print(f"### Report split, {model}\n\n{report(model, held_out)}\n")
+        for split, rows in (("calibration", calibration), ("report split", held_out)):
+            if table := paired(model, rows):
+                print(f"### Levers against their rule, {split}, {model}\n\n{table}\n")
 
 
 if __name__ == "__main__":

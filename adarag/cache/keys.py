@@ -104,6 +104,15 @@ def fused_key(root: str, chunk: str) -> str:
     return digest("fused", root, chunk)
 
 
+def fused_neighbour_key(root: str, chunk: str, neighbour: str) -> str:
+    """A key a chunk's fused KV also answers to for each chunk it was computed after.
+
+    A lookup tells from these which of a prompt's other chunks the fused entry has seen, without
+    loading it (``cache.fusion.min_neighbors_in_prompt``).
+    """
+    return digest("fused-after", root, chunk, neighbour)
+
+
 def path_keys(root: str, chunks: Sequence[str], idx: int) -> tuple[str, ...]:
     """Alternative-path keys of chunk ``idx``: the runs ``c_j..c_idx`` for ``j < idx``.
 

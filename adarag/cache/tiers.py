@@ -34,6 +34,7 @@ from adarag.cache.context_index import ContextIndex, PrefixMatch, schedule_conte
 from adarag.cache.keys import (
     PromptKeys,
     fused_key,
+    fused_neighbour_key,
     path_keys,
     prompt_keys,
     system_key,
@@ -186,10 +187,24 @@ class TieredCache:
             if config.variants.enabled and hit.tier == "miss" and stats is not None:
                 self._add_variant(keys, idx, kv, stats)
 
-    def put_fused(self, chunk_ids: Sequence[int], kv: ChunkKV) -> None:
-        """Store a chunk's KV computed after its similar chunks (FusionRAG's offline step)."""
-        root = self.root
-        self.store.put([fused_key(root, self.keys([chunk_ids]).chunks[0])], kv, persist=True)
+    def put_fused(
+        self,
+        chunk_ids: Sequence[int],
+        kv: ChunkKV,
+        neighbours: Sequence[Sequence[int]] = (),
+    ) -> None:
+        """Store a chunk's KV computed after its similar chunks (FusionRAG's offline step).
+
+        Args:
+            chunk_ids: The chunk's token ids.
+            kv: Its KV computed after ``neighbours``.
+            neighbours: The chunks it was computed after; the entry also answers to a key per
+                neighbour, so a lookup can count those in its prompt.
+        """
+        chunk, *others = self.keys([chunk_ids, *neighbours]).chunks
+        keys = [fused_key(self.root, chunk)]
+        keys += [fused_neighbour_key(self.root, chunk, other) for other in others]
+        self.store.put(keys, kv, persist=True)
 
     def has_fused(self, chunk_ids: Sequence[int]) -> bool:
         """Whether a chunk's fused KV is stored."""
@@ -260,12 +275,27 @@ class TieredCache:
         if config.variants.enabled and (hit := self._variant_hit(keys, idx, num_tokens)):
             return hit
         fused = fused_key(keys.root, keys.chunks[idx])
-        if config.fusion.enabled and (kv := self._get(fused, num_tokens)) is not None:
+        if (
+            config.fusion.enabled
+            and self._neighbours_in_prompt(keys, idx) >= config.fusion.min_neighbors_in_prompt
+            and (kv := self._get(fused, num_tokens)) is not None
+        ):
             return TierHit("fused", kv, config.fusion.recompute_ratio)
         independent = keys.independent[idx]
         if config.independent.enabled and (kv := self._get(independent, num_tokens)) is not None:
             return TierHit("independent", kv, config.independent.recompute_ratio)
         return TierHit("miss", None, 1.0)
+
+    def _neighbours_in_prompt(self, keys: PromptKeys, idx: int) -> int:
+        """How many of the prompt's other chunks chunk ``idx``'s fused entry was computed after."""
+        if not self.config.fusion.min_neighbors_in_prompt:
+            return 0  # no gate: nothing to count
+        chunk = keys.chunks[idx]
+        return sum(
+            self.store.contains(fused_neighbour_key(keys.root, chunk, other))
+            for other in dict.fromkeys(keys.chunks)
+            if other != chunk
+        )
 
     def _variant_hit(self, keys: PromptKeys, idx: int, num_tokens: int) -> TierHit | None:
         """The lowest-CFO variant of chunk ``idx`` whose KV is still stored, or None."""

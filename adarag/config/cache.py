@@ -162,6 +162,14 @@ class FusionConfig(_Frozen):
     recompute_ratio: float = Field(
         default=0.15, ge=0.0, le=1.0, description="Fraction of a fused hit's tokens recomputed."
     )
+    min_neighbors_in_prompt: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="A chunk reuses its fused entry only when at least this many of the chunks "
+        "it was computed after are in the prompt too (its independent entry otherwise): a fused "
+        "entry whose neighbours are absent carries context the prompt does not have. 0: always.",
+    )
 
 
 class VariantConfig(_Frozen):

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from adarag.cache.codec import KVCodec, StorageFormat
-from adarag.config import RecomputeConfig
+from adarag.config import FusionConfig, RecomputeConfig
 from adarag.engine.batch import PrefillOutput
 from adarag.evaluation.intervals import (
     Interval,
@@ -43,8 +43,10 @@ from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.kv import ChunkKV
 from adarag.pipeline import AdaRAG
+from adarag.pipeline.fusion_warm import ChunkFuser
 from adarag.pipeline.stream import decode_text
-from adarag.schema import GenerationParams, PromptLayout
+from adarag.retrievers.base import Retriever
+from adarag.schema import Chunk, GenerationParams, PromptLayout
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +138,14 @@ class FidelityRun:
         storages: Storage formats the reused KV passes through (``cache.store.storage_dtype``
             values); a rule's rows under a format other than float32 are named
             ``<rule>@<format>``.
+        knowledge_base: With one, every chunk reuses FusionRAG's fused entry instead of its
+            independent KV: computed after its ``num_neighbors`` most similar chunks in the
+            knowledge base (found with the chunk's text, as warming finds them); the rows are
+            named ``<rule>+fused<num_neighbors>``.
+        num_neighbors: Chunks placed before each chunk in its fused entry.
+        fusion_gate: A chunk reuses its fused entry only when at least this many of its
+            neighbours are among the prompt's other chunks (its independent KV otherwise); rows
+            named ``<rule>+fused<num_neighbors>in<fusion_gate>``. 0: always.
     """
 
     def __init__(
@@ -145,12 +155,25 @@ class FidelityRun:
         ratios: Sequence[float],
         params: GenerationParams,
         storages: Sequence[StorageFormat] = ("float32",),
+        knowledge_base: Retriever | None = None,
+        num_neighbors: int = 10,
+        fusion_gate: int = 0,
     ) -> None:
         self.rag = rag
         self.rules = dict(rules)
         self.ratios = sorted(set(ratios))
         self.params = params
         self.codecs = {storage: KVCodec(storage) for storage in storages}
+        self.knowledge_base = knowledge_base
+        self.fusion = FusionConfig(enabled=True, num_neighbors=num_neighbors)
+        self.fusion_gate = fusion_gate
+
+    def rule_name(self, rule: str, storage: StorageFormat) -> str:
+        """The name of a rule's rows: ``<rule>[+fused<n>[in<gate>]][@<format>]``."""
+        if self.knowledge_base is not None:
+            rule = f"{rule}+fused{self.fusion.num_neighbors}"
+            rule += f"in{self.fusion_gate}" if self.fusion_gate else ""
+        return rule if storage == "float32" else f"{rule}@{storage}"
 
     def question(
         self,
@@ -164,6 +187,8 @@ class FidelityRun:
         full_s, full = self._timed(layout, None, None, None)
         reference, reference_ids = self._decode(layout, full)
         computed_system, computed_chunks = independent_chunks(generator, layout)
+        if self.knowledge_base is not None:
+            computed_chunks = self.fused_chunks(layout, item, computed_system, computed_chunks)
         rows = []
         for storage, codec in self.codecs.items():
             system_kv = _round_trip(codec, computed_system)
@@ -172,7 +197,7 @@ class FidelityRun:
             for ratio in self.ratios:
                 shared: tuple[float, PrefillOutput, str] | None = None
                 for rule, selection in self.rules.items():
-                    name = rule if storage == "float32" else f"{rule}@{storage}"
+                    name = self.rule_name(rule, storage)
                     if (name, ratio) in done:
                         continue
                     if shared is None or 0.0 < ratio < 1.0:  # at 0 and 1 no rule chooses
@@ -203,6 +228,36 @@ class FidelityRun:
                     )
         logger.info("%s %s: reference %r", dataset, item.qid, reference[:40])
         return rows
+
+    def fused_chunks(
+        self,
+        layout: PromptLayout,
+        item: BenchQuestion,
+        system_kv: ChunkKV,
+        independent: list[ChunkKV],
+    ) -> list[ChunkKV]:
+        """Each chunk's fused entry, after its most similar chunks in the knowledge base.
+
+        A chunk with fewer than ``fusion_gate`` of its neighbours in the prompt keeps its
+        independent KV.
+        """
+        assert self.knowledge_base is not None
+        generator = self.rag.generator
+        alone = dict(zip(layout.chunk_ids, independent, strict=True))
+
+        def independent_kv(ids: tuple[int, ...]) -> ChunkKV:
+            if ids not in alone:
+                alone[ids] = generator.compute_chunk(layout.system_ids, ids, system_kv)
+            return alone[ids]
+
+        fuser = ChunkFuser(self.fusion, generator, self.rag.prompts, system_kv, independent_kv)
+        entries = []
+        for ids, text, kv in zip(layout.chunk_ids, item.chunks, independent, strict=True):
+            neighbours = fuser.neighbours(Chunk(text), self.knowledge_base)
+            in_prompt = sum(other in layout.chunk_ids for other in neighbours)
+            fused = in_prompt >= self.fusion_gate
+            entries.append(fuser.fused_kv(ids, neighbours) if fused else kv)
+        return entries
 
     def _timed(
         self,

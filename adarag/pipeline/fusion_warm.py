@@ -8,6 +8,9 @@ chunks' independent KV (re-rotated to consecutive positions, reused as is), so i
 the cross-chunk attention a prompt with those chunks would give it (FusionRAG section 3.1, Eq.
 10). One fused entry is stored per chunk, keyed by the chunk alone, and a lookup re-rotates it to
 wherever the chunk stands.
+
+:class:`ChunkFuser` computes a fused entry (benchmarks use it without a cache);
+:class:`FusionWarmer` stores one for every chunk that has none.
 """
 
 from __future__ import annotations
@@ -29,37 +32,22 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class FusionWarmer:
-    """Computes and stores the fused KV of chunks.
+class ChunkFuser:
+    """Finds a chunk's most similar chunks and computes its KV after them.
 
     Args:
         config: How many neighbours.
         generator: The model.
-        cache: Where the independent and fused entries live.
         prompts: Tokenizes chunks as prompts hold them.
         system_kv: The system prefix's KV.
-        independent_kv: The independent KV of a chunk's token ids (computed and stored if absent).
+        independent_kv: The independent KV of a chunk's token ids (computed if absent).
     """
 
     config: FusionConfig
     generator: Engine
-    cache: TieredCache
     prompts: PromptBuilder
     system_kv: ChunkKV
     independent_kv: Callable[[tuple[int, ...]], ChunkKV]
-
-    def warm(self, chunks: Sequence[Chunk], retriever: Retriever | None) -> int:
-        """Store the fused KV of every chunk that has none; returns how many were computed."""
-        finder = retriever if retriever is not None else MemoryRetriever(list(chunks))
-        computed = 0
-        for chunk in chunks:
-            ids = self.prompts.chunk_ids(chunk.text)
-            if self.cache.has_fused(ids):
-                continue
-            neighbours = self.neighbours(chunk, finder)
-            self.cache.put_fused(ids, self.fused_kv(ids, neighbours))
-            computed += 1
-        return computed
 
     def neighbours(self, chunk: Chunk, retriever: Retriever) -> list[tuple[int, ...]]:
         """Token ids of the chunk's most similar chunks, the retriever's best first."""
@@ -72,23 +60,56 @@ class FusionWarmer:
                 found.append(ids)
         return found[:wanted]
 
-    def fused_kv(
+    def fitting(
         self, chunk_ids: tuple[int, ...], neighbours: Sequence[tuple[int, ...]]
-    ) -> ChunkKV:
-        """The chunk's KV after the system prefix and ``neighbours`` (those that fit)."""
+    ) -> list[tuple[int, ...]]:
+        """The leading ``neighbours`` that fit in the context before the chunk."""
         room = self.generator.max_context_tokens - len(self.prompts.system_ids) - len(chunk_ids)
-        before = []
+        fitting = []
         for ids in neighbours:
             if len(ids) > room:
                 break
             room -= len(ids)
-            before.append((ids, self.independent_kv(ids)))
-        if len(before) < len(neighbours):
+            fitting.append(ids)
+        if len(fitting) < len(neighbours):
             logger.warning(
-                "fused a chunk after %d of its %d neighbours (the rest exceed the context)",
-                len(before),
+                "fusing a chunk after %d of its %d neighbours (the rest exceed the context)",
+                len(fitting),
                 len(neighbours),
             )
+        return fitting
+
+    def fused_kv(
+        self, chunk_ids: tuple[int, ...], neighbours: Sequence[tuple[int, ...]]
+    ) -> ChunkKV:
+        """The chunk's KV after the system prefix and ``neighbours`` (those that fit)."""
+        before = [(ids, self.independent_kv(ids)) for ids in self.fitting(chunk_ids, neighbours)]
         return self.generator.compute_chunk(
             self.prompts.system_ids, chunk_ids, self.system_kv, before
         )
+
+
+@dataclass(frozen=True)
+class FusionWarmer:
+    """Computes and stores the fused KV of chunks.
+
+    Args:
+        fuser: Finds the neighbours and computes the fused KV.
+        cache: Where the independent and fused entries live.
+    """
+
+    fuser: ChunkFuser
+    cache: TieredCache
+
+    def warm(self, chunks: Sequence[Chunk], retriever: Retriever | None) -> int:
+        """Store the fused KV of every chunk that has none; returns how many were computed."""
+        finder = retriever if retriever is not None else MemoryRetriever(list(chunks))
+        computed = 0
+        for chunk in chunks:
+            ids = self.fuser.prompts.chunk_ids(chunk.text)
+            if self.cache.has_fused(ids):
+                continue
+            neighbours = self.fuser.fitting(ids, self.fuser.neighbours(chunk, finder))
+            self.cache.put_fused(ids, self.fuser.fused_kv(ids, neighbours), neighbours)
+            computed += 1
+        return computed

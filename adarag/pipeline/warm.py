@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from adarag.pipeline.fusion_warm import FusionWarmer
+from adarag.pipeline.fusion_warm import ChunkFuser, FusionWarmer
 from adarag.pipeline.resources import Resources
 from adarag.retrievers.base import Retriever
 from adarag.retrievers.memory import MemoryRetriever
@@ -40,14 +40,10 @@ def warm_chunks(
             new.add(chunk.text)
     config = resources.config.cache.fusion
     if config.enabled and given:
-        warmer = FusionWarmer(
-            config,
-            resources.generator,
-            resources.cache,
-            resources.prompts,
-            system_kv,
-            resources.independent_kv,
+        fuser = ChunkFuser(
+            config, resources.generator, resources.prompts, system_kv, resources.independent_kv
         )
+        warmer = FusionWarmer(fuser, resources.cache)
         finder = retriever or MemoryRetriever(given)
         with resources.engine_lock:
             for chunk in given:

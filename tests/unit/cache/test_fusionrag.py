@@ -176,3 +176,35 @@ def test_fusionrag_computes_something_else_than(other, tiny_checkpoints, tiny_co
     assert differs or not torch.allclose(fusion.logits, baseline.logits)
     rows = slice(layout.cu_segments[2], layout.num_tokens)
     assert not torch.allclose(fusion.kv.v[1, rows], baseline.kv.v[1, rows])
+
+
+def test_a_fused_entry_is_reused_only_with_its_neighbours_in_the_prompt(
+    tiny_checkpoints, tiny_config
+):
+    fusion = {"enabled": True, "num_neighbors": 2, "min_neighbors_in_prompt": 1}
+    rag = _fusion_rag(tiny_checkpoints, tiny_config, hard={"enabled": False}, fusion=fusion)
+    rag.warm(CORPUS)
+    finder = MemoryRetriever([Chunk(text) for text in CORPUS])
+
+    def neighbours(text: str) -> set[str]:
+        return {hit.text for hit in finder.retrieve(text, 3) if hit.text != text}
+
+    def tiers(rag: AdaRAG, chunks: list[str]) -> list[str]:
+        _, hits, _ = rag._augmented().fused_prefill(rag.prompts.layout(QUESTION, chunks), 0)
+        return [hit.tier for hit in hits]
+
+    prompts = [[CHUNKS[0], CHUNKS[1]], [CHUNKS[0], CHUNKS[2]], [CHUNKS[0]]]
+    expected = [
+        ["fused" if neighbours(text) & (set(chunks) - {text}) else "independent" for text in chunks]
+        for chunks in prompts
+    ]
+    assert expected[0] == ["fused", "fused"] and expected[1] == ["independent", "independent"]
+    assert [tiers(rag, chunks) for chunks in prompts] == expected
+    # the neighbour keys are stored with the entries: they survive a restart
+    restarted = AdaRAG(rag.config, retriever=finder)
+    assert [tiers(restarted, chunks) for chunks in prompts] == expected
+    # no gate: the fused entry always; a gate no chunk passes (3 of 2 neighbours): never
+    always = restarted.with_config(cache={"fusion": {**fusion, "min_neighbors_in_prompt": 0}})
+    assert tiers(always, prompts[1]) == ["fused", "fused"]
+    never = restarted.with_config(cache={"fusion": {**fusion, "min_neighbors_in_prompt": 3}})
+    assert tiers(never, prompts[0]) == ["independent", "independent"]

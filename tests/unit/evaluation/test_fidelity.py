@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from adarag import AdaRAG
+from adarag.cache.keys import fused_key
 from adarag.config import RecomputeConfig
 from adarag.evaluation.fidelity import FidelityRun, Target, smallest_ratio_meeting, summarize
+from adarag.evaluation.reuse import independent_chunks
 from adarag.evaluation.workload import BenchQuestion
-from adarag.schema import GenerationParams
+from adarag.retrievers.memory import MemoryRetriever
+from adarag.schema import Chunk, GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION
 
 
@@ -67,3 +71,34 @@ def test_done_rows_are_not_measured_again(tiny_checkpoints, tiny_config):
     item = BenchQuestion("q1", QUESTION, ("paris",), CHUNKS)
     rest = run.question("tiny", item, done={("kv", 0.0)})
     assert [(row.rule, row.ratio) for row in rest] == [("kv", 0.5)]
+
+
+def test_fused_rows_reuse_the_entries_warming_stores(tiny_checkpoints, tiny_config):
+    corpus = [*CHUNKS, "the lazy dog sleeps by the quick river in paris."]
+    knowledge_base = MemoryRetriever([Chunk(text) for text in corpus])
+    cache = {"store": {"storage_dtype": "float32"}, "fusion": {"enabled": True, "num_neighbors": 2}}
+    rag = AdaRAG(tiny_config(tiny_checkpoints["llama"], cache=cache), retriever=knowledge_base)
+    rules = {"kv": RecomputeConfig(selection_policy="kv_deviation")}
+    params = GenerationParams(max_new_tokens=4)
+    item = BenchQuestion("q1", QUESTION, ("paris",), CHUNKS)
+    fused = FidelityRun(rag, rules, [0.0, 1.0], params, ("float32",), knowledge_base, 2)
+    alone = FidelityRun(rag, rules, [0.0, 1.0], params)
+    fused_rows = {(row.rule, row.ratio): row for row in fused.question("tiny", item)}
+    alone_rows = {(row.rule, row.ratio): row for row in alone.question("tiny", item)}
+    assert set(fused_rows) == {("kv+fused2", 0.0), ("kv+fused2", 1.0)}
+    assert fused_rows[("kv+fused2", 1.0)].first_token_kl == pytest.approx(0.0, abs=1e-6)
+    reused_kl = (
+        fused_rows[("kv+fused2", 0.0)].first_token_kl,
+        alone_rows[("kv", 0.0)].first_token_kl,
+    )
+    assert abs(reused_kl[0] - reused_kl[1]) > 1e-6  # the fused entries are other KV
+    # the entries the rows reuse are the ones warming a knowledge base stores
+    rag.warm(corpus)
+    layout = rag.layout(QUESTION, CHUNKS)
+    system_kv, independent = independent_chunks(rag.generator, layout)
+    entries = fused.fused_chunks(layout, item, system_kv, independent)
+    for ids, kv in zip(layout.chunk_ids, entries, strict=True):
+        stored = rag.cache.store.get(fused_key(rag.cache.root, rag.cache.keys([ids]).chunks[0]))
+        assert stored is not None and stored.start_position == kv.start_position
+        torch.testing.assert_close(stored.k, kv.k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(stored.v, kv.v, atol=1e-5, rtol=1e-5)
