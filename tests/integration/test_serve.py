@@ -17,8 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
@@ -26,15 +25,14 @@ import openai
 import pytest
 
 from adarag import AdaRagConfig
-from adarag.config import ServeConfig
 from adarag.schema import GenerationParams
-from adarag.serve import AdaRagServer, create_app
 from tests.integration.conftest import (
     FILM_QUESTION,
     LOTHAIR_QUESTION,
     UNRELATED_QUESTION,
     config_file_with_knowledge_base,
 )
+from tests.reliability.http_server import Served, serving
 from tests.reliability.workload import EXACT_STORE, EXACT_TIERS
 
 pytestmark = pytest.mark.integration
@@ -53,36 +51,14 @@ QUESTIONS = (
 )
 
 
-@dataclass
-class Running:
-    server: AdaRagServer
-    thread: threading.Thread
-    base_url: str
-
-    def client(self, **options) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key=API_KEY, max_retries=0, **options)
-
-    def health(self) -> dict:
-        return httpx.get(self.base_url.removesuffix("/v1") + "/health").json()
+def openai_client(served: Served, **options) -> openai.OpenAI:
+    """An OpenAI client of ``served`` with the key."""
+    return openai.OpenAI(base_url=served.base_url, api_key=API_KEY, max_retries=0, **options)
 
 
-@contextmanager
-def running(rag, **serve) -> Iterator[Running]:
-    """A server over ``rag`` in a thread of this process, on a free loopback port."""
-    config = ServeConfig(port=0, **serve)
-    server = AdaRagServer(create_app(rag, config, api_key=API_KEY), config, log_level="warning")
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield Running(server, thread, f"http://127.0.0.1:{server.bound_port}/v1")
-    finally:
-        server.handle_exit(signal.SIGTERM, None)
-        thread.join(timeout=120)
-        assert not thread.is_alive(), "the server did not stop"
+def running(rag, **serve) -> AbstractContextManager[Served]:
+    """A server over ``rag`` with the key, in a thread of this process."""
+    return serving(rag, API_KEY, **serve)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +70,7 @@ def serve_rag(kb_rag, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(serve_rag) -> Iterator[Running]:
+def server(serve_rag) -> Iterator[Served]:
     with running(serve_rag, max_active_requests=4, max_queued_requests=32) as handle:
         yield handle
 
@@ -116,7 +92,7 @@ def source_titles(response) -> list[str]:
 
 
 def test_chat_answers_as_the_pipeline_with_sources_and_usage(server, serve_rag):
-    response = ask(server.client(), LOTHAIR_QUESTION)
+    response = ask(openai_client(server), LOTHAIR_QUESTION)
     expected = serve_rag.query(LOTHAIR_QUESTION, params=GenerationParams(max_new_tokens=MAX_TOKENS))
     assert response.choices[0].message.content == expected.text
     assert source_titles(response) == [c.metadata["title"] for c in expected.chunks]
@@ -127,11 +103,11 @@ def test_chat_answers_as_the_pipeline_with_sources_and_usage(server, serve_rag):
     assert 0 < usage.prompt_tokens_details.cached_tokens <= usage.prompt_tokens
     finish = "length" if usage.completion_tokens == MAX_TOKENS else "stop"
     assert response.choices[0].finish_reason == finish
-    assert response.model == server.client().models.list().data[0].id
+    assert response.model == openai_client(server).models.list().data[0].id
 
 
 def test_a_stream_equals_the_whole_answer_and_ends_with_usage(server):
-    client = server.client()
+    client = openai_client(server)
     whole = ask(client, FILM_QUESTION)
     chunks = list(ask(client, FILM_QUESTION, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -151,7 +127,7 @@ def test_a_stream_equals_the_whole_answer_and_ends_with_usage(server):
 
 
 def test_completions_continue_the_prompt_without_retrieval_unless_asked(server, serve_rag):
-    client = server.client()
+    client = openai_client(server)
     prompt = "The capital of France is"
     plain = client.completions.create(model="adarag", prompt=prompt, max_tokens=6)
     assert plain.model_extra["adarag"]["sources"] == []
@@ -167,7 +143,7 @@ def test_completions_continue_the_prompt_without_retrieval_unless_asked(server, 
 
 
 def test_earlier_messages_are_the_history_and_rag_can_be_turned_off(server):
-    client = server.client()
+    client = openai_client(server)
     first = ask(client, "Who was the mother of Lothair II?")
     follow_up = client.chat.completions.create(
         model="adarag",
@@ -204,7 +180,7 @@ def test_the_rag_route_returns_answer_sources_trace_and_usage(server, serve_rag)
 
 
 def test_unrelated_questions_get_the_no_context_answer(server):
-    response = ask(server.client(), UNRELATED_QUESTION)
+    response = ask(openai_client(server), UNRELATED_QUESTION)
     assert source_titles(response) == []
     assert response.model_extra["adarag"]["stop_reason"] == "no_context"
 
@@ -275,17 +251,17 @@ def test_a_bad_body_is_refused_naming_the_field(server, route, body, param):
 def test_a_json_response_format_is_refused_saying_why(server):
     """Regression: response_format was accepted and ignored."""
     with pytest.raises(openai.BadRequestError) as caught:
-        ask(server.client(), LOTHAIR_QUESTION, response_format={"type": "json_object"})
+        ask(openai_client(server), LOTHAIR_QUESTION, response_format={"type": "json_object"})
     error = caught.value.body
     assert caught.value.status_code == 400 and error["param"] == "response_format"
     assert "no constrained (JSON schema) decoding" in error["message"]
-    plain = ask(server.client(), LOTHAIR_QUESTION, response_format={"type": "text"})
+    plain = ask(openai_client(server), LOTHAIR_QUESTION, response_format={"type": "text"})
     assert plain.choices[0].message.content
 
 
 def test_unknown_routes_and_methods_get_openai_errors_and_models_can_be_retrieved(server):
     """Regression: FastAPI's {"detail": ...} bodies, and no GET /v1/models/{id}."""
-    client = server.client()
+    client = openai_client(server)
     served = client.models.list().data[0].id
     assert client.models.retrieve(served).id == served
     with pytest.raises(openai.NotFoundError) as caught:
@@ -326,7 +302,7 @@ def test_langchain_chat_openai_gets_the_servers_answers(server):
         max_retries=0,
         stream_usage=True,
     )
-    expected = ask(server.client(), LOTHAIR_QUESTION).choices[0].message.content
+    expected = ask(openai_client(server), LOTHAIR_QUESTION).choices[0].message.content
     message = model.invoke(LOTHAIR_QUESTION)
     assert message.content == expected
     assert message.usage_metadata["output_tokens"] <= MAX_TOKENS
@@ -342,7 +318,7 @@ def test_llama_index_openai_like_gets_the_servers_answers(server):
     from llama_index.core.llms import ChatMessage
     from llama_index.llms.openai_like import OpenAILike
 
-    client = server.client()
+    client = openai_client(server)
     expected = ask(client, FILM_QUESTION).choices[0].message.content
     chat_llm = OpenAILike(
         model="adarag",
@@ -375,7 +351,7 @@ def test_llama_index_openai_like_gets_the_servers_answers(server):
 
 
 def test_sixteen_concurrent_streams_equal_serial_answers(server):
-    client = server.client()
+    client = openai_client(server)
     serial = {q: ask(client, q).choices[0].message.content for q in QUESTIONS}
 
     async def stream_one(aclient: openai.AsyncOpenAI, question: str) -> str:
@@ -400,9 +376,9 @@ def test_sixteen_concurrent_streams_equal_serial_answers(server):
     assert health["active_requests"] == 0 and health["queued_requests"] == 0
 
 
-def _open_stream(running: Running, question: str, max_tokens: int):
+def _open_stream(running: Served, question: str, max_tokens: int):
     """A streaming request whose first event has arrived (it holds an active slot)."""
-    stream = running.client().chat.completions.create(
+    stream = openai_client(running).chat.completions.create(
         model="adarag",
         messages=[{"role": "user", "content": question}],
         max_tokens=max_tokens,
@@ -437,10 +413,10 @@ def _wait_for(condition, timeout: float = 60.0) -> None:
 def test_a_full_queue_answers_429_and_a_closed_stream_frees_its_slot(serve_rag):
     with running(serve_rag, max_active_requests=1, max_queued_requests=1) as small:
         holder = _open_stream(small, LOTHAIR_QUESTION, max_tokens=200)
-        waiter, outcome = _in_thread(lambda: ask(small.client(), FILM_QUESTION))
+        waiter, outcome = _in_thread(lambda: ask(openai_client(small), FILM_QUESTION))
         _wait_for(lambda: small.health()["queued_requests"] == 1)
         with pytest.raises(openai.RateLimitError) as caught:
-            ask(small.client(), FILM_QUESTION)
+            ask(openai_client(small), FILM_QUESTION)
         assert caught.value.body["code"] == "queue_full"
         assert caught.value.response.headers["retry-after"]
         holder.close()  # the client goes away mid-answer: its slot goes to the waiting request
@@ -451,7 +427,7 @@ def test_a_full_queue_answers_429_and_a_closed_stream_frees_its_slot(serve_rag):
 
 def test_a_request_past_its_timeout_gets_504_and_frees_its_slot(serve_rag):
     with running(serve_rag, max_active_requests=1, request_timeout_s=3.0) as slow:
-        client = slow.client()
+        client = openai_client(slow)
         with pytest.raises(openai.APIStatusError) as caught:
             client.completions.create(model="adarag", prompt=COUNTING, max_tokens=2000)
         assert caught.value.status_code == 504
@@ -470,7 +446,7 @@ def test_shutdown_finishes_in_flight_refuses_queued_and_flushes_the_cache(serve_
     with running(serve_rag, max_active_requests=1, shutdown_grace_s=60) as handle:
         # a question asked nowhere else: its KV is written back when its answer ends
         in_flight = _open_stream(handle, "Who is Nicki Minaj?", max_tokens=24)
-        queued, outcome = _in_thread(lambda: ask(handle.client(), FILM_QUESTION))
+        queued, outcome = _in_thread(lambda: ask(openai_client(handle), FILM_QUESTION))
         _wait_for(lambda: handle.health()["queued_requests"] == 1)
         handle.server.handle_exit(signal.SIGTERM, None)
         queued.join(timeout=60)
@@ -485,7 +461,7 @@ def test_shutdown_finishes_in_flight_refuses_queued_and_flushes_the_cache(serve_
 
 def test_shutdown_cancels_what_outlasts_the_grace_period(serve_rag):
     with running(serve_rag, max_active_requests=1, shutdown_grace_s=0.5) as handle:
-        in_flight = handle.client().completions.create(
+        in_flight = openai_client(handle).completions.create(
             model="adarag", prompt=COUNTING, max_tokens=2000, stream=True
         )
         started = time.monotonic()

@@ -50,11 +50,17 @@ def tiny_rag(checkpoint: Path, home: Path) -> AdaRAG:
 @dataclass
 class Served:
     server: AdaRagServer
+    thread: threading.Thread
     port: int
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible API's base URL."""
+        return f"{self.url}/v1"
 
     def health(self) -> dict:
         return httpx.get(f"{self.url}/health").json()
@@ -72,7 +78,7 @@ def serving(rag: AdaRAG, api_key: str | None = API_KEY, **serve) -> Iterator[Ser
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.02)
     try:
-        yield Served(server, server.bound_port)
+        yield Served(server, thread, server.bound_port)
     finally:
         server.handle_exit(signal.SIGTERM, None)
         thread.join(timeout=120)
