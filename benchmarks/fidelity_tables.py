@@ -18,6 +18,7 @@ MODELS = ("Qwen2.5-Coder-0.5B-Instruct", "SmolLM2-135M-Instruct")
 RATIOS = (0.1, 0.2, 0.3)
 PAIRS = (  # (lever, the rule it is measured against), on the questions both ran
     ("qdev+fused5", "qdev"),
+    ("qdev+fused5in1", "qdev"),
     ("query_deviation+fused5", "query_deviation"),
 )
 
