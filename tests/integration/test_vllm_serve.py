@@ -205,7 +205,7 @@ def test_adarag_serve_in_front_of_vllm_serve_answers_openai_clients(
     front_end, kb_config, knowledge_base, server
 ):
     """``adarag serve --vllm-url``: retrieval and fusion in adarag, decoding in vllm serve."""
-    from tests.integration.test_serve import running
+    from tests.integration.test_serve import openai_client, running
     from tests.reliability.workload import EXACT_STORE, EXACT_TIERS
 
     question = "When did Lothair II's mother die?"
@@ -216,7 +216,7 @@ def test_adarag_serve_in_front_of_vllm_serve_answers_openai_clients(
     alone = front_end.decoder.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
     expected = front_end.tokenizer.decode(list(alone), skip_special_tokens=True).strip()
     with running(rag) as handle:
-        client = handle.client()
+        client = openai_client(handle)
         messages = [{"role": "user", "content": question}]
         whole = client.chat.completions.create(
             model="adarag", messages=messages, max_tokens=GREEDY.max_new_tokens, temperature=0

@@ -138,7 +138,7 @@ def test_a_server_on_a_full_kv_directory_answers_every_request_and_says_why(
 ):
     """`adarag serve` used to answer the first question, then fail every request with 500."""
     from adarag import Chunk, MemoryRetriever
-    from tests.integration.test_serve import API_KEY, running
+    from tests.integration.test_serve import API_KEY, openai_client, running
 
     make, mountpoint = pipelines
     writer = make()
@@ -149,7 +149,7 @@ def test_a_server_on_a_full_kv_directory_answers_every_request_and_says_why(
     rag.retriever = MemoryRetriever([Chunk(text) for text in (*CHUNKS, *MORE_CHUNKS)])
     questions = [*QUESTIONS, "what runs through berlin?", "where is madrid?"]
     with running(rag) as server:
-        client = server.client()
+        client = openai_client(server)
         statuses = []
         for question in questions:
             try:
