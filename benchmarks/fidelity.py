@@ -33,7 +33,7 @@ from typing import Any
 
 from common import DEFAULT_DATA_DIR, RESULTS
 
-from adarag.config import DEFAULT_MODEL, RecomputeConfig
+from adarag.config import DEFAULT_MODEL, FusionConfig, RecomputeConfig
 from adarag.engine.provision import DEFAULT_PACKAGED_MODEL, PACKAGED_MODELS
 from adarag.evaluation import corpora
 from adarag.evaluation.fidelity import (
@@ -144,19 +144,13 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
     model = rag.generator.checkpoint.name
     assert model == out.name, f"model {model} writes under {out}"
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    fusion = None
+    if args.fused:
+        fusion = FusionConfig(num_neighbors=args.fused, min_neighbors_in_prompt=args.fusion_gate)
     index, count = (int(part) for part in args.shard.split("/"))
     for dataset in args.dataset:
         knowledge_base = _knowledge_base(dataset, args.data_dir) if args.fused else None
-        run = FidelityRun(
-            rag,
-            rules,
-            args.ratios,
-            params,
-            args.storage,
-            knowledge_base,
-            args.fused or 1,
-            args.fusion_gate,
-        )
+        run = FidelityRun(rag, rules, args.ratios, params, args.storage, knowledge_base, fusion)
         names = [run.rule_name(rule, storage) for storage in args.storage for rule in rules]
         wanted = {(name, ratio) for name in names for ratio in run.ratios}
         path = out / f"{dataset}{args.tag}.rows.jsonl"

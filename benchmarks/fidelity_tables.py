@@ -8,6 +8,7 @@ prints markdown: no model runs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from common import RESULTS
@@ -33,6 +34,13 @@ def common_questions(rows: list[FidelityRow], rules: list[str]) -> list[Fidelity
     keys = [{(r.dataset, r.qid) for r in rows if r.rule == rule} for rule in rules]
     shared = set.intersection(*keys) if keys else set()
     return [r for r in rows if (r.dataset, r.qid) in shared]
+
+
+def by_dataset(rows: list[FidelityRow]) -> Iterator[tuple[str, list[FidelityRow]]]:
+    """Each data set's rows, in order of appearance, then all of them as ``pooled``."""
+    for dataset in dict.fromkeys(row.dataset for row in rows):
+        yield dataset, [r for r in rows if r.dataset == dataset]
+    yield "pooled", rows
 
 
 def ablation(model: str, rows: list[FidelityRow]) -> str:
@@ -63,9 +71,7 @@ def report(model: str, rows: list[FidelityRow]) -> str:
         "| gold F1 - full | paired vs kv_deviation |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    datasets = list(dict.fromkeys(row.dataset for row in rows))
-    for dataset in [*datasets, "pooled"]:
-        subset = rows if dataset == "pooled" else [r for r in rows if r.dataset == dataset]
+    for dataset, subset in by_dataset(rows):
         for s in summarize(subset):
             if s.ratio != 0.2:
                 continue
@@ -86,11 +92,9 @@ def paired(model: str, rows: list[FidelityRow]) -> str:
         "| first-token agree: lever / rule | gold F1: lever / rule (full) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    datasets = list(dict.fromkeys(row.dataset for row in rows))
     for lever, rule in PAIRS:
         both = [r for r in common_questions(rows, [lever, rule]) if r.rule in (lever, rule)]
-        for dataset in [*datasets, "pooled"]:
-            subset = both if dataset == "pooled" else [r for r in both if r.dataset == dataset]
+        for dataset, subset in by_dataset(both):
             summaries = {(s.rule, s.ratio): s for s in summarize(subset)}
             for ratio in RATIOS:
                 new, old = summaries.get((lever, ratio)), summaries.get((rule, ratio))

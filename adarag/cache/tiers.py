@@ -33,6 +33,7 @@ from adarag.cache.admission import make_admission
 from adarag.cache.context_index import ContextIndex, PrefixMatch, schedule_contexts
 from adarag.cache.keys import (
     PromptKeys,
+    chunk_key,
     fused_key,
     fused_neighbour_key,
     path_keys,
@@ -201,9 +202,11 @@ class TieredCache:
             neighbours: The chunks it was computed after; the entry also answers to a key per
                 neighbour, so a lookup can count those in its prompt.
         """
-        chunk, *others = self.keys([chunk_ids, *neighbours]).chunks
+        chunk = chunk_key(self.root, chunk_ids)
         keys = [fused_key(self.root, chunk)]
-        keys += [fused_neighbour_key(self.root, chunk, other) for other in others]
+        keys += [
+            fused_neighbour_key(self.root, chunk, chunk_key(self.root, ids)) for ids in neighbours
+        ]
         self.store.put(keys, kv, persist=True)
 
     def has_fused(self, chunk_ids: Sequence[int]) -> bool:

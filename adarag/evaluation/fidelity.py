@@ -139,13 +139,11 @@ class FidelityRun:
             values); a rule's rows under a format other than float32 are named
             ``<rule>@<format>``.
         knowledge_base: With one, every chunk reuses FusionRAG's fused entry instead of its
-            independent KV: computed after its ``num_neighbors`` most similar chunks in the
-            knowledge base (found with the chunk's text, as warming finds them); the rows are
-            named ``<rule>+fused<num_neighbors>``.
-        num_neighbors: Chunks placed before each chunk in its fused entry.
-        fusion_gate: A chunk reuses its fused entry only when at least this many of its
-            neighbours are among the prompt's other chunks (its independent KV otherwise); rows
-            named ``<rule>+fused<num_neighbors>in<fusion_gate>``. 0: always.
+            independent KV: computed after its ``fusion.num_neighbors`` most similar chunks in
+            the knowledge base (found with the chunk's text, as warming finds them), and only
+            where ``fusion.min_neighbors_in_prompt`` of them are in the prompt (as a lookup
+            gates it); the rows are named ``<rule>+fused<num_neighbors>[in<min_neighbors>]``.
+        fusion: The fused entries' settings (``cache.fusion``'s; ``enabled`` is not read).
     """
 
     def __init__(
@@ -156,8 +154,7 @@ class FidelityRun:
         params: GenerationParams,
         storages: Sequence[StorageFormat] = ("float32",),
         knowledge_base: Retriever | None = None,
-        num_neighbors: int = 10,
-        fusion_gate: int = 0,
+        fusion: FusionConfig | None = None,
     ) -> None:
         self.rag = rag
         self.rules = dict(rules)
@@ -165,14 +162,13 @@ class FidelityRun:
         self.params = params
         self.codecs = {storage: KVCodec(storage) for storage in storages}
         self.knowledge_base = knowledge_base
-        self.fusion = FusionConfig(enabled=True, num_neighbors=num_neighbors)
-        self.fusion_gate = fusion_gate
+        self.fusion = fusion or FusionConfig()
 
     def rule_name(self, rule: str, storage: StorageFormat) -> str:
         """The name of a rule's rows: ``<rule>[+fused<n>[in<gate>]][@<format>]``."""
         if self.knowledge_base is not None:
-            rule = f"{rule}+fused{self.fusion.num_neighbors}"
-            rule += f"in{self.fusion_gate}" if self.fusion_gate else ""
+            gate = self.fusion.min_neighbors_in_prompt
+            rule = f"{rule}+fused{self.fusion.num_neighbors}" + (f"in{gate}" if gate else "")
         return rule if storage == "float32" else f"{rule}@{storage}"
 
     def question(
@@ -238,8 +234,8 @@ class FidelityRun:
     ) -> list[ChunkKV]:
         """Each chunk's fused entry, after its most similar chunks in the knowledge base.
 
-        A chunk with fewer than ``fusion_gate`` of its neighbours in the prompt keeps its
-        independent KV.
+        A chunk with fewer than ``fusion.min_neighbors_in_prompt`` of its neighbours in the
+        prompt keeps its independent KV.
         """
         assert self.knowledge_base is not None
         generator = self.rag.generator
@@ -255,7 +251,7 @@ class FidelityRun:
         for ids, text, kv in zip(layout.chunk_ids, item.chunks, independent, strict=True):
             neighbours = fuser.neighbours(Chunk(text), self.knowledge_base)
             in_prompt = sum(other in layout.chunk_ids for other in neighbours)
-            fused = in_prompt >= self.fusion_gate
+            fused = in_prompt >= self.fusion.min_neighbors_in_prompt
             entries.append(fuser.fused_kv(ids, neighbours) if fused else kv)
         return entries
 

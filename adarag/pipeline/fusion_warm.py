@@ -50,7 +50,10 @@ class ChunkFuser:
     independent_kv: Callable[[tuple[int, ...]], ChunkKV]
 
     def neighbours(self, chunk: Chunk, retriever: Retriever) -> list[tuple[int, ...]]:
-        """Token ids of the chunk's most similar chunks, the retriever's best first."""
+        """Token ids of the chunk's most similar chunks, the retriever's best first.
+
+        Only the leading ones that fit in the context before the chunk are kept.
+        """
         wanted = self.config.num_neighbors
         own_ids = self.prompts.chunk_ids(chunk.text)
         found: list[tuple[int, ...]] = []
@@ -58,12 +61,11 @@ class ChunkFuser:
             ids = self.prompts.chunk_ids(other.text)
             if ids != own_ids and ids not in found:
                 found.append(ids)
-        return found[:wanted]
+        return self._fitting(own_ids, found[:wanted])
 
-    def fitting(
-        self, chunk_ids: tuple[int, ...], neighbours: Sequence[tuple[int, ...]]
+    def _fitting(
+        self, chunk_ids: tuple[int, ...], neighbours: list[tuple[int, ...]]
     ) -> list[tuple[int, ...]]:
-        """The leading ``neighbours`` that fit in the context before the chunk."""
         room = self.generator.max_context_tokens - len(self.prompts.system_ids) - len(chunk_ids)
         fitting = []
         for ids in neighbours:
@@ -82,8 +84,8 @@ class ChunkFuser:
     def fused_kv(
         self, chunk_ids: tuple[int, ...], neighbours: Sequence[tuple[int, ...]]
     ) -> ChunkKV:
-        """The chunk's KV after the system prefix and ``neighbours`` (those that fit)."""
-        before = [(ids, self.independent_kv(ids)) for ids in self.fitting(chunk_ids, neighbours)]
+        """The chunk's KV after the system prefix and ``neighbours`` (from :meth:`neighbours`)."""
+        before = [(ids, self.independent_kv(ids)) for ids in neighbours]
         return self.generator.compute_chunk(
             self.prompts.system_ids, chunk_ids, self.system_kv, before
         )
@@ -109,7 +111,7 @@ class FusionWarmer:
             ids = self.fuser.prompts.chunk_ids(chunk.text)
             if self.cache.has_fused(ids):
                 continue
-            neighbours = self.fuser.fitting(ids, self.fuser.neighbours(chunk, finder))
+            neighbours = self.fuser.neighbours(chunk, finder)
             self.cache.put_fused(ids, self.fuser.fused_kv(ids, neighbours), neighbours)
             computed += 1
         return computed

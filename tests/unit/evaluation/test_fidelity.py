@@ -7,7 +7,7 @@ import torch
 
 from adarag import AdaRAG
 from adarag.cache.keys import fused_key
-from adarag.config import RecomputeConfig
+from adarag.config import FusionConfig, RecomputeConfig
 from adarag.evaluation.fidelity import FidelityRun, Target, smallest_ratio_meeting, summarize
 from adarag.evaluation.reuse import independent_chunks
 from adarag.evaluation.workload import BenchQuestion
@@ -81,7 +81,8 @@ def test_fused_rows_reuse_the_entries_warming_stores(tiny_checkpoints, tiny_conf
     rules = {"kv": RecomputeConfig(selection_policy="kv_deviation")}
     params = GenerationParams(max_new_tokens=4)
     item = BenchQuestion("q1", QUESTION, ("paris",), CHUNKS)
-    fused = FidelityRun(rag, rules, [0.0, 1.0], params, ("float32",), knowledge_base, 2)
+    fusion = FusionConfig(num_neighbors=2)
+    fused = FidelityRun(rag, rules, [0.0, 1.0], params, ("float32",), knowledge_base, fusion)
     alone = FidelityRun(rag, rules, [0.0, 1.0], params)
     fused_rows = {(row.rule, row.ratio): row for row in fused.question("tiny", item)}
     alone_rows = {(row.rule, row.ratio): row for row in alone.question("tiny", item)}
