@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from adarag.evaluation.machine import machine
+from adarag.evaluation.workload import DATA_DIR_ENV, DEFAULT_DATA_DIR
 
 __all__ = [
     "DEFAULT_DATA_DIR",
@@ -23,15 +24,14 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA_DIR = REPO.parent / "shared" / "data"
 RESULTS = REPO / "benchmarks" / "results"
 
 
 def load_jsonl(name: str, data_dir: Path | None = None, limit: int | None = None) -> list[dict]:
-    """Rows of ``<data_dir>/<name>`` (default ``../shared/data``)."""
+    """Rows of ``<data_dir>/<name>`` (default ``$ADARAG_DATA_DIR``, else ``./data``)."""
     path = (data_dir or DEFAULT_DATA_DIR) / name
     if not path.is_file():
-        raise SystemExit(f"data file {path} not found; pass --data-dir")
+        raise SystemExit(f"data file {path} not found; pass --data-dir or set {DATA_DIR_ENV}")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return rows[:limit] if limit else rows
 

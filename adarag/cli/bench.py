@@ -23,7 +23,13 @@ from adarag.evaluation.report import (
     speedups,
     summarize,
 )
-from adarag.evaluation.workload import DATASETS, load_questions, query_stream
+from adarag.evaluation.workload import (
+    DATA_DIR_ENV,
+    DATASETS,
+    DEFAULT_DATA_DIR,
+    load_questions,
+    query_stream,
+)
 from adarag.pipeline.backends import load_generator
 from adarag.policies import POLICIES
 from adarag.retrievers.knowledge_base import KnowledgeBase
@@ -36,7 +42,12 @@ SWEEP_POLICIES = ("full", "prefix", "cacheblend", "adacache")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
     parser.add_argument("--dataset", nargs="+", default=["hotpotqa"], choices=DATASETS)
-    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help=f"the QA data sets' dev files (default ${DATA_DIR_ENV}, else ./data)",
+    )
     parser.add_argument("--limit", type=int, default=12, help="distinct questions per dataset")
     parser.add_argument("--offset", type=int, default=0, help="skip this many questions")
     parser.add_argument("--queries", type=int, default=24, help="stream length (>= --limit)")

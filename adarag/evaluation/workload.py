@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +32,10 @@ from adarag.schema import Chunk
 DATASETS = ("musique", "hotpotqa", "2wikimqa", "2wikimqa-gold", "2wikimqa-short")
 GOLD_CONTEXT_DATASETS = ("2wikimqa-gold", "2wikimqa-short")
 CORPUS_FILE = "2wikimqa_corpus.jsonl"
+DATA_DIR_ENV = "ADARAG_DATA_DIR"
+DEFAULT_DATA_DIR = Path(os.environ.get(DATA_DIR_ENV, "data"))
+"""Where the QA data sets' dev files are read from unless ``--data-dir`` says otherwise:
+``$ADARAG_DATA_DIR``, else ``./data``."""
 
 
 @dataclass(frozen=True)
