@@ -123,6 +123,22 @@ class RecomputeConfig(_Frozen):
         "off. Other than 1.0 attention takes the torch path.",
     )
 
+    uncertain_entropy: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="Uncertainty routing: the query suffix first runs through every layer over "
+        "the reused KV, and when the entropy (nats) of its next-token distribution exceeds this "
+        "the request recomputes its reused chunks at uncertain_ratio instead of their own ratio "
+        "(a model unsure of its answer is the one a small budget changes). None: off.",
+    )
+    uncertain_ratio: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="Recomputation ratio of every reused chunk of a request uncertain_entropy "
+        "routes up (a chunk keeps its own ratio when that is higher); 1.0: full recomputation.",
+    )
+
     @model_validator(mode="after")
     def _check_layers(self) -> RecomputeConfig:
         if self.query_layers is not None and self.query_last_layers is not None:

@@ -21,6 +21,7 @@ from adarag.engine.kv_cache import KVCache
 from adarag.engine.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from adarag.engine.selection import (
     RecomputePlan,
+    entropy,
     key_attention_mass,
     layer_budget_factor,
     segment_sums,
@@ -94,7 +95,7 @@ class Runner:
         # --- select, running the layers the rule needs for every candidate
         cu = self._cu_segments(batch) if batch.collect_segment_attention else None
         if plan.has_candidates:
-            stream, first_layer = self._select(batch, plan, kv)
+            stream, first_layer, plan = self._select(batch, plan, kv)
         else:
             stream = self._new_stream(batch.token_ids[plan.always], plan.always)
             first_layer = 0
@@ -183,12 +184,14 @@ class Runner:
 
     # --- selection
 
-    def _select(self, batch: ForwardBatch, plan: RecomputePlan, kv: KVCache) -> tuple[_Stream, int]:
-        """Choose the candidates to recompute; returns their stream and its next layer.
+    def _select(
+        self, batch: ForwardBatch, plan: RecomputePlan, kv: KVCache
+    ) -> tuple[_Stream, int, RecomputePlan]:
+        """Choose the candidates to recompute; returns their stream, its next layer and the plan.
 
         Rules scoring inside the loop run every processed token through the layers below the
         scoring layer, project it there, score, and finish that layer for the kept tokens only;
-        the others score before any layer.
+        the others score before any layer. Uncertainty routing may raise the plan's ratios.
         """
         selection = batch.selection
         rule = selection_rule(selection)
@@ -196,8 +199,13 @@ class Runner:
         stream = self._new_stream(batch.token_ids[plan.processed], processed)
         layer_at = rule.scoring_layer(selection)
         query_mass = None  # the query's attention per position, when a lever or rule reads it
-        if selection.chunk_allocation == "query" or rule.needs_query_attention:
-            query_mass = self._query_attention(batch, plan, kv)
+        needs_mass = selection.chunk_allocation == "query" or rule.needs_query_attention
+        threshold = selection.uncertain_entropy
+        if needs_mass or threshold is not None:
+            routing = threshold is not None
+            query_mass, logits = self._query_pass(batch, plan, kv, needs_mass, routing)
+            if threshold is not None and logits is not None and entropy(logits) > threshold:
+                plan = plan.raised(selection.uncertain_ratio)
         weights = None
         if selection.chunk_allocation == "query":
             assert query_mass is not None
@@ -213,7 +221,7 @@ class Runner:
             )
             keep = plan.keep_mask(chosen).to(self.device)
             stream.hidden, stream.positions = stream.hidden[keep], processed[keep]
-            return stream, 0
+            return stream, 0, plan
         if layer_at >= self.spec.num_layers:
             raise InputError(
                 f"selection layer {layer_at} does not exist in a {self.spec.num_layers}-layer "
@@ -260,34 +268,40 @@ class Runner:
         stream.hidden = layer.finish(stream.hidden[keep], attn)
         stream.positions = processed[keep]
         stream.last_hidden.append(stream.hidden[-1])
-        return stream, layer_at + 1
+        return stream, layer_at + 1, plan
 
-    def _query_attention(
-        self, batch: ForwardBatch, plan: RecomputePlan, kv: KVCache
-    ) -> torch.Tensor:
-        """Attention the query suffix pays each position over the cached KV, [num_tokens].
+    def _query_pass(
+        self, batch: ForwardBatch, plan: RecomputePlan, kv: KVCache, mass: bool, logits: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The query suffix over the cached KV: its attention per position and its logits.
 
-        The query runs through the layers up to the last scored one; its K/V rows are written at
-        its own positions, which the recomputation overwrites before anything reads them.
+        Returns the attention the query pays each position ([num_tokens], when ``mass``) and
+        its last token's logits ([vocab], when ``logits``). The query runs through the layers up
+        to the last scored one, or through every layer for the logits; its K/V rows are written
+        at its own positions, which the recomputation overwrites before anything reads them.
         """
-        first, last = self._query_layers(batch)
+        first, last = self._query_layers(batch) if mass else (0, 0)
+        top = self.spec.num_layers if logits else last
         positions = plan.query.to(self.device)
         stream = self._new_stream(batch.token_ids[plan.query], positions)
         cos_sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
         total = torch.zeros(kv.length, dtype=torch.float32, device=self.device)
-        for layer_idx in range(last):
+        for layer_idx in range(top):
             layer = self.model.decoder_layers[layer_idx]
             q, k, v = layer.project_qkv(stream.hidden)
             q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
             self._write(kv, layer_idx, k, v, positions)
-            if layer_idx >= first:
+            if first <= layer_idx < last:
                 keys = kv.k[layer_idx, : kv.length]
                 total += key_attention_mass(q, keys, positions, self.scale)
-            if layer_idx + 1 < last:
+            if layer_idx + 1 < top or logits:
                 stream.hidden = layer.finish(
                     stream.hidden, self._attend(layer_idx, q, positions, kv)
                 )
-        return total.cpu()
+        return (
+            total.cpu() if mass else None,
+            self.model.logits(stream.hidden[-1:])[0] if logits else None,
+        )
 
     def _query_layers(self, batch: ForwardBatch) -> tuple[int, int]:
         """``[first, last)`` layers whose query attention scores (all layers by default)."""

@@ -16,6 +16,9 @@ so selection is deterministic. Levers on top of any rule (``RecomputeConfig``):
   inside its budget (EPIC's LegoLink).
 - ``chunk_allocation="query"``: the total is shared out between chunks in proportion to the
   attention the query pays each (two-stage selection, ProphetKV), then each chunk keeps its best.
+- ``uncertain_entropy``: the query suffix runs over the reused KV first; when its next-token
+  distribution's :func:`entropy` is above the threshold, :meth:`RecomputePlan.raised` lifts
+  every candidate chunk to ``uncertain_ratio`` (uncertainty routing).
 - ``layer_schedule="gradual"``: :func:`layer_budget_factor` scales the budget per layer, more
   tokens low, fewer high (CacheBlend's gradual filtering); the runner narrows the set by V
   deviation as it goes up.
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -152,6 +155,15 @@ class RecomputePlan:
             query=torch.arange(segments[-1].start, segments[-1].end),
         )
 
+    def raised(self, ratio: float) -> RecomputePlan:
+        """The plan with every candidate segment at ``ratio`` at least (its own if higher)."""
+        ratios = tuple(max(own, ratio) if own > 0.0 else 0.0 for own in self.ratios)
+        budgets = tuple(
+            num_to_recompute(length, own) if own > 0.0 else 0
+            for length, own in zip(self.lengths, ratios, strict=True)
+        )
+        return replace(self, ratios=ratios, budgets=budgets)
+
     @property
     def has_candidates(self) -> bool:
         """Whether any token competes for recomputation."""
@@ -248,6 +260,12 @@ class RecomputePlan:
     def keep_mask(self, chosen: torch.Tensor) -> torch.Tensor:
         """[n_processed] bool: always-computed positions and the chosen candidates."""
         return torch.isin(self.processed, self.always) | torch.isin(self.processed, chosen)
+
+
+def entropy(logits: torch.Tensor) -> float:
+    """Entropy in nats of the distribution of ``logits`` [vocab]."""
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    return float(-(log_p.exp() * log_p).sum())
 
 
 def segment_sums(values: torch.Tensor, cu_segments: Sequence[int]) -> torch.Tensor:

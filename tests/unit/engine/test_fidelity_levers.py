@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adarag.config import RecomputeConfig
-from adarag.engine.selection import allocate, layer_budget_factor
+from adarag.engine.selection import allocate, entropy, layer_budget_factor
 from adarag.errors import InputError
 from tests.unit.engine.helpers import CHUNKS, QUESTION, independent_sources, layout_of
 from tests.unit.engine.test_fusion import _generator
@@ -99,6 +99,48 @@ def test_ratio_one_with_a_lever_matches_full_prefill(lever, family, tiny_checkpo
     torch.testing.assert_close(fused.kv.k[:, rows], full.kv.k[:, rows], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fused.kv.v[:, rows], full.kv.v[:, rows], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fused.logits, full.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_raised_plan_lifts_only_the_candidate_chunks_below_the_ratio():
+    plan = _plan([2, 4, 8, 3], [None, 0.25, 0.75, None])  # system, two chunks, query
+    raised = plan.raised(0.5)
+    assert raised.ratios == (0.0, 0.5, 0.75, 0.0)
+    assert raised.budgets == (0, 2, 6, 0)
+    assert plan.raised(1.0).budgets == (0, 4, 8, 0)
+    assert torch.equal(raised.candidates, plan.candidates)
+
+
+@pytest.mark.parametrize("rule", ["query_deviation", "kv_deviation"])
+def test_uncertainty_routing_raises_the_ratio_of_an_uncertain_request(generator, rule):
+    layout = layout_of(generator, QUESTION, CHUNKS)
+    sources, chunk_kvs, system_kv = independent_sources(generator, layout, ratio=0.3)
+    # the query pass's next-token distribution is the one over the reused KV: ratio 0's
+    reused, _, _ = independent_sources(generator, layout, ratio=0.0)
+    uncertainty = entropy(generator.prefill(layout, reused).logits)
+    base = RecomputeConfig(selection_policy=rule)
+    plain = generator.prefill(layout, sources, selection=base)
+    rows = slice(0, layout.num_tokens)
+
+    def routed(threshold: float, ratio: float = 1.0):
+        update = {"uncertain_entropy": threshold, "uncertain_ratio": ratio}
+        return generator.prefill(layout, sources, selection=base.model_copy(update=update))
+
+    confident = routed(uncertainty * 1.01)  # below the threshold: the request's own ratio
+    assert torch.equal(confident.recomputed_positions, plain.recomputed_positions)
+    torch.testing.assert_close(confident.logits, plain.logits, atol=1e-6, rtol=1e-6)
+    full = generator.prefill(layout)
+    to_full = routed(uncertainty * 0.99)  # above it at uncertain_ratio 1: full recomputation
+    torch.testing.assert_close(to_full.kv.v[:, rows], full.kv.v[:, rows], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(to_full.logits, full.logits, atol=1e-5, rtol=1e-5)
+    reused_rows = layout.num_tokens - len(layout.system_ids)  # the system prefix is exact
+    assert plain.num_recomputed_tokens < to_full.num_recomputed_tokens == reused_rows
+    # routed to 0.6: the positions a request at ratio 0.6 chooses
+    at_six = generator.prefill(
+        layout, independent_sources(generator, layout, ratio=0.6)[0], selection=base
+    )
+    to_six = routed(uncertainty * 0.99, 0.6)
+    assert torch.equal(to_six.recomputed_positions, at_six.recomputed_positions)
+    assert to_six.num_recomputed_tokens > plain.num_recomputed_tokens
 
 
 def test_output_oracle_recomputes_the_positions_scored_highest(generator):
