@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from adarag.config import RecomputeConfig
 from adarag.evaluation.machine import machine
 from adarag.evaluation.workload import DATA_DIR_ENV, DEFAULT_DATA_DIR
 
@@ -125,3 +126,25 @@ class ChildWorker:
     def close(self) -> None:
         self.connection.send(None)
         self.process.join()
+
+
+def parse_rule(text: str) -> tuple[str, RecomputeConfig]:
+    """A named selection from ``name:key=value,...`` (e.g. ``sinks:chunk_start_tokens=4``)."""
+    name, _, spec = text.partition(":")
+    knobs: dict[str, Any] = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        knobs[key] = _rule_value(value)
+    return name, RecomputeConfig(**knobs)
+
+
+def _rule_value(text: str) -> Any:
+    if "-" in text and all(part.isdigit() for part in text.split("-")):
+        first, last = text.split("-")
+        return (int(first), int(last))
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return None if text == "none" else text

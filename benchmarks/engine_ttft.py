@@ -16,7 +16,13 @@ to its last token).
         kv_deviation:global --output engine_ttft_rules
 
 ``--rules`` times the fused variants under each ``selection_policy:budget`` (default: the
-configured selection).
+configured selection); ``--rule name:key=value,...`` adds a named selection with any
+``cache.recompute`` knobs, e.g. uncertainty routing that never or always routes up:
+
+    python benchmarks/engine_ttft.py --model qwen2.5-coder-0.5b --questions 2 --ratios 0.2 \
+        --rules query_deviation:global \
+        --rule kept:selection_policy=query_deviation,uncertain_entropy=1000 \
+        --rule routed:selection_policy=query_deviation,uncertain_entropy=0.001
 """
 
 from __future__ import annotations
@@ -30,7 +36,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import ChildWorker, machine, musique_prompts, summary, timed, write_results
+from common import (
+    ChildWorker,
+    machine,
+    musique_prompts,
+    parse_rule,
+    summary,
+    timed,
+    write_results,
+)
 from transformers import AutoModelForCausalLM
 
 from adarag import AdaRAG
@@ -115,14 +129,18 @@ def main() -> None:
     parser.add_argument("--kv-cache-gib", type=float, default=2.0, help="vLLM's KV cache")
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--rules", nargs="+", default=[], help="selection_policy:budget ...")
+    parser.add_argument("--rule", action="append", default=[], help="name:key=value,...")
     parser.add_argument("--output", default="engine_ttft", help="results/<output>.{md,json}")
     args = parser.parse_args()
     rules: dict[str, RecomputeConfig | None] = {"": None}
-    if args.rules:
+    if args.rules or args.rule:
         rules = {}
         for spec in args.rules:
             policy, _, budget = spec.partition(":")
             rules[f" {spec}"] = RecomputeConfig(selection_policy=policy, budget=budget or "global")
+        for text in args.rule:
+            name, named = parse_rule(text)
+            rules[f" {name}"] = named
 
     load_before = os.getloadavg()
     rag = AdaRAG(engine={"dtype": args.dtype, "model": args.model})
@@ -198,7 +216,7 @@ def main() -> None:
         "questions x "
         f"{args.passages} passages "
         f"(mean {statistics.fmean(num_tokens):.0f} tokens), {args.repeats} interleaved runs each"
-        f"; selection: {', '.join(args.rules) or 'the default'}.",
+        f"; selection: {', '.join(args.rules + args.rule) or 'the default'}.",
         f"Machine: {info['cpu']}, {info['cores']} cores, {info['torch_threads']} torch threads, "
         f"torch {torch.__version__}; load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after.",

@@ -31,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from common import DEFAULT_DATA_DIR, RESULTS
+from common import DEFAULT_DATA_DIR, RESULTS, parse_rule
 
 from adarag.config import DEFAULT_MODEL, FusionConfig, RecomputeConfig
 from adarag.engine.provision import DEFAULT_PACKAGED_MODEL, PACKAGED_MODELS
@@ -74,7 +74,7 @@ CHUNKS_PER_DATASET = {
 def main() -> None:
     args = _parse_args()
     rules = {name: RecomputeConfig(**BUILT_IN_RULES[name]) for name in args.rules}
-    rules |= dict(_parse_rule(text) for text in args.rule)
+    rules |= dict(parse_rule(text) for text in args.rule)
     model = _model_name(args.model)
     out = args.output / model
     if not args.report_only:
@@ -247,27 +247,6 @@ def _paired(rows: list[FidelityRow], baseline: str) -> str:
             cells.append("-" if found is None else f"{found} p={found.p_value:.2f}")
         lines.append(f"| {rule} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _parse_rule(text: str) -> tuple[str, RecomputeConfig]:
-    name, _, spec = text.partition(":")
-    knobs: dict[str, Any] = {}
-    for item in filter(None, spec.split(",")):
-        key, _, value = item.partition("=")
-        knobs[key] = _value(value)
-    return name, RecomputeConfig(**knobs)
-
-
-def _value(text: str) -> Any:
-    if "-" in text and all(part.isdigit() for part in text.split("-")):
-        first, last = text.split("-")
-        return (int(first), int(last))
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return None if text == "none" else text
 
 
 def _section(title: str, summaries: list[FidelitySummary], model: str) -> str:
