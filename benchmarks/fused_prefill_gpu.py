@@ -18,6 +18,7 @@ near-ties can pick a few different tokens, so its logits are not held to a toler
 
     python benchmarks/fused_prefill_gpu.py                    # writes results/fused_prefill_gpu.*
     python benchmarks/fused_prefill_gpu.py --layers 4 --contexts 8192 --no-write
+    python benchmarks/fused_prefill_gpu.py --ratio 0.2 --output fused_prefill_gpu_routing
 
 The issue's target: fused prefill at 0.15 at least 4x faster than full prefill at 8K+ tokens.
 """
@@ -61,6 +62,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "+ query-shared budgets": {"chunk_allocation": "query"},
     "+ gradual layers": {"layer_schedule": "gradual", "layer_spread": 0.5},
     "+ APE T=S=0.9": {"context_temperature": 0.9, "context_scale": 0.9},
+    # uncertainty routing: the query pass goes to the logits; a threshold above any entropy
+    # keeps the request's ratio, one below every entropy routes it to full recomputation
+    "+ routing, kept": {"uncertain_entropy": 1000.0},
+    "+ routing, routed up": {"uncertain_entropy": 1e-3},
 }
 # an engine path may err this many times as much as transformers' own forward in the same dtype
 ERROR_FACTOR, MIN_TOLERANCE = 2.0, 1e-2
@@ -310,6 +315,7 @@ def main() -> None:
         "--device", default="cuda", help="cpu: a smoke run (TRITON_INTERPRET=1), never written"
     )
     parser.add_argument("--no-write", action="store_true", help="print only; keep results/")
+    parser.add_argument("--output", default="fused_prefill_gpu", help="results/<output>.{md,json}")
     args = parser.parse_args()
     on_gpu = args.device.startswith("cuda")
     if on_gpu and not torch.cuda.is_available():
@@ -344,7 +350,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, write: bool) -> No
     table = markdown(results, args)
     print(table, flush=True)
     if write:
-        write_results("fused_prefill_gpu", results, table)
+        write_results(args.output, results, table)
 
 
 if __name__ == "__main__":
