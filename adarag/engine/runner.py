@@ -21,7 +21,6 @@ from adarag.engine.kv_cache import KVCache
 from adarag.engine.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from adarag.engine.selection import (
     RecomputePlan,
-    entropy,
     key_attention_mass,
     layer_budget_factor,
     segment_sums,
@@ -32,6 +31,7 @@ from adarag.engine.stream import _drop_unfocused, _rescale_reused, _Stream, _tok
 from adarag.errors import InputError
 from adarag.kernels import (
     kv_scatter,
+    lens_signals_from_logits,
     prepare_selective_attention,
     segment_attention_mass,
     selective_attention,
@@ -202,10 +202,13 @@ class Runner:
         needs_mass = selection.chunk_allocation == "query" or rule.needs_query_attention
         threshold = selection.uncertain_entropy
         if needs_mass or threshold is not None:
-            routing = threshold is not None
-            query_mass, logits = self._query_pass(batch, plan, kv, needs_mass, routing)
-            if threshold is not None and logits is not None and entropy(logits) > threshold:
-                plan = plan.raised(selection.uncertain_ratio)
+            query_mass, logits = self._query_pass(
+                batch, plan, kv, needs_mass, threshold is not None
+            )
+            if threshold is not None and logits is not None:
+                _, entropy = lens_signals_from_logits(logits[None])  # nats
+                if float(entropy) > threshold:
+                    plan = plan.raised(selection.uncertain_ratio)
         weights = None
         if selection.chunk_allocation == "query":
             assert query_mass is not None

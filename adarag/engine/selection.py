@@ -17,8 +17,9 @@ so selection is deterministic. Levers on top of any rule (``RecomputeConfig``):
 - ``chunk_allocation="query"``: the total is shared out between chunks in proportion to the
   attention the query pays each (two-stage selection, ProphetKV), then each chunk keeps its best.
 - ``uncertain_entropy``: the query suffix runs over the reused KV first; when its next-token
-  distribution's :func:`entropy` is above the threshold, :meth:`RecomputePlan.raised` lifts
-  every candidate chunk to ``uncertain_ratio`` (uncertainty routing).
+  distribution's entropy (:func:`~adarag.kernels.lens_signals_from_logits`) is above the
+  threshold, :meth:`RecomputePlan.raised` lifts every candidate chunk to ``uncertain_ratio``
+  (uncertainty routing).
 - ``layer_schedule="gradual"``: :func:`layer_budget_factor` scales the budget per layer, more
   tokens low, fewer high (CacheBlend's gradual filtering); the runner narrows the set by V
   deviation as it goes up.
@@ -260,12 +261,6 @@ class RecomputePlan:
     def keep_mask(self, chosen: torch.Tensor) -> torch.Tensor:
         """[n_processed] bool: always-computed positions and the chosen candidates."""
         return torch.isin(self.processed, self.always) | torch.isin(self.processed, chosen)
-
-
-def entropy(logits: torch.Tensor) -> float:
-    """Entropy in nats of the distribution of ``logits`` [vocab]."""
-    log_p = torch.log_softmax(logits.float(), dim=-1)
-    return float(-(log_p.exp() * log_p).sum())
 
 
 def segment_sums(values: torch.Tensor, cu_segments: Sequence[int]) -> torch.Tensor:

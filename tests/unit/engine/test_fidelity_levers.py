@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from adarag.config import RecomputeConfig
-from adarag.engine.selection import allocate, entropy, layer_budget_factor
+from adarag.engine.selection import allocate, layer_budget_factor
 from adarag.errors import InputError
+from adarag.kernels import lens_signals_from_logits
 from tests.unit.engine.helpers import CHUNKS, QUESTION, independent_sources, layout_of
 from tests.unit.engine.test_fusion import _generator
 from tests.unit.engine.test_selection import _plan
@@ -116,7 +117,7 @@ def test_uncertainty_routing_raises_the_ratio_of_an_uncertain_request(generator,
     sources, chunk_kvs, system_kv = independent_sources(generator, layout, ratio=0.3)
     # the query pass's next-token distribution is the one over the reused KV: ratio 0's
     reused, _, _ = independent_sources(generator, layout, ratio=0.0)
-    uncertainty = entropy(generator.prefill(layout, reused).logits)
+    uncertainty = float(lens_signals_from_logits(generator.prefill(layout, reused).logits[None])[1])
     base = RecomputeConfig(selection_policy=rule)
     plain = generator.prefill(layout, sources, selection=base)
     rows = slice(0, layout.num_tokens)
