@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from common import DEFAULT_DATA_DIR, RESULTS
@@ -82,10 +82,19 @@ def read_entropies(split: str, model: str) -> dict[tuple[str, str], float]:
     return found
 
 
+def _questions(args: argparse.Namespace, split: str, model: str, dataset: str) -> list:
+    """The split's questions of ``dataset`` (the fidelity runs' counts and offsets)."""
+    count = QUESTIONS[split]
+    if split == "report" and "SmolLM2" in model:
+        count = SMOLLM2_REPORT_QUESTIONS
+    chunks = CHUNKS_PER_DATASET[dataset]
+    return load_questions(dataset, args.data_dir, count, chunks, SPLITS[split][1])
+
+
 def _measure(args: argparse.Namespace, model: str) -> None:
     from adarag import AdaRAG
-    from adarag.engine.selection import entropy
     from adarag.evaluation.reuse import independent_chunks, reuse_sources
+    from adarag.kernels import lens_signals_from_logits
     from adarag.schema import GenerationParams
 
     engine: dict = {"model": args.model}
@@ -96,112 +105,109 @@ def _measure(args: argparse.Namespace, model: str) -> None:
     params = GenerationParams(max_new_tokens=16)
     for split in args.split:
         done = read_entropies(split, model)
-        count = QUESTIONS[split]
-        if split == "report" and "SmolLM2" in model:
-            count = SMOLLM2_REPORT_QUESTIONS
         for dataset in args.dataset:
-            offset = SPLITS[split][1]
-            questions = load_questions(
-                dataset, args.data_dir, count, CHUNKS_PER_DATASET[dataset], offset
-            )
             path = folder(split, model) / f"{dataset}.entropy.jsonl"
-            for item in questions:
+            for item in _questions(args, split, model, dataset):
                 if (dataset, item.qid) in done:
                     continue
                 layout = rag.layout(item.question, item.chunks, params)
                 system_kv, chunk_kvs = independent_chunks(generator, layout)
                 reused = generator.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
-                record = {"dataset": dataset, "qid": item.qid, "entropy": entropy(reused.logits)}
+                entropy = float(lens_signals_from_logits(reused.logits[None])[1])
+                record = {"dataset": dataset, "qid": item.qid, "entropy": entropy}
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with path.open("a") as handle:
                     handle.write(json.dumps(record) + "\n")
-                print(f"{model} {split} {dataset} {item.qid}: {record['entropy']:.3f}")
+                print(f"{model} {split} {dataset} {item.qid}: {entropy:.3f}")
 
 
-def routed_rows(
-    rows: list[FidelityRow],
-    entropies: dict[tuple[str, str], float],
-    rule: str,
-    ratio: float,
-    threshold: float,
-    answers: dict[tuple[str, str], list[str]],
-) -> list[FidelityRow]:
-    """The routed policy's rows: ``rule`` at ``ratio``, or full recomputation when uncertain."""
-    name = f"{rule}+routed{threshold:g}"
-    routed = []
-    for row in rows:
-        key = (row.dataset, row.qid)
-        if row.rule != rule or row.ratio != ratio or key not in entropies:
-            continue
-        if entropies[key] <= threshold:
-            routed.append(replace(row, rule=name))
-            continue
-        golds = answers[key]
-        routed.append(
-            replace(
-                row,
-                rule=name,
-                answer=row.reference,
-                exact_agreement=1.0,
-                f1_agreement=1.0,
-                first_token_agreement=1.0,
-                first_token_kl=0.0,
-                gold_em=best_exact_match(row.reference, golds),
-                gold_f1=row.reference_gold_f1,
-                gold_contains=contains_gold(row.reference, golds),
-                ttft_s=row.full_ttft_s,
-                num_recomputed_tokens=row.num_prompt_tokens,
+@dataclass(frozen=True)
+class Split:
+    """One split's fidelity rows, entropies over the reused KV and gold answers.
+
+    Attributes:
+        rows: Every fidelity row of the split (every rule and ratio).
+        entropies: (dataset, qid) -> next-token entropy over the reused KV, in nats.
+        answers: (dataset, qid) -> the gold answers.
+        rule: The name of the split's ``query_deviation`` rows.
+    """
+
+    rows: list[FidelityRow]
+    entropies: dict[tuple[str, str], float]
+    answers: dict[tuple[str, str], list[str]]
+    rule: str
+
+    def alone(self, ratio: float) -> list[FidelityRow]:
+        """The rule's rows at ``ratio`` on the questions whose entropy was measured."""
+        return [
+            r
+            for r in self.rows
+            if r.rule == self.rule and r.ratio == ratio and (r.dataset, r.qid) in self.entropies
+        ]
+
+    def routed(self, ratio: float, threshold: float) -> list[FidelityRow]:
+        """The routed policy's rows: the rule at ``ratio``, or full recomputation when uncertain."""
+        name = routed_name(self.rule, threshold)
+        policy = []
+        for row in self.alone(ratio):
+            key = (row.dataset, row.qid)
+            if self.entropies[key] <= threshold:
+                policy.append(replace(row, rule=name))
+                continue
+            golds = self.answers[key]
+            policy.append(
+                replace(
+                    row,
+                    rule=name,
+                    answer=row.reference,
+                    exact_agreement=1.0,
+                    f1_agreement=1.0,
+                    first_token_agreement=1.0,
+                    first_token_kl=0.0,
+                    gold_em=best_exact_match(row.reference, golds),
+                    gold_f1=row.reference_gold_f1,
+                    gold_contains=contains_gold(row.reference, golds),
+                    ttft_s=row.full_ttft_s,
+                    num_recomputed_tokens=row.num_prompt_tokens,
+                )
             )
-        )
-    return routed
+        return policy
+
+    def threshold(self, ratio: float, target: float) -> float | None:
+        """The largest threshold on the grid whose routed rows keep ``target`` % exact agreement."""
+        best = None
+        for step in range(1, int(max(self.entropies.values(), default=0.0) / GRID) + 2):
+            threshold = round(step * GRID, 4)
+            found = summarize(self.routed(ratio, threshold), intervals=False)
+            if found and found[0].exact_agreement >= target:
+                best = threshold
+        return best
 
 
-def choose_threshold(
-    rows: list[FidelityRow],
-    entropies: dict[tuple[str, str], float],
-    rule: str,
-    ratio: float,
-    target: float,
-    answers: dict[tuple[str, str], list[str]],
-) -> float | None:
-    """The largest threshold on the grid whose routed rows keep ``target`` % exact agreement."""
-    best = None
-    for step in range(1, int(max(entropies.values(), default=0.0) / GRID) + 2):
-        threshold = round(step * GRID, 4)
-        routed = routed_rows(rows, entropies, rule, ratio, threshold, answers)
-        found = summarize(routed, intervals=False)
-        if found and found[0].exact_agreement >= target:
-            best = threshold
-    return best
+def routed_name(rule: str, threshold: float) -> str:
+    """The name of the routed policy's rows (and of the routed rule decoded for real)."""
+    return f"{rule}+routed{threshold:g}"
 
 
-def _answers(args: argparse.Namespace, split: str, model: str) -> dict[tuple[str, str], list[str]]:
-    count = QUESTIONS[split]
-    if split == "report" and "SmolLM2" in model:
-        count = SMOLLM2_REPORT_QUESTIONS
-    return {
+def _split(args: argparse.Namespace, split: str, model: str) -> Split:
+    rows = [
+        row
+        for path in sorted(folder(split, model).glob("*.rows.jsonl"))
+        for row in read_rows(path)
+        if row.dataset in args.dataset
+    ]
+    answers = {
         (dataset, item.qid): list(item.answers)
         for dataset in args.dataset
-        for item in load_questions(
-            dataset, args.data_dir, count, CHUNKS_PER_DATASET[dataset], SPLITS[split][1]
-        )
+        for item in _questions(args, split, model, dataset)
     }
+    return Split(rows, read_entropies(split, model), answers, SPLITS[split][2])
 
 
 def _report(args: argparse.Namespace, model: str) -> None:
     """``results/<output>_<model>.md``: the threshold, calibration and report tables."""
-    splits = {}
-    for split in SPLITS:
-        rows = [
-            row
-            for path in sorted(folder(split, model).glob("*.rows.jsonl"))
-            for row in read_rows(path)
-            if row.dataset in args.dataset
-        ]
-        splits[split] = (rows, read_entropies(split, model), _answers(args, split, model))
-    rule = SPLITS["calibration"][2]
-    rows, entropies, answers = splits["calibration"]
-    threshold = choose_threshold(rows, entropies, rule, args.ratio, args.target, answers)
+    splits = {split: _split(args, split, model) for split in SPLITS}
+    threshold = splits["calibration"].threshold(args.ratio, args.target)
     if threshold is None:
         print(f"{model}: no threshold keeps {args.target}% on the calibration split")
         return
@@ -218,11 +224,10 @@ def _report(args: argparse.Namespace, model: str) -> None:
         "",
     ]
     speed = _speeds(args.speed) if args.speed else None
-    for split, (rows, entropies, answers) in splits.items():
-        rule = SPLITS[split][2]
-        ratios = (0.1, 0.2, 0.3) if split == "calibration" else (args.ratio,)
+    for name, split in splits.items():
+        ratios = (0.1, 0.2, 0.3) if name == "calibration" else (args.ratio,)
         lines += [
-            f"## {split.capitalize()} split",
+            f"## {name.capitalize()} split",
             "",
             "| data set | ratio | n | routed % | exact agree: rule | exact agree: routed "
             "| paired | same share routed at random | first-token agree: routed "
@@ -230,20 +235,18 @@ def _report(args: argparse.Namespace, model: str) -> None:
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for ratio in ratios:
-            policy = routed_rows(rows, entropies, rule, ratio, threshold, answers)
-            base = [r for r in rows if r.rule == rule and r.ratio == ratio]
-            base = [r for r in base if (r.dataset, r.qid) in entropies]
+            policy, alone = split.routed(ratio, threshold), split.alone(ratio)
+            timed = speed if ratio == args.ratio else None  # the ratio engine_ttft timed
             for dataset, subset in by_dataset(policy) if policy else ():
-                alone = [r for r in base if dataset in ("pooled", r.dataset)]
-                lines.append(_line(dataset, ratio, subset, alone, speed))
-        base = [r for r in rows if r.rule == rule and r.ratio == args.ratio]
+                same_set = [r for r in alone if dataset in ("pooled", r.dataset)]
+                lines.append(_line(dataset, ratio, subset, same_set, timed))
         lines += [
             "",
             f"AUC of the entropy for the rule's disagreements at {args.ratio} (1.0: every "
             "disagreeing question above every agreeing one; 0.5: chance): "
-            f"{_auc(base, entropies):.2f}.",
+            f"{_auc(split.alone(args.ratio), split.entropies):.2f}.",
             "",
-            *_decoded_for_real(rows, entropies, rule, args.ratio, threshold, answers),
+            *_decoded_for_real(split, args.ratio, threshold),
         ]
     text = "\n".join(lines)
     print(text)
@@ -261,29 +264,21 @@ def _auc(rows: list[FidelityRow], entropies: dict[tuple[str, str], float]) -> fl
     return wins / (len(wrong) * len(right))
 
 
-def _decoded_for_real(
-    rows: list[FidelityRow],
-    entropies: dict[tuple[str, str], float],
-    rule: str,
-    ratio: float,
-    threshold: float,
-    answers: dict[tuple[str, str], list[str]],
-) -> list[str]:
+def _decoded_for_real(split: Split, ratio: float, threshold: float) -> list[str]:
     """How often the rows the routed rule decoded for real equal the policy built here."""
-    built = {
-        (r.dataset, r.qid): r for r in routed_rows(rows, entropies, rule, ratio, threshold, answers)
-    }
-    real = [r for r in rows if r.rule == f"{rule}+routed{threshold:g}" and r.ratio == ratio]
+    built = {(r.dataset, r.qid): r for r in split.routed(ratio, threshold)}
+    name = routed_name(split.rule, threshold)
+    real = [r for r in split.rows if r.rule == name and r.ratio == ratio]
     if not real:
         return []
     same = sum(
         r.answer == built[(r.dataset, r.qid)].answer for r in real if (r.dataset, r.qid) in built
     )
-    uncertain = [r for r in real if entropies.get((r.dataset, r.qid), 0.0) > threshold]
+    uncertain = [r for r in real if split.entropies.get((r.dataset, r.qid), 0.0) > threshold]
     # a request routed up recomputes every token but the system prefix's
     recomputed = sum(r.num_recomputed_tokens > 0.8 * r.num_prompt_tokens for r in uncertain)
     return [
-        f"Decoded for real (`fidelity.py --rule '{rule}+routed{threshold:g}:selection_policy="
+        f"Decoded for real (`fidelity.py --rule '{name}:selection_policy="
         f"query_deviation,uncertain_entropy={threshold:g}'`): {len(real)} questions, "
         f"{len(uncertain)} above H, of which {recomputed} recomputed more than 80% of the prompt; "
         f"the answer equals the policy built above on {same} of {len(real)}.",
@@ -307,7 +302,7 @@ def _line(
     # routing the same share of requests up at random: a routed one agrees, the rest as before
     at_random = base.exact_agreement + routed_share * (100.0 - base.exact_agreement)
     ttft = "-"
-    if speed is not None and ratio == 0.2:
+    if speed is not None:
         mean = (1 - routed_share) * speed["kept"] + routed_share * speed["routed"]
         ttft = f"{speed['full'] / mean:.2f}x"
     return (
