@@ -155,6 +155,12 @@ class StepTrace:
             steps' answers), else None.
         is_stable: Whether ``answer_prefix`` equals the previous step's (None without one).
         probability: Calibrated P(this step's answer equals the static top-k answer), or None.
+        rungs: The recomputation ratios the step's fused prefill stood on under the routing
+            ladder, its own first; more than one means it was routed up. Empty without a ladder.
+        agreement_probability: The ladder's P(the answer equals full recomputation's) at the
+            last rung it decided on, or None.
+        reused_entropy: Entropy (nats) of the next-token distribution over the reused KV before
+            any recomputation (what the ladder reads), or None.
     """
 
     num_chunks: int
@@ -172,6 +178,14 @@ class StepTrace:
     answer_prefix: str | None = None
     is_stable: bool | None = None
     probability: float | None = None
+    rungs: tuple[float, ...] = ()
+    agreement_probability: float | None = None
+    reused_entropy: float | None = None
+
+    @property
+    def routed(self) -> bool:
+        """Whether the routing ladder recomputed more than the step's own ratio."""
+        return len(self.rungs) > 1
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from adarag.evaluation.fidelity import (
 )
 from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.plots import pyplot
-from adarag.evaluation.workload import DATASETS, load_questions
+from adarag.evaluation.workload import DATASETS, FIDELITY_CHUNKS, load_questions
 from adarag.retrievers.chunking import passage_text
 from adarag.retrievers.memory import MemoryRetriever
 from adarag.schema import Chunk
@@ -61,13 +61,6 @@ BUILT_IN_RULES: dict[str, dict[str, Any]] = {
     "random": {"selection_policy": "random"},
     "oracle": {"selection_policy": "oracle"},
     "output_oracle": {"selection_policy": "output_oracle"},
-}
-CHUNKS_PER_DATASET = {
-    "musique": 4,
-    "hotpotqa": 6,
-    "2wikimqa": 6,
-    "2wikimqa-gold": 6,
-    "2wikimqa-short": 4,
 }
 
 
@@ -155,7 +148,7 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
         wanted = {(name, ratio) for name in names for ratio in run.ratios}
         path = out / f"{dataset}{args.tag}.rows.jsonl"
         questions = load_questions(
-            dataset, args.data_dir, args.questions, CHUNKS_PER_DATASET[dataset], args.offset
+            dataset, args.data_dir, args.questions, FIDELITY_CHUNKS[dataset], args.offset
         )
         started = time.perf_counter()
         measured: dict[str, set[tuple[str, float]]] = {}
@@ -198,7 +191,7 @@ def _report(args: argparse.Namespace, model: str, out: Path) -> None:
         count = len({row.qid for row in rows})
         title = (
             f"{model}, {dataset}: {count} questions from #{args.offset}, "
-            f"{CHUNKS_PER_DATASET[dataset]} chunks, {args.max_new_tokens} new tokens (greedy)"
+            f"{FIDELITY_CHUNKS[dataset]} chunks, {args.max_new_tokens} new tokens (greedy)"
         )
         summaries = summarize(rows)
         payload = {

@@ -46,14 +46,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F  # noqa: N812
 from common import DEFAULT_DATA_DIR, RESULTS
-from fidelity import CHUNKS_PER_DATASET, _model_name
+from fidelity import _model_name
 
 from adarag.engine.selection import num_to_recompute
 from adarag.evaluation.intervals import bootstrap_interval, paired_difference
 from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.output_oracle import AnswerLoss
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
-from adarag.evaluation.workload import DATASETS, load_questions
+from adarag.evaluation.workload import DATASETS, FIDELITY_CHUNKS, load_questions
 
 RATIOS = (0.1, 0.2, 0.3)
 DRAFT_TOKENS = 8
@@ -238,7 +238,7 @@ def _measure(args: argparse.Namespace, model: str, path: Path, done: set) -> lis
     started = time.perf_counter()
     for dataset in args.dataset:
         questions = load_questions(
-            dataset, args.data_dir, args.questions, CHUNKS_PER_DATASET[dataset], args.offset
+            dataset, args.data_dir, args.questions, FIDELITY_CHUNKS[dataset], args.offset
         )
         for item in questions:
             if (dataset, item.qid) in done:

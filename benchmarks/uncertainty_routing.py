@@ -30,13 +30,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from common import DEFAULT_DATA_DIR, RESULTS
-from fidelity import CHUNKS_PER_DATASET, _model_name
+from fidelity import _model_name
 from fidelity_tables import by_dataset
 
 from adarag.evaluation.fidelity import FidelityRow, contains_gold, read_rows, summarize
 from adarag.evaluation.intervals import paired_difference
 from adarag.evaluation.metrics import best_exact_match
-from adarag.evaluation.workload import DATASETS, load_questions
+from adarag.evaluation.workload import DATASETS, FIDELITY_CHUNKS, load_questions
 
 SPLITS = {  # split -> (folder under results/fidelity, offset, rule of its query_deviation rows)
     "calibration": ("calibration", 0, "qdev"),
@@ -87,7 +87,7 @@ def _questions(args: argparse.Namespace, split: str, model: str, dataset: str) -
     count = QUESTIONS[split]
     if split == "report" and "SmolLM2" in model:
         count = SMOLLM2_REPORT_QUESTIONS
-    chunks = CHUNKS_PER_DATASET[dataset]
+    chunks = FIDELITY_CHUNKS[dataset]
     return load_questions(dataset, args.data_dir, count, chunks, SPLITS[split][1])
 
 

@@ -33,6 +33,17 @@ def describe(answer: Answer) -> list[str]:
         f"{answer.num_cached_tokens} from cache | tiers: {tier_text or '-'} | "
         f"{len(trace.steps)} step(s), stop: {trace.stop_reason}",
     ]
+    last = trace.steps[-1] if trace.steps else None
+    if last is not None and last.rungs:
+        climb = " -> ".join(f"{ratio:g}" for ratio in last.rungs)
+        probability = last.agreement_probability
+        lines.append(
+            f"   routing: {'routed ' + climb if last.routed else 'kept at ' + climb}"
+            f" | P(agrees with full) {probability:.2f} | entropy over reused KV "
+            f"{last.reused_entropy:.2f} nats"
+            if probability is not None and last.reused_entropy is not None
+            else f"   routing: {climb}"
+        )
     lines.extend(f"   source {idx}: {_label(chunk)}" for idx, chunk in enumerate(answer.chunks, 1))
     return lines
 

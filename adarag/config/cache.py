@@ -18,6 +18,7 @@ class RecomputeConfig(_Frozen):
         "kv_deviation",
         "query_attention",
         "query_deviation",
+        "learned",
         "stored_rank",
         "random",
         "oracle",
@@ -30,7 +31,10 @@ class RecomputeConfig(_Frozen):
         "first-order effect of a token's stale V on the query); 'kv_deviation': the value "
         "deviation alone (CacheBlend); 'cross_attention': AdaCache's first-layer cross-chunk "
         "attention ratio; 'query_attention': the query suffix's attention over the cached KV "
-        "(A3, ProphetKV, FusionRAG); "
+        "(A3, ProphetKV, FusionRAG); 'learned': a scorer fitted per model by `adarag "
+        "calibrate --selector` on the output-aware oracle's choices, over each token's "
+        "deviation at the check layer, the query's attention in every layer and its place in "
+        "its chunk (read from the model's profile; query_deviation for a model without one); "
         "'stored_rank': the ranking stored with each cached chunk variant (Cache-Craft: its "
         "tokens' attention to the chunks before it when it was computed; other chunks score "
         "zero); 'random' and 'oracle' "
@@ -123,6 +127,25 @@ class RecomputeConfig(_Frozen):
         "off. Other than 1.0 attention takes the torch path.",
     )
 
+    span_tokens: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Recompute windows of this many tokens around the best-scored ones instead "
+        "of isolated tokens (CacheClip's grouped windows): a token scores the best score within "
+        "its window inside its chunk, ties going to the higher own score. 1: tokens alone.",
+    )
+    target_agreement: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="Routing ladder: a request whose fused prefill is unlikely to answer as full "
+        "recomputation would recomputes more, rung by rung, paying only the difference (the "
+        "rungs, the agreement model and the thresholds that met this share of exact agreement "
+        "with full recomputation on calibration questions come from the model's profile, fitted "
+        "by `adarag calibrate --selector`). None: off. A model without a fitted ladder answers "
+        "at its own ratio and says so once in the log.",
+    )
     uncertain_entropy: float | None = Field(
         default=None,
         gt=0.0,

@@ -8,6 +8,8 @@ import torch
 
 from adarag.config import RecomputeConfig
 from adarag.engine.kv_cache import KVCache
+from adarag.engine.routing import RoutingLadder, RungTrace
+from adarag.fitted import FittedModel
 from adarag.kv import ChunkKV
 
 
@@ -74,6 +76,12 @@ class ForwardBatch:
             KV (the previous augmentation step's): the prefill writes into it, loading nothing
             into those rows, when it has room; else a new cache is allocated.
         resident_rows: See ``resident``; the rows must end at a segment boundary.
+        token_scorer: The ``learned`` rule's fitted scorer (from the model's profile); None:
+            the rule falls back to ``query_deviation``.
+        collect_features: Also return the candidates' raw run-time features
+            (:mod:`~adarag.engine.token_features`; rules scoring at the check layer only).
+        ladder: The routing ladder (:mod:`~adarag.engine.routing`): climb to higher ratios
+            while the result is unlikely to agree with full recomputation; None: no routing.
     """
 
     token_ids: torch.Tensor
@@ -86,6 +94,9 @@ class ForwardBatch:
     position_scores: torch.Tensor | None = None
     resident: KVCache | None = None
     resident_rows: int = 0
+    token_scorer: FittedModel | None = None
+    collect_features: bool = False
+    ladder: RoutingLadder | None = None
 
     def __post_init__(self) -> None:
         assert self.segments, "a batch needs at least one segment"
@@ -127,6 +138,9 @@ class PrefillOutput:
             through every layer onto each segment, mean over heads, when segment attention was
             collected.
         token_attention_positions: [n] ascending positions of ``token_attention``'s rows.
+        candidate_features: [n_candidates, raw columns] float32 run-time features of the
+            candidates (in ascending position order), when the batch asked for them.
+        routing: The rungs of the batch's ladder the prefill stood on, the base one first.
     """
 
     kv: KVCache
@@ -138,6 +152,8 @@ class PrefillOutput:
     lens_logits: torch.Tensor | None = None
     token_attention: torch.Tensor | None = None
     token_attention_positions: torch.Tensor | None = None
+    candidate_features: torch.Tensor | None = None
+    routing: tuple[RungTrace, ...] = ()
 
     @property
     def num_recomputed_tokens(self) -> int:

@@ -27,10 +27,12 @@ from adarag.engine.checkpoint import Checkpoint
 from adarag.engine.decoding import Decoder, TorchDecoder
 from adarag.engine.kv_cache import KVCache
 from adarag.engine.loader import load_model
+from adarag.engine.routing import RoutingLadder
 from adarag.engine.runner import Runner
 from adarag.engine.spec import ModelSpec
 from adarag.engine.step_batcher import StepBatcher
 from adarag.errors import ConfigError, InputError
+from adarag.fitted import FittedModel
 from adarag.kernels import lens_signals_from_logits, logit_lens
 from adarag.kv import ChunkKV
 from adarag.schema import GenerationParams, PromptLayout
@@ -190,6 +192,9 @@ class Engine:
         resident: KVCache | None = None,
         resident_rows: int = 0,
         min_capacity: int = 0,
+        token_scorer: FittedModel | None = None,
+        collect_features: bool = False,
+        ladder: RoutingLadder | None = None,
     ) -> PrefillOutput:
         """Full or fused prefill of a laid-out prompt.
 
@@ -209,6 +214,11 @@ class Engine:
             resident_rows: See ``resident``.
             min_capacity: Allocate rows for a prompt of at least this many tokens (and the
                 answer), so that the later steps of the same request fit the same cache.
+            token_scorer: The ``learned`` rule's fitted scorer (the model's profile holds it).
+            collect_features: Also return the candidates' run-time features (the ``learned``
+                rule's inputs; rules scoring at the check layer only).
+            ladder: The routing ladder (the model's profile holds it; a target agreement
+                picks its thresholds).
 
         Raises:
             InputError: The prompt does not fit the context, or has no query suffix.
@@ -235,6 +245,9 @@ class Engine:
             position_scores=position_scores,
             resident=resident,
             resident_rows=resident_rows,
+            token_scorer=token_scorer,
+            collect_features=collect_features,
+            ladder=ladder,
         )
         return self.runner.blend(batch)
 

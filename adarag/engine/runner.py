@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from adarag.config import EngineConfig, KernelConfig, RecomputeConfig
@@ -19,6 +20,7 @@ from adarag.engine.batch import ForwardBatch, PrefillOutput
 from adarag.engine.focus import FocusTracker
 from adarag.engine.kv_cache import KVCache
 from adarag.engine.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from adarag.engine.routing import RungTrace, routing_features, score_mass
 from adarag.engine.selection import (
     RecomputePlan,
     key_attention_mass,
@@ -26,7 +28,7 @@ from adarag.engine.selection import (
     segment_sums,
     value_deviation,
 )
-from adarag.engine.selection_rules import ScoringInputs, selection_rule
+from adarag.engine.selection_rules import ScoringInputs, candidate_features, selection_rule
 from adarag.engine.stream import _drop_unfocused, _rescale_reused, _Stream, _token_attention
 from adarag.errors import InputError
 from adarag.kernels import (
@@ -119,8 +121,13 @@ class Runner:
                 if focused is not None:  # stable: stop recomputing the other cached chunks
                     cos_sin = _drop_unfocused(stream, cos_sin, plan, focused)
                     focus = None
-        # --- logits of the last token, and the logit lens of the layers below in the same GEMM
         layer_hidden = torch.stack(stream.last_hidden)
+        routing: tuple[RungTrace, ...] = ()
+        if batch.ladder is not None and stream.scores is not None:
+            layer_hidden, recomputed, routing = self._climb(
+                batch, plan, kv, stream, layer_hidden, recomputed
+            )
+        # --- logits of the last token, and the logit lens of the layers below in the same GEMM
         head_logits = self.model.logits(layer_hidden[-batch.num_lens_layers :])
         return PrefillOutput(
             kv=kv,
@@ -132,6 +139,8 @@ class Runner:
             lens_logits=head_logits if batch.num_lens_layers > 1 else None,
             token_attention=_token_attention(stream) if cu is not None else None,
             token_attention_positions=stream.positions.cpu() if cu is not None else None,
+            candidate_features=stream.candidate_features,
+            routing=routing,
         )
 
     def _prefill_cache(self, batch: ForwardBatch) -> tuple[KVCache, int]:
@@ -199,12 +208,16 @@ class Runner:
         stream = self._new_stream(batch.token_ids[plan.processed], processed)
         layer_at = rule.scoring_layer(selection)
         query_mass = None  # the query's attention per position, when a lever or rule reads it
+        layer_mass = None  # the same per layer, for the learned rule's features
         needs_mass = selection.chunk_allocation == "query" or rule.needs_query_attention
+        per_layer = rule.needs_layer_attention or batch.collect_features
         threshold = selection.uncertain_entropy
-        if needs_mass or threshold is not None:
-            query_mass, logits = self._query_pass(
-                batch, plan, kv, needs_mass, threshold is not None
+        wants_logits = threshold is not None or batch.ladder is not None
+        if needs_mass or per_layer or wants_logits:
+            query_mass, layer_mass, logits = self._query_pass(
+                batch, plan, kv, needs_mass, wants_logits, per_layer
             )
+            stream.reused_logits = logits
             if threshold is not None and logits is not None:
                 _, entropy = lens_signals_from_logits(logits[None])  # nats
                 if float(entropy) > threshold:
@@ -215,7 +228,7 @@ class Runner:
             weights = segment_sums(query_mass, batch.cu_segments)
         num_layers = self.spec.num_layers
         if layer_at is None:
-            scores = rule.score(ScoringInputs(batch, plan, kv, query_mass))
+            scores = rule.score(ScoringInputs(batch, plan, kv, query_mass, layer_mass))
             chosen = plan.choose(
                 scores,
                 selection,
@@ -224,6 +237,7 @@ class Runner:
             )
             keep = plan.keep_mask(chosen).to(self.device)
             stream.hidden, stream.positions = stream.hidden[keep], processed[keep]
+            stream.scores = scores
             return stream, 0, plan
         if layer_at >= self.spec.num_layers:
             raise InputError(
@@ -240,21 +254,27 @@ class Runner:
         q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
         is_candidate = plan.candidate_mask().to(self.device)
         # the cached rows, gathered (copied) before the fresh ones overwrite them
-        cached_v = kv.v[layer_at, plan.candidates] if rule.reads_cached_values else None
+        reads_cached = rule.reads_cached_values or batch.collect_features
+        cached_k = kv.k[layer_at, plan.candidates] if reads_cached else None
+        cached_v = kv.v[layer_at, plan.candidates] if reads_cached else None
         self._write(kv, layer_at, k, v, processed)
-        scores = rule.score(
-            ScoringInputs(
-                batch,
-                plan,
-                kv,
-                query_mass,
-                fresh_v=v[is_candidate],
-                cached_v=cached_v,
-                candidate_mass=lambda: self._segment_mass(
-                    layer_at, q[is_candidate], processed[is_candidate], kv, cu
-                ),
-            )
+        inputs = ScoringInputs(
+            batch,
+            plan,
+            kv,
+            query_mass,
+            layer_mass,
+            fresh_k=k[is_candidate],
+            fresh_v=v[is_candidate],
+            cached_k=cached_k,
+            cached_v=cached_v,
+            candidate_mass=lambda: self._segment_mass(
+                layer_at, q[is_candidate], processed[is_candidate], kv, cu
+            ),
         )
+        if batch.collect_features:
+            stream.candidate_features = candidate_features(inputs)
+        scores = rule.score(inputs)
         chosen = plan.choose(
             scores,
             selection,
@@ -271,38 +291,119 @@ class Runner:
         stream.hidden = layer.finish(stream.hidden[keep], attn)
         stream.positions = processed[keep]
         stream.last_hidden.append(stream.hidden[-1])
+        stream.scores = scores
         return stream, layer_at + 1, plan
 
+    # --- the routing ladder
+
+    def _climb(
+        self,
+        batch: ForwardBatch,
+        plan: RecomputePlan,
+        kv: KVCache,
+        stream: _Stream,
+        layer_hidden: torch.Tensor,
+        recomputed: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[RungTrace, ...]]:
+        """Climb the batch's ladder while a rung is unlikely to agree with full recomputation.
+
+        Returns the last token's hidden states per layer, the recomputed positions and the
+        rungs stood on. A climb runs the newly chosen tokens and the query suffix through every
+        layer; a rung of ratio 1.0 runs every reused token (equal to a full prefill).
+        """
+        ladder = batch.ladder
+        assert ladder is not None and stream.scores is not None
+        assert stream.reused_logits is not None, "the query pass ran to the logits"
+        learned = batch.selection.selection_policy == "learned" and batch.token_scorer is not None
+        mass = score_mass(stream.scores, learned)
+        trace: list[RungTrace] = []
+        ratio = max(plan.ratios)
+        for rung_idx in range(len(ladder.rungs) + 1):
+            logits = self.model.logits(layer_hidden[-1:])[0]
+            chosen = torch.isin(plan.candidates, recomputed.cpu())
+            features = routing_features(
+                logits, stream.reused_logits, mass, chosen, batch.num_tokens
+            )
+            if rung_idx == len(ladder.rungs):
+                trace.append(RungTrace(ratio, features, None, False))
+                break
+            model = ladder.models[rung_idx]
+            probability = float(model.probabilities(np.array([features]))[0])
+            climb = probability < ladder.thresholds[rung_idx]
+            trace.append(RungTrace(ratio, features, probability, climb))
+            if not climb:
+                break
+            ratio = ladder.rungs[rung_idx]
+            raised = plan.raised(ratio)
+            if ratio >= 1.0:  # every reused token again: the rung equals a full prefill
+                positions = raised.processed
+            else:
+                wanted = raised.choose(stream.scores, batch.selection)
+                new = wanted[~torch.isin(wanted, recomputed.cpu())]
+                positions = torch.cat((new, plan.query)).sort().values
+            layer_hidden = self.forward_positions(batch, kv, positions)
+            recomputed = torch.unique(torch.cat((recomputed.cpu(), positions)))
+        return layer_hidden, recomputed, tuple(trace)
+
+    def forward_positions(
+        self, batch: ForwardBatch, kv: KVCache, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Run the tokens at ``positions`` [n] (ascending) through every layer over ``kv``.
+
+        Their K/V are written into ``kv`` layer by layer. Returns the last of them's hidden
+        state after each layer [num_layers, hidden_size].
+        """
+        positions = positions.to(self.device)
+        stream = self._new_stream(batch.token_ids[positions.cpu()], positions)
+        cos_sin = rope_cos_sin(stream.positions, self.inv_freq, self.dtype)
+        for layer_idx in range(self.spec.num_layers):
+            self._layer_step(layer_idx, stream, kv, cos_sin, None)
+        return torch.stack(stream.last_hidden)
+
     def _query_pass(
-        self, batch: ForwardBatch, plan: RecomputePlan, kv: KVCache, mass: bool, logits: bool
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        self,
+        batch: ForwardBatch,
+        plan: RecomputePlan,
+        kv: KVCache,
+        mass: bool,
+        logits: bool,
+        per_layer: bool = False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """The query suffix over the cached KV: its attention per position and its logits.
 
-        Returns the attention the query pays each position ([num_tokens], when ``mass``) and
-        its last token's logits ([vocab], when ``logits``). The query runs through the layers up
-        to the last scored one, or through every layer for the logits; its K/V rows are written
-        at its own positions, which the recomputation overwrites before anything reads them.
+        Returns the attention the query pays each position summed over the scored layers
+        ([num_tokens], when ``mass``); the attention of all its tokens and of its last token in
+        every layer ([2, num_layers, num_tokens], when ``per_layer``); and its last token's
+        logits ([vocab], when ``logits``); all float32 on the CPU. The query runs through the
+        layers up to the last scored one, or through every layer for the logits or the per-layer
+        attention; its K/V rows are written at its own positions, which the recomputation
+        overwrites before anything reads them.
         """
         first, last = self._query_layers(batch) if mass else (0, 0)
-        top = self.spec.num_layers if logits else last
+        num_layers = self.spec.num_layers
+        top = num_layers if logits or per_layer else last
         positions = plan.query.to(self.device)
         stream = self._new_stream(batch.token_ids[plan.query], positions)
         cos_sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
-        total = torch.zeros(kv.length, dtype=torch.float32, device=self.device)
+        rows = torch.zeros(2, top, kv.length, dtype=torch.float32, device=self.device)
         for layer_idx in range(top):
             layer = self.model.decoder_layers[layer_idx]
             q, k, v = layer.project_qkv(stream.hidden)
             q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
             self._write(kv, layer_idx, k, v, positions)
-            if first <= layer_idx < last:
+            if per_layer or first <= layer_idx < last:
                 keys = kv.k[layer_idx, : kv.length]
-                total += key_attention_mass(q, keys, positions, self.scale)
+                rows[0, layer_idx] = key_attention_mass(q, keys, positions, self.scale)
+            if per_layer:
+                keys = kv.k[layer_idx, : kv.length]
+                rows[1, layer_idx] = key_attention_mass(q[-1:], keys, positions[-1:], self.scale)
             if layer_idx + 1 < top or logits:
                 stream.hidden = layer.finish(
                     stream.hidden, self._attend(layer_idx, q, positions, kv)
                 )
         return (
-            total.cpu() if mass else None,
+            rows[0, first:last].sum(dim=0).cpu() if mass else None,
+            rows.cpu() if per_layer else None,
             self.model.logits(stream.hidden[-1:])[0] if logits else None,
         )
 

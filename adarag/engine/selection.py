@@ -12,6 +12,8 @@ the top of all candidates together (the same total), so the chunks the rule rank
 more, with at most ``max_chunk_ratio`` of any one chunk. Ties break towards the earlier position,
 so selection is deterministic. Levers on top of any rule (``RecomputeConfig``):
 
+- ``span_tokens``: windows of ``w`` tokens around the best-scored tokens are recomputed
+  instead of isolated tokens (:meth:`RecomputePlan.windowed`; CacheClip's grouped windows).
 - ``chunk_start_tokens``: the first ``s`` tokens of every candidate chunk are always chosen,
   inside its budget (EPIC's LegoLink).
 - ``chunk_allocation="query"``: the total is shared out between chunks in proportion to the
@@ -209,6 +211,8 @@ class RecomputePlan:
         """
         assert scores.shape == self.candidates.shape, f"{scores.shape} scores for candidates"
         scores = scores.detach().float().cpu().clone()
+        if selection.span_tokens > 1:
+            scores = self.windowed(scores, selection.span_tokens)
         scores[self.forced(selection)] = math.inf
         budgets = self.scaled_budgets(budget_factor)
         if segment_weights is not None:
@@ -225,6 +229,27 @@ class RecomputePlan:
         if selection.budget == "per_chunk":
             return self._top_per_segment(scores, budgets)
         return self._top_overall(scores, budgets, selection.max_chunk_ratio)
+
+    def windowed(self, scores: torch.Tensor, span: int) -> torch.Tensor:
+        """[n_candidates] ranks (higher first) that choose windows of ``span`` tokens.
+
+        A candidate scores the best score of the ``span`` candidates around it in its segment
+        (the window of a best token ``i`` is ``i - (span - 1) // 2 .. i + span // 2``); ties go
+        to the higher own score, then to the earlier position.
+        """
+        pooled = scores.clone()
+        before, after = span // 2, (span - 1) // 2
+        for segment in torch.unique(self.candidate_segment):
+            rows = (self.candidate_segment == segment).nonzero().squeeze(1)
+            padded = torch.nn.functional.pad(
+                scores[rows][None, None], (before, after), value=-math.inf
+            )
+            pooled[rows] = torch.nn.functional.max_pool1d(padded, span, stride=1)[0, 0]
+        by_own = torch.sort(-scores, stable=True).indices  # best first, earlier on ties
+        order = by_own[torch.sort(-pooled[by_own], stable=True).indices]
+        ranks = torch.empty(scores.numel(), dtype=torch.float32)
+        ranks[order] = torch.arange(scores.numel(), 0, -1, dtype=torch.float32)
+        return ranks
 
     def _ranks(self, scores: torch.Tensor) -> torch.Tensor:
         """[n_candidates] rank of each candidate inside its segment, best first."""

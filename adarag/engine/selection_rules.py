@@ -18,6 +18,11 @@ candidate; :meth:`~adarag.engine.selection.RecomputePlan.choose` keeps the best 
   pays the token (``query_attention``'s pass). It is the first-order change of the query's
   attention output from making the token's V exact, ``a_qj · ||V_j^fresh − V_j^cached||²``,
   the term the ``output_oracle``'s gradient is made of, with what the engine can know.
+- ``learned``: a small model fitted per model by ``adarag calibrate --selector`` on the
+  positions the ``output_oracle`` chooses for calibration questions, over run-time features of
+  each candidate (:mod:`~adarag.engine.token_features`: K/V deviation at the check layer, the
+  query's attention in every layer, position in its chunk, chunk order). It is read from the
+  model's profile (``ForwardBatch.token_scorer``); without one it scores as ``query_deviation``.
 - ``stored_rank`` (Cache-Craft section 3.3): the ranking stored with each cached chunk variant,
   computed when the variant was (its tokens' attention to the chunks before it); no pass is
   needed. Segments without a stored ranking score zero (ties keep the earlier position).
@@ -41,6 +46,7 @@ from adarag.config import RecomputeConfig
 from adarag.engine.batch import ForwardBatch, SegmentPlan
 from adarag.engine.kv_cache import KVCache
 from adarag.engine.selection import RecomputePlan, is_candidate, value_deviation
+from adarag.engine.token_features import derive_features, raw_token_features
 from adarag.errors import InputError
 
 
@@ -55,10 +61,16 @@ class ScoringInputs:
             fresh K/V written there.
         query_mass: [num_tokens] float32 on the CPU, the attention the query suffix pays each
             position, when the rule or ``chunk_allocation="query"`` needs it; else None.
-        fresh_v: [n_candidates, num_kv_heads, head_dim] the candidates' fresh V at the scoring
-            layer (rules with a scoring layer only).
-        cached_v: [n_candidates, num_kv_heads, head_dim] their cached V at the scoring layer,
+        query_layer_mass: [2, num_layers, num_tokens] float32 on the CPU, the attention of all
+            the query's tokens ([0]) and of its last token ([1]) in every layer, when the rule
+            needs it (``needs_layer_attention``) or features are collected.
+        fresh_k: [n_candidates, num_kv_heads, head_dim] the candidates' fresh K at the scoring
+            layer, re-rotated (rules with a scoring layer only).
+        fresh_v: [n_candidates, num_kv_heads, head_dim] their fresh V at the scoring layer
+            (rules with a scoring layer only).
+        cached_k: [n_candidates, num_kv_heads, head_dim] their cached K at the scoring layer,
             read before the fresh rows were written (rules that read cached values only).
+        cached_v: [n_candidates, num_kv_heads, head_dim] their cached V, read alike.
         candidate_mass: Computes [n_candidates, num_heads, num_segments], the attention mass
             each candidate's fresh query pays each key segment at the scoring layer (rules with
             a scoring layer only).
@@ -68,7 +80,10 @@ class ScoringInputs:
     plan: RecomputePlan
     kv: KVCache
     query_mass: torch.Tensor | None = None
+    query_layer_mass: torch.Tensor | None = None
+    fresh_k: torch.Tensor | None = None
     fresh_v: torch.Tensor | None = None
+    cached_k: torch.Tensor | None = None
     cached_v: torch.Tensor | None = None
     candidate_mass: Callable[[], torch.Tensor] | None = None
 
@@ -78,11 +93,14 @@ class SelectionRule(Protocol):
 
     Attributes:
         needs_query_attention: The query suffix runs over the cached KV first (``query_mass``).
-        reads_cached_values: The candidates' cached V at the scoring layer is kept for it
-            (``cached_v``) before the fresh rows overwrite it.
+        needs_layer_attention: That pass keeps the query's attention of every layer
+            (``query_layer_mass``).
+        reads_cached_values: The candidates' cached K and V at the scoring layer are kept for
+            it (``cached_k``, ``cached_v``) before the fresh rows overwrite them.
     """
 
     needs_query_attention: ClassVar[bool]
+    needs_layer_attention: ClassVar[bool]
     reads_cached_values: ClassVar[bool]
 
     def scoring_layer(self, selection: RecomputeConfig) -> int | None:
@@ -98,6 +116,7 @@ class _UpFront:
     """A rule that scores before any layer, from what the runner has already."""
 
     needs_query_attention: ClassVar[bool] = False
+    needs_layer_attention: ClassVar[bool] = False
     reads_cached_values: ClassVar[bool] = False
 
     def scoring_layer(self, selection: RecomputeConfig) -> int | None:
@@ -109,6 +128,7 @@ class CrossAttention:
     """``cross_attention``: each candidate's first-layer attention share on other chunks."""
 
     needs_query_attention: ClassVar[bool] = False
+    needs_layer_attention: ClassVar[bool] = False
     reads_cached_values: ClassVar[bool] = False
 
     def scoring_layer(self, selection: RecomputeConfig) -> int | None:
@@ -126,6 +146,7 @@ class KVDeviation:
     """``kv_deviation``: each candidate's V deviation at the check layer."""
 
     needs_query_attention: ClassVar[bool] = False
+    needs_layer_attention: ClassVar[bool] = False
     reads_cached_values: ClassVar[bool] = True
 
     def scoring_layer(self, selection: RecomputeConfig) -> int | None:
@@ -147,6 +168,25 @@ class QueryDeviation(KVDeviation):
         """[n_candidates] float32 on the CPU."""
         assert inputs.query_mass is not None, "query_deviation reads the query's attention"
         return super().score(inputs).cpu() * inputs.query_mass[inputs.plan.candidates]
+
+
+class Learned(QueryDeviation):
+    """``learned``: a scorer fitted on the output-aware oracle, over the candidates' features.
+
+    Without a fitted scorer (``ForwardBatch.token_scorer``) it scores as ``query_deviation``.
+    """
+
+    needs_layer_attention: ClassVar[bool] = True
+
+    def score(self, inputs: ScoringInputs) -> torch.Tensor:
+        """[n_candidates] float32 logits on the CPU (``query_deviation``'s without a scorer)."""
+        scorer = inputs.batch.token_scorer
+        if scorer is None:
+            return super().score(inputs)
+        assert inputs.query_layer_mass is not None, "learned reads the query's layer attention"
+        raw = candidate_features(inputs).numpy()
+        derived = derive_features(raw, scorer.features, inputs.query_layer_mass.shape[1])
+        return torch.from_numpy(scorer.logits(derived)).float()
 
 
 class QueryAttention(_UpFront):
@@ -216,6 +256,7 @@ SELECTION_RULES: Mapping[str, SelectionRule] = MappingProxyType(
         "kv_deviation": KVDeviation(),
         "query_attention": QueryAttention(),
         "query_deviation": QueryDeviation(),
+        "learned": Learned(),
         "stored_rank": StoredRank(),
         "random": RandomScores(),
         "oracle": Oracle(),
@@ -233,6 +274,30 @@ def selection_rule(selection: RecomputeConfig) -> SelectionRule:
 
 
 # --- scores
+
+
+def candidate_features(inputs: ScoringInputs) -> torch.Tensor:
+    """[n_candidates, raw columns] float32: the candidates' run-time features at the check layer.
+
+    See :mod:`~adarag.engine.token_features`; the inputs must come from a scoring layer with the
+    cached K/V and the query's attention of every layer.
+    """
+    assert inputs.fresh_k is not None and inputs.fresh_v is not None, "fresh K/V at the layer"
+    assert inputs.cached_k is not None and inputs.cached_v is not None, "cached K/V at the layer"
+    assert inputs.query_layer_mass is not None, "the query's attention of every layer"
+    plan = inputs.plan
+    return raw_token_features(
+        fresh_k=inputs.fresh_k,
+        fresh_v=inputs.fresh_v,
+        cached_k=inputs.cached_k,
+        cached_v=inputs.cached_v,
+        query_layer_mass=inputs.query_layer_mass,
+        positions=plan.candidates,
+        segment=plan.candidate_segment,
+        offset=plan.candidate_offset,
+        lengths=plan.lengths,
+        num_chunks=len(plan.lengths) - 2,
+    )
 
 
 def cross_chunk_ratio(

@@ -26,6 +26,9 @@ class _Stream:
     last_hidden: list[torch.Tensor]
     segment_attention: list[torch.Tensor]
     segment_positions: list[torch.Tensor]  # the rows of each segment_attention entry
+    candidate_features: torch.Tensor | None = None  # [n_candidates, raw columns], when asked
+    scores: torch.Tensor | None = None  # [n_candidates] the rule's scores (the ladder reuses them)
+    reused_logits: torch.Tensor | None = None  # [vocab] the query pass's, over the reused KV
 
 
 def _rescale_reused(kv: KVCache, batch: ForwardBatch) -> None:

@@ -56,6 +56,28 @@ def output_oracle_scores(
         ratio: Share of each chunk's tokens the budget allows (the total over chunks).
         rounds: Greedy rounds.
     """
+    with torch.inference_mode(False), torch.enable_grad():
+        loss_of = AnswerLoss(generator, layout, reused, full, answer_ids)
+        return oracle_ranking(loss_of, layout, ratio, rounds)
+
+
+def oracle_ranking(
+    loss_of: AnswerLoss,
+    layout: PromptLayout,
+    ratio: float,
+    rounds: int = ROUNDS,
+    first_gain: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`output_oracle_scores` over a prepared loss (shared by several ratios).
+
+    Args:
+        loss_of: The answer's loss over the mixed context.
+        layout: The prompt.
+        ratio: Share of each chunk's tokens the budget allows.
+        rounds: Greedy rounds.
+        first_gain: ``loss_of.gain`` with no position exact, when already computed (the first
+            round's, the same at every ratio).
+    """
     cu = layout.cu_segments
     context = cu[-2]  # positions before the query suffix
     candidates = torch.arange(cu[1], context)
@@ -66,9 +88,11 @@ def output_oracle_scores(
     step = max(1, math.ceil(budget / rounds))
     gain = torch.zeros(context)
     with torch.inference_mode(False), torch.enable_grad():
-        loss_of = AnswerLoss(generator, layout, reused, full, answer_ids)
         for round_idx in range(rounds):
-            gain = loss_of.gain(mix)
+            if round_idx == 0 and first_gain is not None:
+                gain = first_gain
+            else:
+                gain = loss_of.gain(mix)
             taken = int(chosen.sum())
             if taken >= budget:
                 break

@@ -31,6 +31,16 @@ from adarag.schema import Chunk
 
 DATASETS = ("musique", "hotpotqa", "2wikimqa", "2wikimqa-gold", "2wikimqa-short")
 GOLD_CONTEXT_DATASETS = ("2wikimqa-gold", "2wikimqa-short")
+FIDELITY_CHUNKS = {
+    "musique": 4,
+    "hotpotqa": 6,
+    "2wikimqa": 6,
+    "2wikimqa-gold": 6,
+    "2wikimqa-short": 4,
+}
+"""Chunks per question of each data set in the fidelity benchmark and the selector's labels."""
+CALIBRATION_QUESTIONS = 40
+"""Questions #0-39 of each data set calibrate (fit, choose); the report split starts after."""
 CORPUS_FILE = "2wikimqa_corpus.jsonl"
 DATA_DIR_ENV = "ADARAG_DATA_DIR"
 DEFAULT_DATA_DIR = Path(os.environ.get(DATA_DIR_ENV, "data"))

@@ -38,4 +38,5 @@ def augmented_prefill(resources: Resources, augment: AugmentConfig) -> Augmented
         controller,
         resources.engine_lock,
         resources.system_kv,
+        resources.learned,
     )

@@ -21,6 +21,7 @@ from adarag.config import AdaRagConfig
 from adarag.engine.generator import Engine
 from adarag.kv import ChunkKV
 from adarag.pipeline.backends import load_generator
+from adarag.pipeline.learned import LearnedControls, learned_controls
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.profiles import ModelProfile, find_profile, generic_profile
 from adarag.schema import PromptLayout
@@ -51,6 +52,7 @@ class Resources:
         self._variants: VariantIndex | None = None  # Cache-Craft's metadata, beside the store
         self._cache: TieredCache | None = None
         self._profile: ModelProfile | None = None
+        self._learned: LearnedControls | None = None
 
     @property
     def generator(self) -> Engine:
@@ -78,6 +80,16 @@ class Resources:
                         found = generic_profile(name, generator.fingerprint, num_layers)
                     self._profile = found
         return self._profile
+
+    @property
+    def learned(self) -> LearnedControls:
+        """The profile's learned controls this config asks for (resolved, and logged, once)."""
+        if self._learned is None:
+            profile = self.profile
+            with self.engine_lock:
+                if self._learned is None:
+                    self._learned = learned_controls(self.config.cache.recompute, profile)
+        return self._learned
 
     @property
     def kv_namespace(self) -> str:

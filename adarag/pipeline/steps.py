@@ -27,7 +27,9 @@ from adarag.cache.variants import VariantStats, variant_stats
 from adarag.config import AugmentConfig, CacheConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.generator import Engine
+from adarag.engine.routing import ROUTING_FEATURES
 from adarag.kv import ChunkKV
+from adarag.pipeline.learned import LearnedControls
 from adarag.pipeline.stream import PreparedAnswer, decode_text
 from adarag.schema import (
     Chunk,
@@ -78,6 +80,7 @@ class AugmentedPrefill:
         controller: The confidence estimator and stop rule.
         engine_lock: Serialises engine work with other requests.
         system_kv: Returns the system prefix's exact KV (computing it once).
+        learned: The profile's token scorer and routing ladder, sent with every prefill.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class AugmentedPrefill:
         controller: AugmentationController,
         engine_lock: threading.RLock,
         system_kv: Callable[[], ChunkKV],
+        learned: LearnedControls | None = None,
     ) -> None:
         self._generator = generator
         self._cache = cache
@@ -97,6 +101,7 @@ class AugmentedPrefill:
         self._controller = controller
         self._engine_lock = engine_lock
         self._system_kv = system_kv
+        self._learned = learned or LearnedControls()
 
     def run(
         self,
@@ -144,7 +149,7 @@ class AugmentedPrefill:
         final = taken[-1][1]
         trace = QueryTrace(
             steps=tuple(
-                _step_trace(scored, step.tiers, self._generator.tokenizer) for scored, step in taken
+                _step_trace(scored, step, self._generator.tokenizer) for scored, step in taken
             ),
             stop_reason=reason,
             ttft_s=time.perf_counter() - started,
@@ -189,7 +194,7 @@ class AugmentedPrefill:
             result = dataclasses.replace(step.result, answer_prefix=prefix, is_stable=stable)
             previous = prefix
             scored = self._controller.score(num_chunks, result)
-            results.append((_step_trace(scored, step.tiers, self._generator.tokenizer), answer))
+            results.append((_step_trace(scored, step, self._generator.tokenizer), answer))
         return results
 
     def fused_prefill(
@@ -244,6 +249,8 @@ class AugmentedPrefill:
                 resident=previous.output.kv if reuse and previous is not None else None,
                 resident_rows=resident_rows,
                 min_capacity=min_capacity if self._augment_config.reuse_step_kv else 0,
+                token_scorer=self._learned.token_scorer,
+                ladder=self._learned.ladder,
             )
             self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
         return output, hits, time.perf_counter() - started
@@ -350,23 +357,30 @@ def _variant_stats(
     return stats
 
 
-def _step_trace(step: ScoredStep, tiers: tuple[Tier, ...], tokenizer: Any) -> StepTrace:
-    result = step.result
+def _step_trace(scored: ScoredStep, step: _Step, tokenizer: Any) -> StepTrace:
+    result = scored.result
     prefix = result.answer_prefix
+    routing = step.output.routing
+    decided = [rung.probability for rung in routing if rung.probability is not None]
     return StepTrace(
-        num_chunks=step.num_chunks,
-        confidence=step.confidence.value,
-        kl_score=step.confidence.kl_score,
-        entropy_score=step.confidence.entropy_score,
+        num_chunks=scored.num_chunks,
+        confidence=scored.confidence.value,
+        kl_score=scored.confidence.kl_score,
+        entropy_score=scored.confidence.entropy_score,
         num_processed_tokens=result.num_processed_tokens,
         num_recomputed_tokens=result.num_recomputed_tokens,
-        tiers=tiers,
+        tiers=step.tiers,
         prefill_s=result.prefill_s,
-        confidence_s=result.confidence_s + step.scoring_s,
+        confidence_s=result.confidence_s + scored.scoring_s,
         mean_kl=mean(result.signals.kl),
         entropy=result.signals.entropy,
         margin=result.margin,
         answer_prefix=None if prefix is None else tokenizer.decode(list(prefix)),
         is_stable=result.is_stable,
-        probability=step.probability,
+        probability=scored.probability,
+        rungs=tuple(rung.ratio for rung in routing),
+        agreement_probability=decided[-1] if decided else None,
+        reused_entropy=routing[0].features[ROUTING_FEATURES.index("entropy_reused")]
+        if routing
+        else None,
     )

@@ -1,21 +1,25 @@
-"""A model's profile: its attention sinks (AdaCache section 3.1) and augmentation calibration.
+"""A model's profile: its attention sinks (AdaCache section 3.1), calibration, learned controllers.
 
 ``adarag profile`` measures the sinks (:mod:`adarag.evaluation.profiling.sinks`), ``adarag
 calibrate`` fits the calibration (:mod:`adarag.evaluation.profiling.calibration`); both are saved
 in one JSON file per model.
 The pipeline reads them from here: the sink chunk joins the predecessor in later chunks'
-effective prefix (the soft tier's key), the calibration sets the stop rule.
+effective prefix (the soft tier's key), the calibration sets the stop rule, and the learned
+controllers (:mod:`adarag.profiles.learned`) score the tokens to recompute, route requests up the
+ladder and stop adaptive augmentation.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from adarag.errors import ConfigError
+from adarag.fitted import FittedModel
+from adarag.profiles.learned import DepthProbe, LadderCalibration
 
 FORMAT = "adarag-profile-1"
 Pattern = Literal["predecessor", "sink"]
@@ -83,10 +87,15 @@ class ModelProfile:
     num_chunks: int = 0
     chunk_attention: tuple[tuple[tuple[float, ...], ...], ...] = ()
     calibration: Calibration = field(default_factory=Calibration)
+    selector: FittedModel | None = None
+    ladder: LadderCalibration | None = None
+    depth_probe: DepthProbe | None = None
 
     def to_json(self) -> str:
         """The profile as JSON."""
-        return json.dumps({"format": FORMAT, **asdict(self)}, indent=1)
+        data = asdict(self)
+        data["ladder"] = None if self.ladder is None else self.ladder.to_dict()
+        return json.dumps({"format": FORMAT, **data}, indent=1)
 
     @classmethod
     def from_json(cls, text: str, source: str) -> ModelProfile:
@@ -112,13 +121,24 @@ class ModelProfile:
             data["chunk_attention"] = tuple(
                 tuple(tuple(row) for row in layer) for layer in data.get("chunk_attention", ())
             )
+            for name, kind in (
+                ("selector", FittedModel),
+                ("ladder", LadderCalibration),
+                ("depth_probe", DepthProbe),
+            ):
+                found = data.get(name)
+                data[name] = None if found is None else kind.from_dict(found)
             return cls(**data)
-        except (ValueError, TypeError, KeyError) as err:
+        except (ValueError, TypeError, KeyError, AssertionError) as err:
             raise ConfigError(f"{source} is not a valid adarag model profile: {err}") from err
 
     def with_calibration(self, calibration: Calibration) -> ModelProfile:
         """The same profile with new calibration constants."""
-        return ModelProfile(**{**self.__dict__, "calibration": calibration})
+        return replace(self, calibration=calibration)
+
+    def with_learned(self, **learned: Any) -> ModelProfile:
+        """The same profile with new ``selector``, ``ladder`` or ``depth_probe``."""
+        return replace(self, **learned)
 
 
 def generic_profile(model: str, fingerprint: str, num_layers: int) -> ModelProfile:

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2] / "adarag"
 SERVING = {
     "config",
     "schema",
+    "fitted",
     "kv",
     "errors",
     "files",
@@ -45,15 +46,16 @@ TOOLING = {"evaluation", "cli", "__main__"}
 ALLOWED = {
     "config": {"errors", "config"},  # ConfigError is raised at the config boundary
     "schema": set(),
+    "fitted": set(),  # FittedModel, the learned controllers' weights (numpy only)
     "kv": set(),  # ChunkKV, the value the engine computes and the cache stores
     "errors": set(),
     "files": set(),
     "kernels": {"config", "errors", "kernels"},
     "cache": {"config", "schema", "kv", "errors", "files", "cache"},
     "retrievers": {"config", "schema", "errors", "files", "retrievers"},
-    "augment": {"config", "schema", "errors", "augment"},
-    "engine": {"kernels", "config", "schema", "kv", "errors", "engine"},
-    "profiles": {"errors", "profiles"},
+    "augment": {"config", "schema", "errors", "fitted", "augment"},
+    "engine": {"kernels", "config", "schema", "kv", "errors", "fitted", "engine"},
+    "profiles": {"errors", "fitted", "profiles"},
     "policies": {"config", "errors", "policies"},  # named presets of config overrides
     "conversation": {"schema"},
     "data": {"schema", "retrievers"},
@@ -64,6 +66,7 @@ ALLOWED = {
     "__main__": {"cli"},  # python -m adarag
 }
 FORBIDDEN_THIRD_PARTY = {  # anywhere in the layer's modules
+    "fitted": {"torch", "chromadb", "llama_index", "langchain_core", "vllm", "triton"},
     "policies": {"torch", "chromadb", "llama_index", "langchain_core", "vllm", "triton"},
     "kv": {"chromadb", "llama_index", "langchain_core", "vllm", "triton"},
     "kernels": {"chromadb", "llama_index", "langchain_core"},

@@ -181,9 +181,11 @@ def test_every_selection_policy_has_one_registered_rule():
 def test_rules_declare_where_they_score_and_what_they_read():
     config = RecomputeConfig(deviation_check_layer=1)
     layers = {name: rule.scoring_layer(config) for name, rule in SELECTION_RULES.items()}
-    at_a_layer = {"cross_attention": 0, "kv_deviation": 1, "query_deviation": 1}
+    at_a_layer = {"cross_attention": 0, "kv_deviation": 1, "query_deviation": 1, "learned": 1}
     assert layers == {name: at_a_layer.get(name) for name in SELECTION_RULES}
     reads_query = {n for n, rule in SELECTION_RULES.items() if rule.needs_query_attention}
-    assert reads_query == {"query_attention", "query_deviation"}
+    assert reads_query == {"query_attention", "query_deviation", "learned"}
+    reads_layers = {n for n, rule in SELECTION_RULES.items() if rule.needs_layer_attention}
+    assert reads_layers == {"learned"}
     reads_cached = {n for n, rule in SELECTION_RULES.items() if rule.reads_cached_values}
-    assert reads_cached == {"kv_deviation", "query_deviation"}
+    assert reads_cached == {"kv_deviation", "query_deviation", "learned"}
