@@ -6,13 +6,19 @@ Three stages, each resumable:
 on-disk Chroma (all-MiniLM-L6-v2) once, and every question's top-12 chunks are written with their
 scores to ``<cache>/<dataset>.retrieved.jsonl``.
 
-``run``: per question, every augmentation step k = 1..12 (``AdaRAG.answer_each_step``: step k
+``run``: per question, every augmentation step k = 1..12 (``AdaRAG.probe_each_step``: step k
 reuses steps 1..k-1's exact KV from the hard tier and computes chunk k and the question; no other
 tier, float32 store, so step k's answer is the full-recomputation answer of static top-k) with
 its answer, gold F1, lens confidence, first-token margin, answer stability and wall time; plus
 full prefills of the top-12 prompt and of one more depth (cycling over 1..11), every third
 question, for the static TTFT fit. One JSON line per question in
-``results/depth/<model>/<dataset>.jsonl``.
+``results/depth/<model>/<dataset>.jsonl``; the depth probe's features of every step (the residual
+stream at three layers, the lens signals, the retrieval scores) go to
+``<cache>/depth-probe/<model>/<dataset>/`` (large; out of the repository).
+
+``--split calibration`` retrieves and runs other questions of each set, none of the report's:
+the depth probe is fitted on them (``adarag calibrate --depth --records
+<cache>/depth-probe/<model>``); their JSON lines go to ``<cache>/depth-calibration/``.
 
 ``report``: fixed top-k for k = 1..12, the adaptive rules (thresholds chosen on the calibration
 questions, figures on the report questions) and the per-question oracle depth; tables and plots
@@ -53,6 +59,23 @@ STATIC_EVERY = 3  # time full prefills for every third question (the static fit 
 CACHE = Path(os.environ.get("ADARAG_BENCH_CACHE", Path.home() / ".cache" / "adarag-bench"))
 # questions per data set: the first CALIBRATION choose the rules' thresholds, the rest report
 OFFSETS = {"2wikimqa": 100, "hotpotqa": 100, "musique": 40}
+REPORTED = 45  # questions from each offset: 5 calibrate the hand-made rules, 40 report
+PROBE_RECORDS = CACHE / "depth-probe"
+
+
+def split_rows(rows: list[dict], dataset: str, split: str, count: int) -> list[dict]:
+    """The questions of ``split``: the report's (from the offset), or ``count`` others."""
+    start = OFFSETS[dataset]
+    if split == "report":
+        return rows[start : start + count]
+    others = rows[:start] + rows[start + REPORTED :]
+    return others[:count]
+
+
+def retrieved_path(dataset: str, split: str) -> Path:
+    """Where a split's top-12 per question are written."""
+    infix = "" if split == "report" else ".calibration"
+    return CACHE / f"{dataset}{infix}.retrieved.jsonl"
 
 
 def retrieve(args: argparse.Namespace) -> None:
@@ -61,7 +84,7 @@ def retrieve(args: argparse.Namespace) -> None:
     from adarag.retrievers import KnowledgeBase
 
     for dataset in args.datasets:
-        path = CACHE / f"{dataset}.retrieved.jsonl"
+        path = retrieved_path(dataset, args.split)
         if path.exists():
             print(f"{path} exists")
             continue
@@ -76,7 +99,7 @@ def retrieve(args: argparse.Namespace) -> None:
                     f"{time.perf_counter() - started:.0f} s"
                 )
             rows = questions(dataset, args.data_dir)
-            selected = rows[OFFSETS[dataset] : OFFSETS[dataset] + args.questions]
+            selected = split_rows(rows, dataset, args.split, args.questions)
             lines = []
             for row in selected:
                 found = kb.retrieve(row["question"], MAX_K)
@@ -133,40 +156,66 @@ def hard_tier_pipeline(
 
 def run(args: argparse.Namespace) -> None:
     """Every step of every question (resuming after the questions already written)."""
-    out = OUTPUT / args.model_dir / f"{args.dataset}.jsonl"
+    from adarag.evaluation.profiling.depth_probe import (
+        has_depth_record,
+        probe_layers,
+        record_depth,
+        save_depth_record,
+    )
+
+    root = OUTPUT if args.split == "report" else CACHE / "depth-calibration"
+    out = root / args.model_dir / f"{args.dataset}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     done = (
         {json.loads(line)["qid"] for line in out.read_text().splitlines()}
         if out.exists()
         else set()
     )
-    items = [json.loads(line) for line in (CACHE / f"{args.dataset}.retrieved.jsonl").open()]
+    items = [json.loads(line) for line in retrieved_path(args.dataset, args.split).open()]
     items = items[: args.questions]
     rag = hard_tier_pipeline(args.model, args.threads)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    layers = probe_layers(rag.generator.spec.num_layers)
+    probes = PROBE_RECORDS / args.model_dir
     rag.answer_each_step("warm-up?", ["A short passage."], params)
-    for index, item in enumerate(items):
-        if item["qid"] in done:
+    index, count = (int(part) for part in args.shard.split("/"))
+    for index_in_set, item in enumerate(items):
+        if index_in_set % count != index:
+            continue
+        probed = has_depth_record(probes, args.dataset, item["qid"])
+        if item["qid"] in done and probed:
             continue
         chunks = [Chunk(c["text"], c["id"], c["score"]) for c in item["chunks"]]
         started = time.perf_counter()
-        steps = rag.answer_each_step(item["question"], chunks, params)
+        record, steps = record_depth(
+            rag,
+            args.dataset,
+            item["qid"],
+            item["question"],
+            chunks,
+            item["answers"],
+            params,
+            layers,
+        )
         wall_s = time.perf_counter() - started
+        save_depth_record(probes, record)
+        if item["qid"] in done:  # the JSON line is there already (the same greedy answers)
+            continue
         tokens = [
             rag.layout(item["question"], chunks[:k], params).num_tokens for k in range(1, MAX_K + 1)
         ]
         static = []
-        timed_depths = (MAX_K, 1 + (index // STATIC_EVERY) % (MAX_K - 1))
-        for k in timed_depths if index % STATIC_EVERY == 0 else ():
+        timed_depths = (MAX_K, 1 + (index_in_set // STATIC_EVERY) % (MAX_K - 1))
+        for k in timed_depths if index_in_set % STATIC_EVERY == 0 else ():
             layout = rag.layout(item["question"], chunks[:k], params)
             begun = time.perf_counter()
             rag.generator.prefill(layout, max_new_tokens=params.max_new_tokens)
             static.append(
                 {"k": k, "tokens": layout.num_tokens, "seconds": time.perf_counter() - begun}
             )
-        record = {
+        row = {
             "qid": item["qid"],
-            "index": index,
+            "index": index_in_set,
             "type": item["type"],
             "scores": [c["score"] for c in item["chunks"]],
             "gold": [c["gold"] for c in item["chunks"]],
@@ -189,9 +238,9 @@ def run(args: argparse.Namespace) -> None:
             ],
         }
         with out.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        f1s = " ".join(f"{100 * s['f1']:.0f}" for s in record["steps"])
-        print(f"[{index}] {wall_s:.1f} s  F1 by k: {f1s}", flush=True)
+            handle.write(json.dumps(row) + "\n")
+        f1s = " ".join(f"{100 * s['f1']:.0f}" for s in row["steps"])
+        print(f"[{index_in_set}] {wall_s:.1f} s  F1 by k: {f1s}", flush=True)
 
 
 def report(args: argparse.Namespace) -> None:
@@ -207,6 +256,7 @@ def main() -> None:
     stage = sub.add_parser("retrieve")
     stage.add_argument("--datasets", nargs="+", default=list(RETRIEVAL_DATASETS))
     stage.add_argument("--questions", type=int, default=60)
+    stage.add_argument("--split", choices=("report", "calibration"), default="report")
     stage.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     stage.set_defaults(fn=retrieve)
     stage = sub.add_parser("run")
@@ -215,6 +265,8 @@ def main() -> None:
     stage.add_argument("--questions", type=int, default=60)
     stage.add_argument("--threads", type=int, default=1)
     stage.add_argument("--max-new-tokens", type=int, default=16)
+    stage.add_argument("--split", choices=("report", "calibration"), default="report")
+    stage.add_argument("--shard", default="0/1", help="i/n: every n-th question from the i-th")
     stage.set_defaults(fn=run)
     stage = sub.add_parser("report")
     stage.add_argument(

@@ -14,7 +14,11 @@ exact agreement against ``--baseline``; ``<model>/<dataset><tag>.json`` (summari
     python benchmarks/fidelity.py --model qwen2.5-coder-0.5b --questions 40 --offset 40
 
 Rules are named selections; ``--rule name:key=value,...`` adds one (e.g.
-``sinks:selection_policy=kv_deviation,chunk_start_tokens=4``). ``--fused n`` reuses FusionRAG's
+``sinks:selection_policy=kv_deviation,chunk_start_tokens=4``; the learned selector, windows of 4
+and the routing ladder at a target: ``learned:selection_policy=learned``,
+``learned+w4:selection_policy=learned,span_tokens=4``,
+``ladder0.85:selection_policy=learned,target_agreement=0.85``, read from ``--profile`` or the
+model's own profile). ``--fused n`` reuses FusionRAG's
 fused entries instead of the independent KV: each chunk computed after its ``n`` most similar
 passages of the data set's knowledge base (BM25 with the chunk's text; 2Wiki's corpus, HotpotQA's
 and MuSiQue's pooled passages), rows named ``<rule>+fused<n>``; ``--fusion-gate g`` keeps a
@@ -107,6 +111,12 @@ def _parse_args() -> argparse.Namespace:
         help="with --fused: a chunk reuses its fused entry only when G of its neighbours are "
         "in the prompt (rows named <rule>+fused<N>in<G>)",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="a model profile JSON whose learned selector and routing ladder the 'learned' and "
+        "target_agreement rules read (default: the model's own profile)",
+    )
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from rows")
     parser.add_argument(
         "--storage",
@@ -128,6 +138,7 @@ def _model_name(model: str) -> str:
 def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: Path) -> None:
     from adarag import AdaRAG
     from adarag.evaluation.fidelity import FidelityRun
+    from adarag.profiles import ModelProfile
     from adarag.schema import GenerationParams
 
     engine: dict[str, Any] = {"model": args.model}
@@ -141,9 +152,14 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
     if args.fused:
         fusion = FusionConfig(num_neighbors=args.fused, min_neighbors_in_prompt=args.fusion_gate)
     index, count = (int(part) for part in args.shard.split("/"))
+    profile = None
+    if args.profile is not None:
+        profile = ModelProfile.from_json(args.profile.read_text(), str(args.profile))
     for dataset in args.dataset:
         knowledge_base = _knowledge_base(dataset, args.data_dir) if args.fused else None
-        run = FidelityRun(rag, rules, args.ratios, params, args.storage, knowledge_base, fusion)
+        run = FidelityRun(
+            rag, rules, args.ratios, params, args.storage, knowledge_base, fusion, profile
+        )
         names = [run.rule_name(rule, storage) for storage in args.storage for rule in rules]
         wanted = {(name, ratio) for name in names for ratio in run.ratios}
         path = out / f"{dataset}{args.tag}.rows.jsonl"

@@ -11,17 +11,27 @@ from adarag.augment.confidence import (
 )
 from adarag.augment.controller import AugmentationController
 from adarag.augment.evidence import ScoredStep, StepResult
-from adarag.augment.stop_rules import AgreementStop, StopRule, ThresholdStop
+from adarag.augment.stop_rules import (
+    STOP_RULES,
+    AgreementStop,
+    FittedStops,
+    ProbeStop,
+    StopRule,
+    ThresholdStop,
+)
 
 __all__ = [
+    "STOP_RULES",
     "AgreementModel",
     "AgreementStop",
     "AugmentationController",
     "Confidence",
     "IsotonicMap",
     "ConfidenceParams",
+    "FittedStops",
     "LensConfidence",
     "LensSignals",
+    "ProbeStop",
     "ScoredStep",
     "StepResult",
     "StopRule",

@@ -21,6 +21,10 @@ class StepResult:
         answer_prefix: The first answer tokens decoded greedily from this step, when asked.
         is_stable: Whether ``answer_prefix`` equals the previous step's (None at step 1 or when
             no prefix was decoded).
+        hidden: The last prompt token's residual stream at the depth probe's layers,
+            concatenated, when the stop rule reads it (:mod:`adarag.augment.probe`).
+        chunk_scores: The request's chunks' retrieval scores, best first (None where a chunk
+            has none), when the stop rule reads them.
     """
 
     signals: LensSignals
@@ -31,6 +35,8 @@ class StepResult:
     margin: float | None = None
     answer_prefix: tuple[int, ...] | None = None
     is_stable: bool | None = None
+    hidden: tuple[float, ...] | None = None
+    chunk_scores: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)

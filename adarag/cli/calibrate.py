@@ -11,6 +11,7 @@ from pathlib import Path
 from adarag.augment.agreement import fit_agreement
 from adarag.augment.calibrate import CalibrationFit, fit
 from adarag.augment.confidence import ConfidenceParams, LensConfidence
+from adarag.cli.calibrate_learned import profile_path, run_depth, run_selector, write_profile
 from adarag.cli.options import add_model_arguments, build_config, positive_int
 from adarag.data import demo_corpus, demo_questions
 from adarag.errors import InputError
@@ -22,16 +23,71 @@ from adarag.evaluation.profiling.calibration import (
     record_questions,
     step_cost_model,
 )
+from adarag.evaluation.profiling.ladder_fit import TARGETS
+from adarag.evaluation.workload import DATASETS, DEFAULT_DATA_DIR
 from adarag.pipeline import AdaRAG
 from adarag.profiles.model_profile import AgreementCalibration, Calibration
 from adarag.retrievers import MemoryRetriever
 from adarag.schema import Chunk, GenerationParams
 
-HELP = "fit the augmentation confidence (λ, τ, normalisers) on validation questions"
+HELP = (
+    "fit a model's calibration: the augmentation confidence (default), the learned selector and "
+    "routing ladder (--selector), or the depth probe (--depth)"
+)
+MIN_AGREEMENT_QUESTIONS = 20
+"""Fewer questions than this give a warning: the agreement rule's τ is then noisy."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--selector",
+        action="store_true",
+        help="fit the learned selector (selection_policy='learned') on the output-aware "
+        "oracle's labels, and the routing ladder (cache.recompute.target_agreement)",
+    )
+    mode.add_argument(
+        "--depth",
+        action="store_true",
+        help="fit the depth probe (augment.stop_rule='probe') on each step's answer",
+    )
+    learned = parser.add_argument_group("--selector and --depth")
+    learned.add_argument(
+        "--dataset",
+        nargs="+",
+        choices=DATASETS,
+        help="benchmark data sets read from --data-dir (default: the bundled calibration "
+        "questions)",
+    )
+    learned.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="where the QA data sets' dev files are (default: $ADARAG_DATA_DIR, else ./data)",
+    )
+    learned.add_argument(
+        "--shard",
+        default="0/1",
+        help="i/n: record every n-th question from the i-th (n runs share the work); the fit "
+        "runs once every question is recorded",
+    )
+    learned.add_argument("--ratio", type=float, default=0.2, help="the oracle's ratio learned")
+    learned.add_argument("--kind", choices=("logistic", "mlp"), default="logistic")
+    learned.add_argument(
+        "--target-agreement",
+        type=float,
+        nargs="+",
+        default=list(TARGETS),
+        help="target agreements with full recomputation the ladder's thresholds are fitted for",
+    )
+    learned.add_argument("--no-ladder", action="store_true", help="fit the selector only")
+    learned.add_argument(
+        "--probe-features",
+        choices=("hidden", "signals", "all"),
+        default="all",
+        help="--depth: what the probe reads: the residual stream, the step's signals, or both",
+    )
     parser.add_argument(
         "--data",
         type=Path,
@@ -41,7 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: the bundled questions over the bundled corpus",
     )
     parser.add_argument("--offset", type=int, default=0, help="skip this many questions per file")
-    parser.add_argument("--questions", type=positive_int, default=20, help="questions per file")
+    parser.add_argument(
+        "--questions",
+        type=positive_int,
+        help="questions per file or data set (default: 20; --selector: every bundled one, or "
+        "30 per --dataset)",
+    )
     parser.add_argument("--chunks", type=int, default=6, help="k, chunks retrieved per question")
     parser.add_argument(
         "--cost-weight", type=float, default=0.3, help="objective: quality - w * cost ratio"
@@ -67,8 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--records",
         type=Path,
-        help="refit from the *.calibration-records.json of an earlier run instead of running the "
-        "model over --data",
+        help="the augmentation confidence: refit from the *.calibration-records.json of an "
+        "earlier run instead of running the model over --data; --selector and --depth: the "
+        "directory their labels and chains are kept in between runs (default: under the home)",
     )
     parser.add_argument(
         "--agreement-only",
@@ -76,8 +138,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the profile's confidence constants (λ, τ, normalisers) and fit only the "
         "agreement rule over them",
     )
-    parser.add_argument("--max-new-tokens", type=positive_int, default=24)
-    parser.add_argument("--output", type=Path, help="profile JSON to write (default: the home)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        help="answer tokens compared (default: 24; 16 with --selector)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help="profile JSON to write (default: <home>/profiles/<fingerprint>.json, which this "
+        "home then reads instead of the packaged profile)",
+    )
     parser.add_argument("--plot", type=Path, help="trade-off curve PNG (default: beside it)")
     add_model_arguments(parser)
 
@@ -85,13 +156,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Record every step of each question, fit, save into the model profile, plot."""
     config = build_config(args)
+    if args.selector or args.depth:
+        args.max_new_tokens = args.max_new_tokens or 16
+        return (run_selector if args.selector else run_depth)(args, config)
+    args.max_new_tokens = args.max_new_tokens or 24
+    questions = None  # read (and checked) before the model loads
+    if args.records is None:
+        questions = _questions(args.data, args.offset, args.questions or 20, args.chunks)
     rag = AdaRAG(config)
-    if args.records is not None:
+    output = profile_path(args, rag)
+    if questions is None:
         recorded = load_records(args.records)
     else:
-        questions = _questions(args.data, args.offset, args.questions, args.chunks)
         params = GenerationParams(max_new_tokens=args.max_new_tokens)
         recorded = record_questions(rag, questions, params)
+    if len(recorded) < MIN_AGREEMENT_QUESTIONS:
+        print(
+            f"warning: {len(recorded)} calibration questions; the agreement rule wants at least "
+            f"{MIN_AGREEMENT_QUESTIONS} (its threshold is noisy below that)"
+        )
     result = fit([item.record for item in recorded], args.cost_weight)
     confidence = (
         dataclasses.replace(rag.profile.calibration, agreement=None)
@@ -125,10 +208,7 @@ def run(args: argparse.Namespace) -> int:
             None if agreement.cost_share is None else round(agreement.cost_share, 4),
         ),
     )
-    profile = rag.profile.with_calibration(calibration)
-    output = args.output or config.home / "profiles" / f"{rag.generator.fingerprint}.json"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(profile.to_json() + "\n")
+    write_profile(rag.profile.with_calibration(calibration), output, rag)
     records_path = output.with_name(output.stem + ".calibration-records.json")
     records_path.write_text(json.dumps([asdict(item) for item in recorded]) + "\n")
     plot = plot_tradeoff(result, args.plot or output.with_name(output.stem + ".tradeoff.png"))
@@ -164,14 +244,18 @@ def _report(
     chosen = result.chosen
     depth = int(round(chosen.mean_chunks))
     gold_static = sum(item.gold_f1[-1] for item in recorded) / len(recorded)
-    print(f"calibrated on {len(recorded)} questions: {calibration}")
+    print(
+        f"calibrated on {len(recorded)} questions: confidence = λ·KL + (1-λ)·entropy scores with "
+        f"λ={calibration.kl_weight}, τ={calibration.threshold}, KL scale "
+        f"{calibration.kl_scale:.3f}, entropy scale {calibration.entropy_scale:.3f}"
+    )
     print(
         f"chosen λ={chosen.kl_weight:.2f} τ={chosen.threshold:.2f}: mean depth "
         f"{chosen.mean_chunks:.2f} chunks (~{depth}), agreement with the full answer "
         f"{chosen.quality:.3f}, cost {chosen.cost:.2f} of static top-k"
     )
     print(f"gold F1 of static top-k (fused, all chunks): {100 * gold_static:.1f}")
-    print(f"profile: {output}\ntrade-off curve: {plot}")
+    print(f"trade-off curve: {plot}")
 
 
 def _questions(

@@ -25,12 +25,15 @@ class AugmentConfig(_Frozen):
     estimator: Literal["combined", "entropy", "kl"] = Field(
         default="combined", description="Uncertainty estimator."
     )
-    stop_rule: Literal["confidence", "agreement"] = Field(
+    stop_rule: Literal["confidence", "agreement", "probe"] = Field(
         default="agreement",
         description="'agreement' (the default): stop when the calibrated probability of the "
         "static top-k answer reaches the profile's τ at two consecutive steps whose first answer "
         "tokens are equal (static top-k without a calibrated τ); 'confidence': stop when the "
-        "lens confidence alone reaches τ.",
+        "lens confidence alone reaches τ; 'probe': stop when the depth probe fitted by `adarag "
+        "calibrate --depth` (the last prompt token's residual stream, the lens signals and the "
+        "retrieval scores) gives a probability at least its τ that no later depth answers "
+        "better (static top-k for a model without a fitted probe).",
     )
     stability_tokens: int = Field(
         default=4, ge=1, le=64, description="Answer tokens compared by the agreement rule."

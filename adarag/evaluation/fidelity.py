@@ -44,7 +44,9 @@ from adarag.evaluation.workload import BenchQuestion
 from adarag.kv import ChunkKV
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.fusion_warm import ChunkFuser
+from adarag.pipeline.learned import LearnedControls, learned_controls
 from adarag.pipeline.stream import decode_text
+from adarag.profiles import ModelProfile
 from adarag.retrievers.base import Retriever
 from adarag.schema import Chunk, GenerationParams, PromptLayout
 
@@ -77,6 +79,8 @@ class FidelityRow:
     full_ttft_s: float
     num_prompt_tokens: int
     num_recomputed_tokens: int
+    final_ratio: float | None = None
+    """The ratio a routing ladder ended at (None without a ladder)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ class FidelityRun:
             where ``fusion.min_neighbors_in_prompt`` of them are in the prompt (as a lookup
             gates it); the rows are named ``<rule>+fused<num_neighbors>[in<min_neighbors>]``.
         fusion: The fused entries' settings (``cache.fusion``'s; ``enabled`` is not read).
+        profile: Where a ``learned`` rule's scorer and a ``target_agreement`` rule's routing
+            ladder come from (the pipeline's own profile when None).
     """
 
     def __init__(
@@ -155,6 +161,7 @@ class FidelityRun:
         storages: Sequence[StorageFormat] = ("float32",),
         knowledge_base: Retriever | None = None,
         fusion: FusionConfig | None = None,
+        profile: ModelProfile | None = None,
     ) -> None:
         self.rag = rag
         self.rules = dict(rules)
@@ -163,6 +170,8 @@ class FidelityRun:
         self.codecs = {storage: KVCodec(storage) for storage in storages}
         self.knowledge_base = knowledge_base
         self.fusion = fusion or FusionConfig()
+        self.profile = profile or rag.profile
+        self._learned: dict[RecomputeConfig, LearnedControls] = {}
 
     def rule_name(self, rule: str, storage: StorageFormat) -> str:
         """The name of a rule's rows: ``<rule>[+fused<n>[in<gate>]][@<format>]``."""
@@ -263,6 +272,11 @@ class FidelityRun:
         full: PrefillOutput | None,
         position_scores: torch.Tensor | None = None,
     ) -> tuple[float, PrefillOutput]:
+        learned = LearnedControls()
+        if selection is not None:  # resolved once per rule (a missing part is logged once)
+            if selection not in self._learned:
+                self._learned[selection] = learned_controls(selection, self.profile)
+            learned = self._learned[selection]
         started = time.perf_counter()
         output = self.rag.generator.prefill(
             layout,
@@ -271,6 +285,8 @@ class FidelityRun:
             selection=selection,
             reference_kv=None if full is None else full.kv,
             position_scores=position_scores,
+            token_scorer=learned.token_scorer,
+            ladder=learned.ladder,
         )
         output.logits.argmax()  # the first token
         return time.perf_counter() - started, output
@@ -315,6 +331,7 @@ class FidelityRun:
             full_ttft_s=full_s,
             num_prompt_tokens=layout.num_tokens,
             num_recomputed_tokens=output.num_recomputed_tokens,
+            final_ratio=output.routing[-1].ratio if output.routing else None,
         )
 
 
@@ -387,6 +404,7 @@ def read_rows(path: Path) -> list[FidelityRow]:
     if not path.exists():
         return []
     names = {field.name for field in fields(FidelityRow)}
+    optional = {"final_ratio"}  # rows written before the field existed lack it
     rows = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -398,7 +416,11 @@ def read_rows(path: Path) -> list[FidelityRow]:
                 "%s:%d is not a whole row (%s); it is measured again", path, number, error
             )
             continue
-        rows.append(FidelityRow(**{key: record[key] for key in names}))
+        rows.append(
+            FidelityRow(
+                **{key: record[key] for key in names if key in record or key not in optional}
+            )
+        )
     return rows
 
 

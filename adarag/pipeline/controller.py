@@ -3,43 +3,65 @@
 from __future__ import annotations
 
 from adarag.augment import (
+    STOP_RULES,
     AgreementModel,
-    AgreementStop,
     AugmentationController,
     ConfidenceParams,
+    FittedStops,
     LensConfidence,
     ThresholdStop,
 )
 from adarag.config import AugmentConfig
 from adarag.errors import ConfigError
-from adarag.profiles.model_profile import AgreementCalibration, Calibration
+from adarag.profiles.model_profile import AgreementCalibration, ModelProfile
+
+
+def fitted_stops(augment: AugmentConfig, profile: ModelProfile) -> FittedStops:
+    """What the profile's calibration fitted for the stop rules (the config's τ first)."""
+    calibration = profile.calibration
+    threshold = calibration.threshold if augment.threshold is None else augment.threshold
+    agreement = None
+    fitted = calibration.agreement
+    if fitted is not None and fitted.threshold is not None:
+        model = AgreementModel.from_knots(fitted.feature, fitted.knots, fitted.probabilities)
+        agreement = (model, fitted.threshold, fitted.min_steps)
+    depth = profile.depth_probe
+    probe = None if depth is None else (depth.model, depth.threshold, depth.min_steps)
+    return FittedStops(threshold, agreement, probe)
 
 
 def build_controller(
-    augment: AugmentConfig, num_layers: int, calibration: Calibration
+    augment: AugmentConfig, num_layers: int, profile: ModelProfile
 ) -> AugmentationController:
-    """The controller from the config, falling back to the profile's calibration."""
+    """The controller of ``augment.stop_rule`` (static top-k when the model lacks its fit)."""
     if augment.num_lens_layers > num_layers:
         raise ConfigError(
             f"augment.num_lens_layers is {augment.num_lens_layers} but the model has only "
             f"{num_layers} layers; set it between 2 and {num_layers}"
         )
-    threshold = calibration.threshold if augment.threshold is None else augment.threshold
+    calibration = profile.calibration
+    fitted = fitted_stops(augment, profile)
     kl_weight = calibration.kl_weight if augment.kl_weight is None else augment.kl_weight
     params = ConfidenceParams(kl_weight, calibration.kl_scale, calibration.entropy_scale)
     estimator = LensConfidence(params, augment.estimator)
-    if augment.stop_rule == "confidence":
-        return AugmentationController(estimator, ThresholdStop(threshold, augment.min_chunks or 1))
-    fitted = calibration.agreement
-    if fitted is None or fitted.threshold is None:  # static top-k (see AdaRAG._augmented)
-        return AugmentationController(estimator, ThresholdStop(threshold))
-    agreement = AgreementModel.from_knots(fitted.feature, fitted.knots, fitted.probabilities)
-    rule = AgreementStop(fitted.threshold, augment.min_chunks or fitted.min_steps)
+    rule = STOP_RULES[augment.stop_rule](augment.min_chunks, fitted)
+    if rule is None:  # static top-k (see AdaRAG._augmented)
+        return AugmentationController(estimator, ThresholdStop(fitted.threshold))
+    agreement = (
+        fitted.agreement[0] if augment.stop_rule == "agreement" and fitted.agreement else None
+    )
     return AugmentationController(estimator, rule, agreement)
 
 
-def static_fallback_message(model: str, agreement: AgreementCalibration | None) -> str:
-    """Why the agreement stop rule answers from the static top-k for ``model``."""
+def static_fallback_message(stop_rule: str, profile: ModelProfile) -> str:
+    """Why ``stop_rule`` answers from the static top-k for ``profile``'s model."""
+    model = profile.model
+    if stop_rule == "probe":
+        return (
+            f"no depth probe fitted for {model}; answering from the static top-k (run `adarag "
+            "calibrate --depth` to fit one)"
+        )
+    agreement: AgreementCalibration | None = profile.calibration.agreement
     if agreement is None:
         return (
             f"the agreement stop rule has no calibrated threshold for {model}; answering from the "

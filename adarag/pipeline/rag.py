@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from adarag.augment import StepResult
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Engine
 from adarag.pipeline.asynchronous import AsyncAnswering
@@ -265,7 +266,26 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         """
         params = params or GenerationParams()
         augmented = self._augmented(static_fallback=False)
-        return augmented.each_step(self.layout(question, chunks, params), params)
+        steps = augmented.each_step(self.layout(question, chunks, params), params)
+        return [(trace, answer) for trace, answer, _ in steps]
+
+    def probe_each_step(
+        self,
+        question: str,
+        chunks: Sequence[Chunk],
+        layers: Sequence[int],
+        params: GenerationParams | None = None,
+    ) -> list[tuple[StepTrace, str, StepResult]]:
+        """Every augmentation step with what it reports to the depth probe.
+
+        For ``adarag calibrate --depth``: as :meth:`answer_each_step`, each step also carrying
+        the last prompt token's residual stream after ``layers`` and the chunks' retrieval
+        scores (:func:`adarag.augment.probe.probe_values` reads them).
+        """
+        params = params or GenerationParams()
+        augmented = augmented_prefill(self._resources, self.config.augment, layers)
+        layout = self.layout(question, chunks, params)
+        return augmented.each_step(layout, params, [chunk.score for chunk in chunks])
 
     def layout(
         self,
@@ -311,12 +331,11 @@ class AdaRAG(ResourceViews, AsyncAnswering):
     def _augmented(self, *, static_fallback: bool = True) -> AugmentedPrefill:
         """The augmentation loop; an uncalibrated agreement rule falls back to static top-k."""
         augment = self.config.augment
-        if static_fallback and is_static_fallback(augment, self.profile.calibration):
+        if static_fallback and is_static_fallback(augment, self.profile):
             if not self._logged_static:
                 self._logged_static = True
                 # the documented default of both packaged models, not a fault: info, not warning
-                agreement = self.profile.calibration.agreement
-                logger.info(static_fallback_message(self.profile.model, agreement))
+                logger.info(static_fallback_message(augment.stop_rule, self.profile))
             augment = augment.model_copy(update={"enabled": False})
         return augmented_prefill(self._resources, augment)
 

@@ -81,6 +81,8 @@ class AugmentedPrefill:
         engine_lock: Serialises engine work with other requests.
         system_kv: Returns the system prefix's exact KV (computing it once).
         learned: The profile's token scorer and routing ladder, sent with every prefill.
+        probe_layers: Layers whose residual stream (last prompt token) each step hands the stop
+            rule (the depth probe's), with the chunks' retrieval scores; empty: none.
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class AugmentedPrefill:
         engine_lock: threading.RLock,
         system_kv: Callable[[], ChunkKV],
         learned: LearnedControls | None = None,
+        probe_layers: Sequence[int] = (),
     ) -> None:
         self._generator = generator
         self._cache = cache
@@ -102,6 +105,7 @@ class AugmentedPrefill:
         self._engine_lock = engine_lock
         self._system_kv = system_kv
         self._learned = learned or LearnedControls()
+        self._probe_layers = tuple(probe_layers)
 
     def run(
         self,
@@ -130,9 +134,14 @@ class AugmentedPrefill:
         reason: StopReason | None = None
         previous: tuple[int, ...] | None = None
         last: _Step | None = None
+        scores = tuple(chunk.score for chunk in chunks)
         for step_chunks in range(1, num_chunks + 1) if augment else [num_chunks]:
             step = self._run_step(
-                layout.with_chunks(step_chunks), params.max_new_tokens, last, layout.num_tokens
+                layout.with_chunks(step_chunks),
+                params.max_new_tokens,
+                last,
+                layout.num_tokens,
+                scores,
             )
             last = step
             scored = self._controller.score(step_chunks, step.result)
@@ -166,16 +175,23 @@ class AugmentedPrefill:
         )
 
     def each_step(
-        self, layout: PromptLayout, params: GenerationParams
-    ) -> list[tuple[StepTrace, str]]:
-        """Every step of ``layout``'s chunks (no early stop), each with the answer it decodes."""
+        self,
+        layout: PromptLayout,
+        params: GenerationParams,
+        chunk_scores: Sequence[float | None] = (),
+    ) -> list[tuple[StepTrace, str, StepResult]]:
+        """Every step of ``layout``'s chunks (no early stop): trace, answer and what it reported."""
         results = []
         previous: tuple[int, ...] | None = None
         last: _Step | None = None
         num_prefix = self._augment_config.stability_tokens
         for num_chunks in range(1, len(layout.chunk_ids) + 1):
             step = self._run_step(
-                layout.with_chunks(num_chunks), params.max_new_tokens, last, layout.num_tokens
+                layout.with_chunks(num_chunks),
+                params.max_new_tokens,
+                last,
+                layout.num_tokens,
+                tuple(chunk_scores),
             )
             last = step
             with self._engine_lock:
@@ -194,7 +210,8 @@ class AugmentedPrefill:
             result = dataclasses.replace(step.result, answer_prefix=prefix, is_stable=stable)
             previous = prefix
             scored = self._controller.score(num_chunks, result)
-            results.append((_step_trace(scored, step, self._generator.tokenizer), answer))
+            trace = _step_trace(scored, step, self._generator.tokenizer)
+            results.append((trace, answer, result))
         return results
 
     def fused_prefill(
@@ -261,8 +278,13 @@ class AugmentedPrefill:
         max_new_tokens: int,
         previous: _Step | None = None,
         min_capacity: int = 0,
+        chunk_scores: tuple[float | None, ...] = (),
     ) -> _Step:
-        """One augmentation step: fused prefill of ``layout``, its lens signals and margin."""
+        """One augmentation step: fused prefill of ``layout``, its lens signals and margin.
+
+        With probe layers, the step also reports the last prompt token's residual stream there
+        and the chunks' retrieval scores (the depth probe reads them; no extra forward pass).
+        """
         output, hits, prefill_s = self.fused_prefill(layout, max_new_tokens, previous, min_capacity)
         lens_started = time.perf_counter()
         kl, entropy = self._generator.lens_signals(output, self._augment_config.num_lens_layers)
@@ -275,6 +297,11 @@ class AugmentedPrefill:
             time.perf_counter() - lens_started,
             margin=float(top2[0] - top2[1]),
         )
+        if self._probe_layers:
+            hidden = output.layer_hidden[list(self._probe_layers)].float().reshape(-1)
+            result = dataclasses.replace(
+                result, hidden=tuple(hidden.tolist()), chunk_scores=chunk_scores
+            )
         return _Step(layout, output, hits, result)
 
     def _decode_prefix(self, step: _Step, previous: tuple[int, ...] | None) -> _Step:

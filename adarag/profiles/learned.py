@@ -84,11 +84,14 @@ class DepthProbe:
         model: Over the step's features (:mod:`adarag.augment.probe`).
         threshold: Stop at the first step whose probability reaches it.
         min_steps: Never stop before this many chunks.
+        layers: The layers whose residual stream (last prompt token, after the layer) the
+            model reads, concatenated in this order as ``hidden_<i>``.
     """
 
     model: FittedModel
     threshold: float
     min_steps: int = 1
+    layers: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -96,6 +99,7 @@ class DepthProbe:
             "model": self.model.to_dict(),
             "threshold": self.threshold,
             "min_steps": self.min_steps,
+            "layers": list(self.layers),
         }
 
     @classmethod
@@ -105,4 +109,5 @@ class DepthProbe:
             FittedModel.from_dict(data["model"]),
             float(data["threshold"]),
             int(data.get("min_steps", 1)),
+            tuple(int(layer) for layer in data.get("layers", ())),
         )

@@ -95,6 +95,7 @@ class ModelProfile:
         """The profile as JSON."""
         data = asdict(self)
         data["ladder"] = None if self.ladder is None else self.ladder.to_dict()
+        data["depth_probe"] = None if self.depth_probe is None else self.depth_probe.to_dict()
         return json.dumps({"format": FORMAT, **data}, indent=1)
 
     @classmethod

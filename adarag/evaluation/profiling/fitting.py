@@ -69,6 +69,7 @@ def fit_logistic(
         weights: [n] sample weights (None: equal); they are normalised to mean 1.
         l2: Penalty on the squared weights (not the bias), per unit of total weight.
     """
+    x = np.asarray(x, dtype=np.float64)
     mean, scale = _standardise(x)
     z = torch.from_numpy((x - mean) / scale)
     target = torch.from_numpy(np.asarray(y, dtype=np.float64))
@@ -123,6 +124,7 @@ def fit_mlp(
         epochs: Full-batch steps.
         seed: Seeds the initial weights.
     """
+    x = np.asarray(x, dtype=np.float64)
     mean, scale = _standardise(x)
     z = torch.from_numpy((x - mean) / scale).float()
     target = torch.from_numpy(np.asarray(y, dtype=np.float32))

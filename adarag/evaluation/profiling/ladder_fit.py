@@ -293,14 +293,33 @@ def best_thresholds(
     target: float,
     grid: Sequence[float] = tuple(np.round(np.arange(0.0, 1.0001, 0.025), 3)),
 ) -> tuple[tuple[float, ...], Replay] | None:
-    """The thresholds reaching ``target`` agreement at the least cost (None: none does)."""
+    """The thresholds reaching ``target`` agreement at the least cost (None: none does).
+
+    Every combination of ``grid`` values (one per decision) is replayed at once.
+    """
+    ladder = (shape.base, *shape.rungs)
+    decisions = len(shape.decisions)
+    p = np.asarray(probabilities, dtype=np.float64)  # [n, decisions]
+    agrees = np.array([[chain.at(r).agrees for r in ladder] for chain in chains], dtype=float)
+    costs = np.array(
+        [[path_cost(chain, ladder[: i + 1]) for i in range(len(ladder))] for chain in chains]
+    )
+    combos = np.array(list(itertools.product(grid, repeat=decisions)))  # [m, decisions]
     best: tuple[tuple[float, ...], Replay] | None = None
-    for thresholds in itertools.product(grid, repeat=len(shape.decisions)):
-        result = replay(chains, shape, probabilities, thresholds)
-        if result.agreement + 1e-9 < target:
+    rows = np.arange(len(chains))
+    for start in range(0, len(combos), 4096):  # bounded memory: [block, n, decisions]
+        block = combos[start : start + 4096]
+        kept = p[None, :, :] >= block[:, None, :]
+        stop = np.where(kept.any(axis=2), kept.argmax(axis=2), decisions)  # [block, n]
+        agreement = agrees[rows[None, :], stop].mean(axis=1)
+        cost = costs[rows[None, :], stop].mean(axis=1)
+        ok = agreement + 1e-9 >= target
+        if not ok.any():
             continue
-        if best is None or result.cost < best[1].cost - 1e-12:
-            best = (tuple(float(t) for t in thresholds), result)
+        idx = int(np.flatnonzero(ok)[np.argmin(cost[ok])])
+        if best is None or cost[idx] < best[1].cost - 1e-12:
+            thresholds = tuple(float(t) for t in block[idx])
+            best = (thresholds, replay(chains, shape, probabilities, thresholds))
     return best
 
 

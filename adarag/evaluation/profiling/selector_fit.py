@@ -40,7 +40,7 @@ SELECTOR_FEATURES = (
 
 def selector_features(num_layers: int, bands: int = 4) -> tuple[str, ...]:
     """:data:`SELECTOR_FEATURES` plus the query's attention in ``bands`` equal layer bands."""
-    edges = np.linspace(0, num_layers, bands + 1).round().astype(int)
+    edges = sorted(set(np.linspace(0, num_layers, min(bands, num_layers) + 1).round().astype(int)))
     banded = tuple(
         f"log_{which}_mass:{first}-{last}"
         for which in ("q", "last")

@@ -1,0 +1,290 @@
+"""``adarag calibrate --selector`` and ``--depth``: a model's learned controllers."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+from pathlib import Path
+
+from adarag.config import AdaRagConfig
+from adarag.data import calibration_questions
+from adarag.errors import InputError
+from adarag.evaluation.profiling.depth_calibration import ProbeCalibration, calibrate_probe
+from adarag.evaluation.profiling.depth_probe import (
+    has_depth_record,
+    load_depth_records,
+    probe_layers,
+    record_depth,
+    save_depth_record,
+)
+from adarag.evaluation.profiling.selector_calibration import (
+    MIN_QUESTIONS,
+    SelectorCalibration,
+    calibrate_selector,
+)
+from adarag.evaluation.workload import FIDELITY_CHUNKS, BenchQuestion, load_questions
+from adarag.pipeline import AdaRAG
+from adarag.profiles import ModelProfile
+from adarag.schema import Chunk, GenerationParams
+
+logger = logging.getLogger(__name__)
+
+
+def questions_for(args: argparse.Namespace) -> list[tuple[str, BenchQuestion]]:
+    """The calibration questions: ``--dataset`` sets from ``--data-dir``, else the bundled ones.
+
+    Raises:
+        InputError: A data set's file is missing from ``--data-dir``.
+    """
+    if not args.dataset:
+        rows = calibration_questions()
+        limit = args.questions
+        counts: dict[str, int] = {}
+        out = []
+        for row in rows:
+            dataset = str(row["dataset"])
+            counts[dataset] = counts.get(dataset, 0) + 1
+            if limit is not None and counts[dataset] > limit:
+                continue
+            out.append(
+                (
+                    dataset,
+                    BenchQuestion(
+                        str(row["qid"]),
+                        str(row["question"]),
+                        tuple(row["answers"]),  # type: ignore[arg-type]
+                        tuple(row["chunks"]),  # type: ignore[arg-type]
+                    ),
+                )
+            )
+        return _interleaved(out)
+    found = []
+    for dataset in args.dataset:
+        try:
+            items = load_questions(
+                dataset, args.data_dir, args.questions or 30, FIDELITY_CHUNKS[dataset], args.offset
+            )
+        except FileNotFoundError as err:
+            raise InputError(
+                f"{err.filename}: no such data file; pass --data-dir with the QA data sets' dev "
+                "files (musique_dev.jsonl, hotpotqa_dev.jsonl, 2wikimqa_dev.jsonl and "
+                "2wikimqa_corpus.jsonl)"
+            ) from err
+        found += [(dataset, item) for item in items]
+    return _interleaved(found)
+
+
+def _interleaved(
+    questions: list[tuple[str, BenchQuestion]],
+) -> list[tuple[str, BenchQuestion]]:
+    """One question of each data set in turn, so that a partial run covers them all."""
+    by_set: dict[str, list[tuple[str, BenchQuestion]]] = {}
+    for pair in questions:
+        by_set.setdefault(pair[0], []).append(pair)
+    groups = list(by_set.values())
+    longest = max((len(group) for group in groups), default=0)
+    return [group[idx] for idx in range(longest) for group in groups if idx < len(group)]
+
+
+def profile_path(args: argparse.Namespace, rag: AdaRAG) -> Path:
+    """``--output``, else the home's profile of the model (read instead of the packaged one)."""
+    home_profile = rag.config.home / "profiles" / f"{rag.generator.fingerprint}.json"
+    return args.output or home_profile
+
+
+def run_selector(args: argparse.Namespace, config: AdaRagConfig) -> int:
+    """Fit the selector (and ladder) and write the profile; 0 when done or this shard done."""
+    questions = questions_for(args)  # checked before the model loads
+    rag = AdaRAG(config)
+    output = profile_path(args, rag)
+    if len(questions) < MIN_QUESTIONS:
+        print(
+            f"warning: {len(questions)} calibration questions; the selector and ladder want at "
+            f"least {MIN_QUESTIONS} (their thresholds are noisy below that)"
+        )
+    records = args.records or _records_dir(rag, output)
+    shard = _shard(args.shard)
+    params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    result = calibrate_selector(
+        rag,
+        questions,
+        records,
+        params,
+        shard=shard,
+        ratio=args.ratio,
+        kind=args.kind,
+        targets=tuple(args.target_agreement),
+        ladder=not args.no_ladder,
+    )
+    if result is None:
+        print(
+            f"shard {shard[0]}/{shard[1]} recorded under {records}; run without --shard (or "
+            "with each other shard) to fit once every question is recorded"
+        )
+        return 0
+    profile = rag.profile.with_learned(selector=result.selector, ladder=result.ladder)
+    write_profile(profile, output, rag)
+    print_selector_report(result, output, records)
+    return 0
+
+
+def write_profile(profile: ModelProfile, output: Path, rag: AdaRAG) -> None:
+    """Write ``profile`` to ``output``, saying which profile it stands in for."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    existed = output.exists()
+    output.write_text(profile.to_json() + "\n")
+    home_profile = rag.config.home / "profiles" / f"{rag.generator.fingerprint}.json"
+    if output.resolve() == home_profile.resolve():
+        print(
+            f"profile written to {output} ({'replaced' if existed else 'new'}); this home now "
+            f"reads it for {profile.model} instead of the packaged profile: delete it to go back"
+        )
+    else:
+        print(f"profile written to {output}")
+
+
+def print_selector_report(result: SelectorCalibration, output: Path, records: Path) -> None:
+    """A readable summary of the fit."""
+    print(
+        f"learned selector: {len(result.selector.features)} features, "
+        f"{'one hidden layer' if result.selector.hidden_weights else 'logistic'}, fitted on "
+        f"{result.num_questions} questions to the output-aware oracle's set at ratio "
+        f"{result.ratio:g} (records: {records})"
+    )
+    print("held out (each fold fitted without it): share of the oracle's set chosen at its budget")
+    print("  fold                n   learned  query_deviation   oracle gain: learned / qdev")
+    for fold in result.folds:
+        print(
+            f"  {fold.fold:<16} {fold.num_questions:>4}   {fold.recall:6.1%}   "
+            f"{fold.baseline_recall:13.1%}        {fold.gain_share:6.1%} / "
+            f"{fold.baseline_gain_share:6.1%}"
+        )
+    ladder = result.ladder
+    if ladder is None:
+        return
+    print("routing ladder shapes (held out at target 0.85: exact agreement, cost vs full):")
+    for shape, agreement, cost in result.shape_costs:
+        print(f"  {shape:<22} {agreement:6.1%}   {cost:5.2f}")
+    rungs = " -> ".join(f"{r:g}" for r in (ladder.base_ratio, *ladder.rungs))
+    print(f"kept: {rungs}; set cache.recompute.target_agreement to one of:")
+    for target, thresholds, (agreement, cost) in zip(
+        ladder.targets, ladder.thresholds, ladder.held_out, strict=True
+    ):
+        shown = ", ".join(f"{t:.3f}" for t in thresholds)
+        print(
+            f"  {target:.2f}: climb below P = {shown}; held out {agreement:.1%} exact agreement "
+            f"at {cost:.2f} of full recomputation's tokens"
+        )
+
+
+def _records_dir(rag: AdaRAG, output: Path) -> Path:
+    digest = hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:8]
+    return rag.config.home / "calibration" / f"{rag.generator.fingerprint}-{digest}"
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError as err:
+        raise InputError(f"--shard {text!r}: expected i/n, e.g. 0/2") from err
+    if not 0 <= index < count:
+        raise InputError(f"--shard {text!r}: need 0 <= i < n")
+    return index, count
+
+
+DEPTH_K = 12
+"""Chunks retrieved per bundled calibration question (the depths a probe learns over)."""
+
+
+def run_depth(args: argparse.Namespace, config: AdaRagConfig) -> int:
+    """Record every step of the calibration questions, fit the depth probe, write the profile."""
+    shard = _shard(args.shard)
+    if args.dataset and args.records is None:
+        raise InputError(
+            "--depth --dataset fits on depth records: pass --records with the directory "
+            "`python benchmarks/depth_pareto.py run --split calibration` wrote them to"
+        )
+    rag = AdaRAG(config)
+    output = profile_path(args, rag)
+    records_dir = args.records or _records_dir(rag, output) / "depth"
+    if not args.dataset:
+        complete = _record_bundled_depth(rag, records_dir, args, shard)
+        if not complete:
+            print(
+                f"shard {shard[0]}/{shard[1]} recorded under {records_dir}; run without --shard "
+                "(or with each other shard) to fit once every question is recorded"
+            )
+            return 0
+    records = load_depth_records(records_dir, args.dataset)
+    if not records:
+        raise InputError(
+            f"{records_dir}: no depth records; record them with `python benchmarks/"
+            "depth_pareto.py run --split calibration` or run `adarag calibrate --depth` without "
+            "--dataset (the bundled questions)"
+        )
+    if len(records) < MIN_QUESTIONS:
+        print(
+            f"warning: {len(records)} calibration questions; the depth probe wants at least "
+            f"{MIN_QUESTIONS} (its threshold is noisy below that)"
+        )
+    result = calibrate_probe(records, args.probe_features)
+    write_profile(rag.profile.with_learned(depth_probe=result.probe), output, rag)
+    print_depth_report(result, records_dir)
+    return 0
+
+
+def _record_bundled_depth(
+    rag: AdaRAG, records_dir: Path, args: argparse.Namespace, shard: tuple[int, int]
+) -> bool:
+    """Record the bundled questions over a Chroma base of all their chunks; all recorded?"""
+    from adarag.config import RetrievalConfig
+    from adarag.retrievers import KnowledgeBase
+
+    questions = questions_for(args)
+    pool = list(dict.fromkeys(chunk for _, item in questions for chunk in item.chunks))
+    layers = probe_layers(rag.generator.spec.num_layers)
+    params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    config = RetrievalConfig(collection="calibration", chroma_directory=records_dir / "chroma")
+    index, count = shard
+    with KnowledgeBase(config) as kb:
+        if kb.count() < len(pool):
+            kb.add_chunks([Chunk(text) for text in pool], source="calibration")
+        for number, (dataset, item) in enumerate(questions):
+            if number % count != index or has_depth_record(records_dir, dataset, item.qid):
+                continue
+            chunks = kb.retrieve(item.question, DEPTH_K)
+            record, _ = record_depth(
+                rag, dataset, item.qid, item.question, chunks, item.answers, params, layers
+            )
+            save_depth_record(records_dir, record)
+            logger.info(
+                "recorded depth of %s %s (%d/%d)", dataset, item.qid, number + 1, len(questions)
+            )
+    return all(has_depth_record(records_dir, d, item.qid) for d, item in questions)
+
+
+def print_depth_report(result: ProbeCalibration, records_dir: Path) -> None:
+    """A readable summary of the probe's fit."""
+    probe = result.probe
+    print(
+        f"depth probe: {len(probe.model.features)} features (residual stream after layers "
+        f"{', '.join(map(str, probe.layers))}, lens signals, retrieval scores), fitted on "
+        f"{result.num_questions} questions (records: {records_dir})"
+    )
+    print("AUROC of 'no later depth answers better', each question's fold held out:")
+    for family, value in result.family_auroc:
+        print(f"  {family:<8} {value:.3f}")
+    chosen = result.chosen
+    print(
+        f"stop rule: P >= {probe.threshold:.2f} from {probe.min_steps} chunk(s); held out: gold "
+        f"F1 {chosen.f1:.1f} at {chosen.depth:.2f} chunks ({chosen.tokens:.0f} prompt tokens), "
+        f"{chosen.gain:+.1f} against fixed top-k at the same tokens (the oracle depth: "
+        f"{result.oracle.gain:+.1f})"
+    )
+    for fold, count, outcome in result.per_fold:
+        print(
+            f"  {fold:<16} {count:>4} questions: {outcome.gain:+.1f} F1 at {outcome.depth:.2f} "
+            "chunks"
+        )
+    print("turn it on with augment.stop_rule = 'probe'")

@@ -1,0 +1,136 @@
+"""`adarag calibrate --selector` and `--depth` end to end on a tiny model.
+
+The profile they write drives the learned rule, the routing ladder and the probe stop rule.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from adarag import AdaRAG
+from adarag.cli import main
+from adarag.config import AdaRagConfig, RecomputeConfig
+from adarag.evaluation.reuse import independent_chunks, reuse_sources
+from adarag.profiles import ModelProfile
+
+TOWNS = ("paris", "berlin", "madrid", "rome", "vienna", "lisbon")
+
+
+def _write_data(directory):
+    """Tiny MuSiQue- and HotpotQA-shaped dev files (their own passages per question)."""
+    directory.mkdir()
+    for name in ("musique", "hotpotqa"):
+        rows = []
+        for i in range(6):
+            passages = [
+                {
+                    "title": f"{name} {i} {j}",
+                    "text": f"person {i} of {name} lived in {TOWNS[(i + j) % 6]} for {j} years.",
+                    "supporting": j == 0,
+                }
+                for j in range(6)
+            ]
+            rows.append(
+                {
+                    "id": f"{name}-{i}",
+                    "question": f"where did person {i} of {name} live?",
+                    "answers": [TOWNS[i % 6]],
+                    "passages": passages,
+                }
+            )
+        (directory / f"{name}_dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture()
+def calibrated(tiny_checkpoints, tmp_path):
+    settings = {
+        "home": str(tmp_path / "home"),
+        "engine": {"model": str(tiny_checkpoints["llama"])},
+        "augment": {"num_lens_layers": 2},
+    }
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(settings))
+    data = tmp_path / "data"
+    _write_data(data)
+    output = tmp_path / "profile.json"
+    records = tmp_path / "records"
+    argv = [
+        "--config",
+        str(config_path),
+        "calibrate",
+        "--selector",
+        "--dataset",
+        "musique",
+        "hotpotqa",
+        "--data-dir",
+        str(data),
+        "--questions",
+        "3",
+        "--max-new-tokens",
+        "3",
+        "--records",
+        str(records),
+        "--output",
+        str(output),
+    ]
+    return settings, argv, output, records
+
+
+def test_selector_shards_then_fits_a_profile_the_learned_rule_reads(calibrated, capsys):
+    settings, argv, output, records = calibrated
+    assert main([*argv, "--shard", "0/2"]) == 0
+    assert not output.exists()  # half the questions: nothing is fitted yet
+    assert "shard 0/2 recorded" in capsys.readouterr().out
+    assert len(list(records.glob("*/*.safetensors"))) == 3
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "held out" in printed and "musique" in printed and "hotpotqa" in printed
+    assert "warning: 6 calibration questions" in printed
+    assert "Calibration(" not in printed  # a readable summary, not a repr
+    profile = ModelProfile.from_json(output.read_text(), str(output))
+    assert profile.selector is not None and profile.ladder is not None
+    ladder = profile.ladder
+    assert len(ladder.thresholds) == len(ladder.targets) and ladder.rungs[-1] == 1.0
+    assert all(0.0 <= agreement <= 1.0 for agreement, _ in ladder.held_out)
+
+    # the pipeline reads it: the learned rule chooses other positions than query_deviation
+    rag = AdaRAG(AdaRagConfig.build(**settings))
+    layout = rag.layout(
+        "where did person 2 of musique live?",
+        [f"person {i} lived in {t}." for i, t in enumerate(TOWNS)],
+    )
+    system_kv, chunk_kvs = independent_chunks(rag.generator, layout)
+    learned = RecomputeConfig(selection_policy="learned")
+    at_half = reuse_sources(system_kv, chunk_kvs, 0.5)
+    plain = rag.generator.prefill(layout, at_half, selection=learned)
+    fitted = rag.generator.prefill(
+        layout, at_half, selection=learned, token_scorer=profile.selector
+    )
+    assert plain.num_recomputed_tokens == fitted.num_recomputed_tokens
+    assert not torch.equal(plain.recomputed_positions, fitted.recomputed_positions)
+    full = rag.generator.prefill(layout)
+    at_one = rag.generator.prefill(
+        layout,
+        reuse_sources(system_kv, chunk_kvs, 1.0),
+        selection=learned,
+        token_scorer=profile.selector,
+    )
+    torch.testing.assert_close(at_one.logits, full.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_without_a_fitted_selector_says_so_once(tiny_checkpoints, tiny_config, caplog):
+    config = tiny_config(
+        tiny_checkpoints["llama"],
+        cache={"recompute": {"selection_policy": "learned", "target_agreement": 0.9}},
+        augment={"enabled": False},
+    )
+    rag = AdaRAG(config)
+    with caplog.at_level("WARNING", logger="adarag.pipeline.learned"):
+        for _ in range(2):
+            rag.query("where is paris?", chunks=["paris is in france.", "berlin is in germany."])
+    messages = [r.getMessage() for r in caplog.records if r.name == "adarag.pipeline.learned"]
+    assert sum("no fitted selector" in m for m in messages) == 1
+    assert sum("no routing ladder" in m for m in messages) == 1
