@@ -25,3 +25,18 @@ def test_import_adarag_pulls_in_no_framework():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_import_adarag_loads_torch_only_when_a_public_name_is_used():
+    # the `adarag` command checks its arguments without torch (a bad path is refused at once)
+    code = (
+        "import sys, adarag, adarag.config, adarag.cli.options;"
+        "print('torch' in sys.modules, end=' ');"
+        "adarag.AdaRAG;"
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False True"
+    assert sorted(adarag._MODULE_OF) == EXPECTED_ALL  # every public name has its module
