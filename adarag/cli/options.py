@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from adarag.config import AdaRagConfig
+from adarag.config import AdaRagConfig, find_config_file, load_config_file
 from adarag.errors import ConfigError, InputError, KnowledgeBaseError
 from adarag.retrievers import KnowledgeBase
 from adarag.retrievers.chunking import expand_paths
@@ -110,7 +110,10 @@ _RETRIEVAL_ARGUMENTS = {
 def build_config(
     args: argparse.Namespace, flags: dict[str, str] | None = None, **overrides: Any
 ) -> AdaRagConfig:
-    """The configuration from ``--config``, the model and knowledge-base options, and overrides.
+    """The configuration from its file, the model and knowledge-base options, and overrides.
+
+    The file is ``--config``, else ``$ADARAG_CONFIG``, else ``$ADARAG_HOME/config.json`` when it
+    exists (:func:`adarag.config.find_config_file`); options and overrides apply over it.
 
     Args:
         args: The parsed command line.
@@ -122,7 +125,8 @@ def build_config(
         ConfigError: A value is invalid; a value that came from an option is named by the
             option.
     """
-    base = AdaRagConfig.from_file(args.config) if getattr(args, "config", None) else None
+    source = find_config_file(getattr(args, "config", None))
+    base = load_config_file(source) if source is not None else None
     from_flags = dict(flags or {})
     engine: dict[str, Any] = dict(overrides.pop("engine", {}))
     if getattr(args, "model", None):

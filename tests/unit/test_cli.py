@@ -41,7 +41,7 @@ def test_every_example_in_the_help_parses():
     parser = build_parser()
     commands = [line.split("  ")[1].strip() for line in EXAMPLES.splitlines()[1:] if "  " in line]
     commands = [c for c in commands if c.startswith("adarag ")]
-    assert len(commands) == 6
+    assert len(commands) == 7
     for command in commands:
         args = parser.parse_args(shlex.split(command)[1:])
         assert args.command == shlex.split(command)[1]
