@@ -1,4 +1,4 @@
-"""Which configuration file the command reads ($ADARAG_CONFIG, the default file), and `adarag config`."""
+"""Which configuration file the command reads ($ADARAG_CONFIG, the default one); `adarag config`."""
 
 from __future__ import annotations
 
