@@ -50,6 +50,47 @@ def test_the_langchain_readme_snippets_run_as_pasted(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip()  # the conversation's answers
+    assert all("with KnowledgeBase.from_config(config) as kb:" in block for block in blocks)
+    _assert_next_command_finds_the_lock_released(home, env, tmp_path)
+
+
+def test_a_knowledge_base_left_open_is_released_at_interpreter_exit(real_config, tmp_path):
+    """Regression: an unclosed KnowledgeBase left its pid in the lock, and the next command
+    warned that it "recovered the lock ... left by pid ...", as after an interrupted ingest."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(Path(real_config.engine.model).parent)
+    env = {**os.environ, "ADARAG_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    script = (
+        "from adarag import AdaRAG, AdaRagConfig\n"
+        "from adarag.retrievers import KnowledgeBase\n"
+        "config = AdaRagConfig()\n"
+        "rag = AdaRAG(config, retriever=KnowledgeBase.from_config(config))  # never closed\n"
+        "print(rag.retriever.count())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (home / "chroma" / "adarag.lock").read_text() == ""  # no pid left behind
+    _assert_next_command_finds_the_lock_released(home, env, tmp_path)
+
+
+def _assert_next_command_finds_the_lock_released(home: Path, env: dict, tmp_path: Path) -> None:
+    notes = tmp_path / "more-notes.md"
+    notes.write_text("# More\n\nThe next meeting is on Friday.\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "adarag", "ingest", str(notes), "--no-warm"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "recovered the lock" not in result.stderr and "left by pid" not in result.stderr
+    assert "ingested 1 file(s)" in result.stdout
 
 
 def test_the_project_readme_example_runs_as_pasted(real_config, tmp_path):
