@@ -8,7 +8,7 @@ import pytest
 
 from adarag.cli import build_parser, main
 from adarag.cli.options import build_config
-from adarag.config import RetrievalConfig, find_config_file
+from adarag.config import RetrievalConfig, discover_config, find_config_file
 
 SIGNING_KEY = "k" * 24
 PASSWORD = "hunter2-secret"
@@ -50,8 +50,9 @@ def test_adarag_config_names_the_file_it_read(home, tmp_path, monkeypatch):
     assert find_config_file().origin == "$ADARAG_CONFIG"
     monkeypatch.delenv("ADARAG_CONFIG")
     assert find_config_file() is None
-    _write(home / "config.json", {})
+    _write(home / "config.json", {"retrieval": {"top_k": 3}})
     assert find_config_file().path == home / "config.json"
+    assert discover_config().retrieval.top_k == 3  # the same file, from Python
 
 
 def test_a_missing_adarag_config_file_is_refused_naming_the_variable(
