@@ -21,10 +21,7 @@ def test_import_adarag_pulls_in_no_framework():
         "heavy = {'chromadb', 'llama_index', 'langchain_core', 'vllm', 'triton', 'transformers'};"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
-    assert result.stdout.strip() == "[]"
+    assert _python(code) == "[]"
 
 
 def test_import_adarag_loads_torch_only_when_a_public_name_is_used():
@@ -35,8 +32,13 @@ def test_import_adarag_loads_torch_only_when_a_public_name_is_used():
         "adarag.AdaRAG;"
         "print('torch' in sys.modules)"
     )
+    assert _python(code) == "False True"
+    assert sorted(adarag._MODULE_OF) == EXPECTED_ALL  # every public name has its module
+
+
+def _python(code: str) -> str:
+    """What a fresh interpreter running ``code`` prints."""
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
-    assert result.stdout.strip() == "False True"
-    assert sorted(adarag._MODULE_OF) == EXPECTED_ALL  # every public name has its module
+    return result.stdout.strip()
