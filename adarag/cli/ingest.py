@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Ingest, warm, and print what changed."""
-    check_input_paths(args.paths)  # a mistyped path is refused before torch and the models load
     config = build_config(args)
+    check_input_paths(args.paths)  # a mistyped path is refused before torch and the models load
     from adarag.pipeline import AdaRAG
 
     rag = AdaRAG(config)
