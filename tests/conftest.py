@@ -17,6 +17,12 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _no_config_file_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the `adarag` command reads $ADARAG_CONFIG: a developer's own must not change what tests run
+    monkeypatch.delenv("ADARAG_CONFIG", raising=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One saved HF checkpoint per tiny family (with a tiny tokenizer and chat template)."""

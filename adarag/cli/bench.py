@@ -11,7 +11,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from adarag.cli.options import add_model_arguments, build_config, positive_int
+from adarag.cli.options import (
+    add_model_arguments,
+    build_config,
+    check_input_paths,
+    positive_int,
+)
 from adarag.config import AdaRagConfig
 from adarag.evaluation import plots
 from adarag.evaluation.harness import BenchRunner, QueryRecord
@@ -66,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run every dataset and policy; write markdown, JSON and PNGs under ``--output``."""
+    check_input_paths([args.data_dir], "--data-dir")
     config = build_config(args)
     measured_on = machine()
     generator = load_generator(config.engine, config.kernels, config.home)

@@ -11,8 +11,9 @@ from adarag.pipeline.stream import AnswerStream
 from adarag.schema import Answer, Chunk
 
 
-def stream_answer(stream: AnswerStream, out: TextIO = sys.stdout) -> Answer:
-    """Print deltas as they arrive; return the whole answer."""
+def stream_answer(stream: AnswerStream, out: TextIO | None = None) -> Answer:
+    """Print deltas as they arrive (to ``out``, else the current stdout); return the answer."""
+    out = out or sys.stdout
     for delta in stream:
         out.write(delta)
         out.flush()

@@ -6,14 +6,22 @@ import argparse
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from adarag.cli.options import add_knowledge_base_arguments, add_model_arguments, build_config
+from adarag.cli.options import (
+    add_knowledge_base_arguments,
+    add_model_arguments,
+    build_config,
+    check_input_paths,
+)
 from adarag.errors import CacheError
-from adarag.pipeline import AdaRAG
 from adarag.retrievers import IngestReport, KnowledgeBase
 from adarag.schema import Chunk
+
+if TYPE_CHECKING:
+    from adarag.pipeline import AdaRAG
 
 HELP = "add text/markdown files or JSONL passages to the Chroma knowledge base, warming their KV"
 
@@ -34,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Ingest, warm, and print what changed."""
     config = build_config(args)
+    check_input_paths(args.paths)  # a mistyped path is refused before torch and the models load
+    from adarag.pipeline import AdaRAG
+
     rag = AdaRAG(config)
     with KnowledgeBase.from_config(config) as kb:
         ingest_and_warm(rag, kb, args.paths, warm=not args.no_warm)

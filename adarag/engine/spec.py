@@ -145,6 +145,78 @@ def model_fingerprint(path: Path, cache_file: Path | None = None) -> str:
     return digest.hexdigest()[:16]
 
 
+def weights_fingerprint(path: Path, cache_file: Path | None = None) -> str:
+    """A short digest of the weights alone: every tensor's name, dtype, shape and bytes.
+
+    Unlike :func:`model_fingerprint` it does not depend on ``config.json``, the directory's name,
+    how the tensors are ordered or split into files, or the files' metadata, so the same weights
+    saved by another transformers version (or renamed, or re-sharded) keep it. Packaged profiles
+    are found by it. Hashes are reused as :func:`model_fingerprint` reuses them.
+
+    Raises:
+        OSError: A file cannot be read.
+        ValueError: A file is not a safetensors file.
+    """
+    cached = _read_hash_cache(cache_file)
+    updated = False
+    tensors: dict[str, str] = {}
+    for weights in sorted(path.glob("*.safetensors")):
+        info = weights.stat()
+        identity = f"{info.st_size}:{info.st_mtime_ns}:{info.st_ctime_ns}:{info.st_ino}"
+        key = f"tensors:{weights.resolve()}"
+        entry = cached.get(key)
+        if isinstance(entry, dict) and entry.get("identity") == identity:
+            file_tensors = dict(entry.get("tensors") or {})
+        else:
+            file_tensors = _tensor_sha256s(weights)
+            cached[key] = {"identity": identity, "tensors": file_tensors}
+            updated = True
+        tensors.update(file_tensors)
+    if updated and cache_file is not None:
+        _write_hash_cache(cache_file, cached)
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(f"{name}={tensors[name]}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
+"""A safetensors header larger than this is a damaged file (the format's own limit)."""
+
+
+def _tensor_sha256s(path: Path) -> dict[str, str]:
+    """``dtype:shape:sha256`` of each tensor of a safetensors file, by name (read in file order)."""
+    with path.open("rb") as handle:
+        header_bytes = int.from_bytes(handle.read(8), "little")
+        if not 0 < header_bytes <= MAX_SAFETENSORS_HEADER_BYTES:
+            raise ValueError(f"{path} is not a safetensors file (header of {header_bytes} bytes)")
+        try:
+            header = dict(json.loads(handle.read(header_bytes)))
+            entries = sorted(
+                (
+                    (name, str(meta["dtype"]), list(meta["shape"]), *map(int, meta["data_offsets"]))
+                    for name, meta in header.items()
+                    if name != "__metadata__"
+                ),
+                key=lambda entry: entry[3],
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path} has a damaged safetensors header ({err})") from err
+        digests: dict[str, str] = {}
+        for name, dtype, shape, start, end in entries:
+            handle.seek(8 + header_bytes + start)
+            hasher = hashlib.sha256()
+            remaining = end - start
+            while remaining > 0:
+                block = handle.read(min(remaining, 1 << 24))
+                if not block:
+                    raise ValueError(f"{path} is truncated (tensor {name})")
+                hasher.update(block)
+                remaining -= len(block)
+            digests[name] = f"{dtype}:{shape}:{hasher.hexdigest()}"
+    return digests
+
+
 @functools.lru_cache(maxsize=64)
 def _file_sha256(path: str, identity: str) -> str:
     """SHA-256 of a file's bytes (``identity``: its size, times and inode, the memo's key)."""

@@ -148,8 +148,16 @@ class PromptBuilder:
         check_text(text, "the prompt")
         return self._encode(text)
 
-    def chat_ids(self, messages: Sequence[Mapping[str, str]]) -> tuple[int, ...]:
+    def chat_ids(
+        self, messages: Sequence[Mapping[str, str]], *, add_default_system: bool = True
+    ) -> tuple[int, ...]:
         """Token ids of chat messages in the model's chat template, ending at the assistant turn.
+
+        Args:
+            messages: ``{"role", "content"}`` dicts.
+            add_default_system: Whether a list without a system message gets the default system
+                prompt the template inserts (as the model is prompted); False renders the
+                messages as given, so token counts of lists add up.
 
         Raises:
             InputError: There are no messages, or a message lacks a role or content.
@@ -164,13 +172,37 @@ class PromptBuilder:
             check_text(message["role"], f"message {idx}'s role")
             check_text(message["content"], f"message {idx}'s content")
         if getattr(self.tokenizer, "chat_template", None):
-            rendered = self.tokenizer.apply_chat_template(
-                [dict(message) for message in messages], tokenize=False, add_generation_prompt=True
-            )
+            rendered = self._render_chat(messages, add_generation_prompt=True)
+            if not add_default_system and messages[0]["role"] != "system":
+                rendered = self._render_without_default_system(messages, rendered)
         else:
             lines = [f"{message['role']}: {message['content']}" for message in messages]
             rendered = "\n".join([*lines, "assistant:"])
         return self._encode(rendered)
+
+    def _render_chat(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool
+    ) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(
+                [dict(message) for message in messages],
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        )
+
+    def _render_without_default_system(
+        self, messages: Sequence[Mapping[str, str]], rendered: str
+    ) -> str:
+        """``messages`` rendered without the system prompt the template adds to a list lacking one.
+
+        An empty system message stops the template from adding its own; what it renders is then
+        cut off the front. A template that renders it elsewhere keeps ``rendered``.
+        """
+        blank = [{"role": "system", "content": ""}]
+        head = self._render_chat(blank, add_generation_prompt=False)
+        with_blank = self._render_chat([*blank, *messages], add_generation_prompt=True)
+        return with_blank[len(head) :] if with_blank.startswith(head) else rendered
 
     def layout(
         self, question: str, chunks: Sequence[str], history: Sequence[Turn] = (), note: str = ""

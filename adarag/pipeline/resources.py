@@ -18,6 +18,7 @@ from adarag.cache.store import LayeredKVStore
 from adarag.cache.tiers import TieredCache
 from adarag.cache.variants import VariantIndex
 from adarag.config import AdaRagConfig
+from adarag.engine.checkpoint import HASH_CACHE_FILE
 from adarag.engine.generator import Engine
 from adarag.kv import ChunkKV
 from adarag.pipeline.backends import load_generator
@@ -71,9 +72,14 @@ class Resources:
             generator = self.generator
             with self.engine_lock:  # first use may come from several threads at once
                 if self._profile is None:
-                    name, num_layers = generator.checkpoint.name, generator.spec.num_layers
+                    checkpoint, home = generator.checkpoint, self.config.home
+                    name, num_layers = checkpoint.name, generator.spec.num_layers
                     found = find_profile(
-                        name, generator.fingerprint, num_layers, [self.config.home / "profiles"]
+                        name,
+                        generator.fingerprint,
+                        num_layers,
+                        [home / "profiles"],
+                        lambda: checkpoint.weights_fingerprint(home / HASH_CACHE_FILE),
                     )
                     if found is None:
                         logger.warning("no attention profile for %s; run `adarag profile`", name)

@@ -12,14 +12,19 @@ ladder and stop adaptive augmentation.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
 
 from adarag.errors import ConfigError
 from adarag.fitted import FittedModel
 from adarag.profiles.learned import DepthProbe, LadderCalibration
+
+logger = logging.getLogger(__name__)
 
 FORMAT = "adarag-profile-1"
 Pattern = Literal["predecessor", "sink"]
@@ -73,7 +78,12 @@ class Calibration:
 
 @dataclass(frozen=True)
 class ModelProfile:
-    """Attention-sink profile and calibration of one model."""
+    """Attention-sink profile and calibration of one model.
+
+    ``fingerprint`` is the profiled checkpoint's (its config and weights files, as the KV cache
+    keys use it); ``weights_fingerprint`` digests its tensors alone, so that a copy of the same
+    weights under another name, or saved by another transformers version, finds the profile.
+    """
 
     model: str
     fingerprint: str
@@ -87,6 +97,7 @@ class ModelProfile:
     num_chunks: int = 0
     chunk_attention: tuple[tuple[tuple[float, ...], ...], ...] = ()
     calibration: Calibration = field(default_factory=Calibration)
+    weights_fingerprint: str | None = None
     selector: FittedModel | None = None
     ladder: LadderCalibration | None = None
     depth_probe: DepthProbe | None = None
@@ -150,21 +161,69 @@ def generic_profile(model: str, fingerprint: str, num_layers: int) -> ModelProfi
 
 
 def find_profile(
-    model: str, fingerprint: str, num_layers: int, search_dirs: list[Path]
+    model: str,
+    fingerprint: str,
+    num_layers: int,
+    search_dirs: list[Path],
+    weights_fingerprint: Callable[[], str] | None = None,
+    packaged: Iterable[Traversable] | None = None,
 ) -> ModelProfile | None:
-    """The profile for a model: by fingerprint in ``search_dirs``, else a packaged one by name.
+    """The profile for a model: by fingerprint in ``search_dirs``, else a packaged one.
 
-    Packaged profiles (``adarag/profiles/<model>.json``) match on the checkpoint's directory name
-    and layer count, since converting the same GGUF with another transformers version changes
-    the fingerprint but not the weights.
+    A packaged profile (``adarag/profiles/<model>.json``) matches on the checkpoint's name and
+    layer count, since converting the same GGUF with another transformers version changes the
+    fingerprint but not the weights; failing that, on the weights' fingerprint and layer count,
+    so a renamed copy of a packaged model keeps its profile.
+
+    Args:
+        model: The checkpoint's name.
+        fingerprint: The checkpoint's fingerprint.
+        num_layers: Its layer count.
+        search_dirs: Folders of profiles named ``<fingerprint>.json`` (made by ``adarag
+            profile`` and ``adarag calibrate``).
+        weights_fingerprint: Computes the weights' fingerprint; called only when a packaged
+            profile of the same layer count could match it. None skips that match.
+        packaged: The packaged profile files; None: those shipped in ``adarag.profiles``.
+
+    Raises:
+        ConfigError: A profile file that matches is not a valid profile.
     """
     for directory in search_dirs:
         path = directory / f"{fingerprint}.json"
         if path.is_file():
             return ModelProfile.from_json(path.read_text(), str(path))
-    packaged = resources.files("adarag.profiles").joinpath(f"{model}.json")
-    if packaged.is_file():
-        profile = ModelProfile.from_json(packaged.read_text(), f"packaged profile {model}")
+    files = [
+        file
+        for file in (packaged if packaged is not None else _packaged_files())
+        if file.name.endswith(".json")
+    ]
+    by_name = next((file for file in files if file.name == f"{model}.json"), None)
+    if by_name is not None:
+        profile = ModelProfile.from_json(by_name.read_text(), f"packaged profile {by_name.name}")
         if profile.num_layers == num_layers:
             return profile
-    return None
+    if weights_fingerprint is None:
+        return None
+    candidates = [
+        profile
+        for profile in (
+            ModelProfile.from_json(file.read_text(), f"packaged profile {file.name}")
+            for file in files
+        )
+        if profile.num_layers == num_layers and profile.weights_fingerprint is not None
+    ]
+    if not candidates:
+        return None
+    try:
+        digest = weights_fingerprint()
+    except (OSError, ValueError) as err:
+        logger.warning("cannot digest the weights of %s to find its profile: %s", model, err)
+        return None
+    found = next((p for p in candidates if p.weights_fingerprint == digest), None)
+    if found is not None:
+        logger.info("%s has the weights of %s: using its packaged profile", model, found.model)
+    return found
+
+
+def _packaged_files() -> list[Traversable]:
+    return list(resources.files("adarag.profiles").iterdir())

@@ -15,6 +15,7 @@ import fcntl
 import logging
 import math
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -100,12 +101,14 @@ class DirectoryLock:
     """An exclusive, non-blocking advisory lock on a Chroma directory for this process.
 
     A second holder in the same process shares the lock (Chroma shares one client per path
-    within a process); a holder in another process makes :meth:`acquire` raise.
+    within a process); a holder in another process makes :meth:`acquire` raise. A lock never
+    released is released cleanly when its holder is garbage-collected or the interpreter exits,
+    so only a process that died (killed, crashed) leaves its pid behind.
     """
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / LOCK_FILE
-        self._file: IO[str] | None = None
+        self._release: weakref.finalize | None = None
 
     def acquire(self) -> None:
         """Take the lock.
@@ -141,15 +144,26 @@ class DirectoryLock:
         handle.truncate()
         handle.write(str(os.getpid()))
         handle.flush()
-        self._file = handle
+        # runs once: from release(), when this object is collected, or at interpreter exit
+        self._release = weakref.finalize(self, _release_lock_file, handle, os.getpid())
 
     def release(self) -> None:
         """Give the lock back (no-op when this object does not hold it)."""
-        if self._file is not None:
-            self._file.seek(0)
-            self._file.truncate()  # a clean release leaves no pid behind
-            self._file.close()  # closing the descriptor releases the flock
-            self._file = None
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+
+def _release_lock_file(handle: IO[str], owner_pid: int) -> None:
+    """Empty the lock file and close it; closing the descriptor releases the flock.
+
+    A forked child that inherited the descriptor only closes its copy: the lock stays its
+    parent's, and so does the pid in the file.
+    """
+    if os.getpid() == owner_pid:
+        handle.seek(0)
+        handle.truncate()  # a clean release leaves no pid behind
+    handle.close()
 
 
 def chroma_where(fields: Mapping[str, Any] | None) -> dict[str, Any] | None:

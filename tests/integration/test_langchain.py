@@ -19,7 +19,12 @@ from langchain_adarag import (  # noqa: E402
 from langchain_core._api import LangChainDeprecationWarning  # noqa: E402
 from langchain_core.callbacks import BaseCallbackHandler, UsageMetadataCallbackHandler  # noqa: E402
 from langchain_core.documents import Document  # noqa: E402
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage  # noqa: E402
+from langchain_core.messages import (  # noqa: E402
+    AIMessage,
+    HumanMessage,
+    SystemMessage,
+    trim_messages,
+)
 from langchain_core.prompts import ChatPromptTemplate, PromptTemplate  # noqa: E402
 from langchain_core.runnables import (
     ConfigurableField,
@@ -138,6 +143,34 @@ def test_the_chat_model_counts_tokens_with_its_own_tokenizer(kb_rag):
     messages = [SystemMessage("Answer briefly."), HumanMessage("Name a prime number.")]
     reply = model.invoke(messages)
     assert model.get_num_tokens_from_messages(messages) == reply.usage_metadata["input_tokens"]
+
+
+def test_token_counts_add_up_so_trim_messages_keeps_the_question(kb_rag):
+    """Regression: [human] counted 36 tokens and [system, human] 22 (SmolLM2's chat template
+    inserted its default system prompt into a list without one), so trim_messages kept only the
+    system message."""
+    model = ChatAdaRag(rag=kb_rag, max_tokens=4)
+    system = SystemMessage("Answer in one short sentence.")
+    question = HumanMessage("What is the capital of France?")
+    count = model.get_num_tokens_from_messages
+    assert count([question]) < count([system, question])
+    # each count holds the assistant header once: the same overlap for any split of a list
+    earlier = [HumanMessage("Name a river in Paris."), AIMessage("The Seine.")]
+    header = count([system]) + count([question]) - count([system, question])
+    assert (
+        0
+        < header
+        == count([system, *earlier]) + count([question]) - count([system, *earlier, question])
+    )
+    kept = trim_messages(
+        [system, question], token_counter=model, max_tokens=40, include_system=True
+    )
+    assert kept == [system, question] and count(kept) <= 40
+    long_history = [HumanMessage("Tell me about Paris. " * 6), AIMessage("Paris is large. " * 6)]
+    messages = [system, *long_history, *earlier, question]
+    kept = trim_messages(messages, token_counter=model, max_tokens=60, include_system=True)
+    assert kept[0] == system and kept[-1] == question and long_history[0] not in kept
+    assert count(kept) <= 60 < count(messages)
 
 
 def test_tools_and_structured_output_are_refused_saying_why(kb_rag):

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +41,7 @@ def test_every_example_in_the_help_parses():
     parser = build_parser()
     commands = [line.split("  ")[1].strip() for line in EXAMPLES.splitlines()[1:] if "  " in line]
     commands = [c for c in commands if c.startswith("adarag ")]
-    assert len(commands) == 6
+    assert len(commands) == 7
     for command in commands:
         args = parser.parse_args(shlex.split(command)[1:])
         assert args.command == shlex.split(command)[1]
@@ -134,3 +139,45 @@ def test_a_malformed_vllm_url_is_refused_before_anything_loads(capsys):
 
     assert main(["serve", "--vllm-url", "vllm-host:8000"]) == 2
     assert "must look like http://host:port" in capsys.readouterr().err
+
+
+def test_a_missing_ingest_path_is_refused_at_once_without_loading_torch(tmp_path):
+    """Regression: `adarag ingest no_such_file.md` loaded the models (11 s) before refusing."""
+    code = (
+        "import sys; from adarag.cli import main; status = main(sys.argv[1:]); "
+        "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded'); sys.exit(status)"
+    )
+    root = str(Path(__file__).resolve().parents[2])  # this checkout's adarag, from any cwd
+    path = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "ADARAG_HOME": str(tmp_path / "home"), "PYTHONPATH": path}
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-c", code, "ingest", "no_such_file.md"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+    )
+    elapsed = time.perf_counter() - started
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "adarag ingest: error: no_such_file.md does not exist; pass text, markdown or JSONL files"
+    ]
+    assert result.stdout.strip() == "torch not loaded"
+    assert elapsed < 2.0, f"took {elapsed:.2f} s"
+    assert not (tmp_path / "home").exists()  # nothing was created either
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["profile", "--data", "missing.jsonl"], "--data: missing.jsonl does not exist"),
+        (["bench", "--data-dir", "missing"], "--data-dir: missing does not exist"),
+    ],
+)
+def test_input_path_options_are_checked_before_a_model_loads(argv, message, capsys, tmp_path):
+    from adarag.cli import main
+
+    assert main([*argv, "--model", str(tmp_path / "no-model-here")]) == 2
+    assert message in capsys.readouterr().err  # not the missing model, which is loaded later

@@ -21,7 +21,24 @@ def test_import_adarag_pulls_in_no_framework():
         "heavy = {'chromadb', 'llama_index', 'langchain_core', 'vllm', 'triton', 'transformers'};"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
     )
+    assert _python(code) == "[]"
+
+
+def test_import_adarag_loads_torch_only_when_a_public_name_is_used():
+    # the `adarag` command checks its arguments without torch (a bad path is refused at once)
+    code = (
+        "import sys, adarag, adarag.config, adarag.cli.options;"
+        "print('torch' in sys.modules, end=' ');"
+        "adarag.AdaRAG;"
+        "print('torch' in sys.modules)"
+    )
+    assert _python(code) == "False True"
+    assert sorted(adarag._MODULE_OF) == EXPECTED_ALL  # every public name has its module
+
+
+def _python(code: str) -> str:
+    """What a fresh interpreter running ``code`` prints."""
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
-    assert result.stdout.strip() == "[]"
+    return result.stdout.strip()

@@ -73,6 +73,7 @@ def build_profile(
         chunk_attention=tuple(
             tuple(tuple(round(float(x), 4) for x in row) for row in layer) for layer in attention
         ),
+        weights_fingerprint=generator.checkpoint.weights_fingerprint(),
     )
 
 

@@ -49,7 +49,8 @@ class ChatAdaRag(BaseChatModel):
 
     Usage is on the message (``usage_metadata``, on the last chunk when streaming), under the
     checkpoint's name (``response_metadata["model_name"]``). ``get_num_tokens`` counts with the
-    model's tokenizer, ``get_num_tokens_from_messages`` the prompt the chat template makes.
+    model's tokenizer, ``get_num_tokens_from_messages`` the messages as given in the chat
+    template (no default system prompt), so ``trim_messages(token_counter=model)`` works.
     ``bind_tools`` and ``with_structured_output`` raise ``NotImplementedError`` saying why.
     """
 
@@ -161,14 +162,21 @@ class ChatAdaRag(BaseChatModel):
     def get_num_tokens_from_messages(
         self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
     ) -> int:
-        """Tokens of the prompt the model's chat template makes of ``messages``.
+        """Tokens of ``messages`` as given, in the model's chat template, with the assistant header.
+
+        A list without a system message is counted without the default system prompt the
+        template adds to it (SmolLM2's "You are a helpful AI assistant named SmolLM..."), so
+        counts add up: the count of a list is the sum of its messages' counts less one
+        assistant header each, and ``trim_messages(token_counter=model)`` keeps what fits. A list
+        that starts with a system message counts exactly the prompt's tokens.
 
         Raises:
             NotImplementedError: ``tools`` are given (tool calling is not supported).
         """
         if tools:
             raise NotImplementedError(TOOLS_UNSUPPORTED)
-        return len(self._rag.prompts.chat_ids(chat_messages(messages)))
+        prompts = self._rag.prompts
+        return len(prompts.chat_ids(chat_messages(messages), add_default_system=False))
 
     # --- not supported
 

@@ -63,3 +63,40 @@ def _cumulative(layout):
         total += len(segment)
         offsets.append(total)
     return offsets
+
+
+# SmolLM2's template: a list without a system message gets a default one
+DEFAULT_SYSTEM_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant named Tiny<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _templated_builder(template: str) -> PromptBuilder:
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = template
+    return PromptBuilder(tokenizer, PromptConfig())
+
+
+def test_messages_as_given_leave_out_the_templates_default_system_prompt():
+    builder = _templated_builder(DEFAULT_SYSTEM_TEMPLATE)
+    system = {"role": "system", "content": "be brief"}
+    user = {"role": "user", "content": "the capital of france?"}
+    prompted = builder.chat_ids([user])
+    given = builder.chat_ids([user], add_default_system=False)
+    assert builder.tokenizer.decode(prompted).count("named Tiny") == 1
+    assert "named Tiny" not in builder.tokenizer.decode(given) and len(given) < len(prompted)
+    assert (
+        builder.chat_ids([user], add_default_system=False)
+        == builder.chat_ids([system, user])[-len(given) :]
+    )
+    with_system = builder.chat_ids([system, user], add_default_system=False)
+    assert with_system == builder.chat_ids([system, user])  # a system message given: no change
+
+
+def test_a_template_without_a_default_system_prompt_counts_the_same_either_way():
+    builder = _templated_builder(build_tiny_tokenizer().chat_template)
+    user = [{"role": "user", "content": "the capital of france?"}]
+    assert builder.chat_ids(user, add_default_system=False) == builder.chat_ids(user)
