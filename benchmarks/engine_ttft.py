@@ -23,6 +23,9 @@ configured selection); ``--rule name:key=value,...`` adds a named selection with
         --rules query_deviation:global \
         --rule kept:selection_policy=query_deviation,uncertain_entropy=1000 \
         --rule routed:selection_policy=query_deviation,uncertain_entropy=0.001
+
+``--profile`` gives the ``learned`` rules their selector; ``--ladder-rungs 0.4 1.0`` times the
+routing ladder over the learned rule kept at each ratio and climbed to each rung in turn.
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ from transformers import AutoModelForCausalLM
 from adarag import AdaRAG
 from adarag.config import RecomputeConfig
 from adarag.engine.generator import Engine
+from adarag.engine.routing import RoutingLadder
 from adarag.evaluation.reuse import reuse_sources
+from adarag.pipeline.learned import learned_controls
+from adarag.profiles import ModelProfile
 
 RATIOS = (0.0, 0.15, 0.2, 0.3, 1.0)
 
@@ -130,6 +136,18 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--rules", nargs="+", default=[], help="selection_policy:budget ...")
     parser.add_argument("--rule", action="append", default=[], help="name:key=value,...")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="a model profile JSON: the 'learned' rules score with its selector",
+    )
+    parser.add_argument(
+        "--ladder-rungs",
+        type=float,
+        nargs="+",
+        help="also time the routing ladder over the learned rule at each ratio: kept at the "
+        "ratio, and climbed to each of these rungs in turn",
+    )
     parser.add_argument("--output", default="engine_ttft", help="results/<output>.{md,json}")
     args = parser.parse_args()
     rules: dict[str, RecomputeConfig | None] = {"": None}
@@ -142,9 +160,28 @@ def main() -> None:
             name, named = parse_rule(text)
             rules[f" {name}"] = named
 
+    ladders: dict[str, RoutingLadder | None] = {"": None}
+    if args.ladder_rungs:
+        learned = RecomputeConfig(selection_policy="learned")
+        rungs = tuple(args.ladder_rungs)
+        rules[" ladder kept"] = learned
+        ladders[" ladder kept"] = RoutingLadder.fixed(rungs, climb=False)
+        for depth in range(1, len(rungs) + 1):
+            name = f" ladder to {rungs[depth - 1]:g}"
+            rules[name] = learned
+            ladders[name] = RoutingLadder.fixed(rungs[:depth], climb=True)
+
     load_before = os.getloadavg()
     rag = AdaRAG(engine={"dtype": args.dtype, "model": args.model})
     generator = rag.generator
+    profile = rag.profile
+    if args.profile is not None:
+        profile = ModelProfile.from_json(args.profile.read_text(), str(args.profile))
+    scorers = {
+        rule: learned_controls(selection, profile).token_scorer
+        for rule, selection in rules.items()
+        if selection is not None
+    }
     hf_model = AutoModelForCausalLM.from_pretrained(
         generator.checkpoint.path, dtype=getattr(torch, args.dtype)
     ).eval()
@@ -176,9 +213,15 @@ def main() -> None:
             sources = reuse_sources(system_kv, chunk_kvs, ratio)
             for rule, selection in rules.items():
                 variants[f"fused@{ratio}{rule}"] = (
-                    lambda layout=layout, sources=sources, selection=selection: generator.prefill(
-                        layout, sources, selection=selection
-                    ).logits.argmax()
+                    lambda layout=layout, sources=sources, rule=rule, selection=selection: (
+                        generator.prefill(
+                            layout,
+                            sources,
+                            selection=selection,
+                            token_scorer=scorers.get(rule),
+                            ladder=ladders.get(rule),
+                        ).logits.argmax()
+                    )
                 )
         decoders = {
             "ours": ours_decode(generator, layout, args.decode_tokens),

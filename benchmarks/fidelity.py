@@ -92,6 +92,13 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--baseline", default="kv_deviation", help="rule the others are paired with"
     )
+    parser.add_argument(
+        "--rule-ratios",
+        action="append",
+        default=[],
+        metavar="NAME=R1,R2",
+        help="measure rule NAME at these of --ratios only (e.g. ladder0.85=0.2)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
@@ -160,8 +167,16 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
         run = FidelityRun(
             rag, rules, args.ratios, params, args.storage, knowledge_base, fusion, profile
         )
+        only = _rule_ratios(args.rule_ratios)
+        skipped = {
+            (run.rule_name(rule, storage), ratio)
+            for storage in args.storage
+            for rule, ratios in only.items()
+            for ratio in run.ratios
+            if ratio not in ratios
+        }
         names = [run.rule_name(rule, storage) for storage in args.storage for rule in rules]
-        wanted = {(name, ratio) for name in names for ratio in run.ratios}
+        wanted = {(name, ratio) for name in names for ratio in run.ratios} - skipped
         path = out / f"{dataset}{args.tag}.rows.jsonl"
         questions = load_questions(
             dataset, args.data_dir, args.questions, FIDELITY_CHUNKS[dataset], args.offset
@@ -173,13 +188,22 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
         for number, item in enumerate(questions):
             if number % count != index:
                 continue
-            done = measured.get(item.qid, set())
+            done = measured.get(item.qid, set()) | skipped
             if wanted <= done:
                 continue
             append_rows(path, run.question(dataset, item, done))
             print(
                 f"{model} {dataset} #{args.offset + number} ({time.perf_counter() - started:.0f} s)"
             )
+
+
+def _rule_ratios(specs: list[str]) -> dict[str, set[float]]:
+    """``NAME=R1,R2`` specs as rule name -> the ratios it is measured at."""
+    out = {}
+    for spec in specs:
+        name, _, ratios = spec.partition("=")
+        out[name] = {float(ratio) for ratio in ratios.split(",") if ratio}
+    return out
 
 
 def _knowledge_base(dataset: str, data_dir: Path) -> MemoryRetriever:

@@ -1,7 +1,8 @@
-"""The learned selector against the output-aware oracle: which features find its tokens.
+"""The learned selector: which features find the oracle's tokens, and what it buys held out.
 
-Reads the oracle labels ``adarag calibrate --selector`` recorded on the calibration questions
-(``--records``, one file per question) and writes ``results/learned/<model>_features.md``:
+``features`` reads the oracle labels ``adarag calibrate --selector`` recorded on the calibration
+questions (``--records``, one file per question) and writes
+``results/learned/<model>_features.md``:
 
 - each feature family as a scorer on its own: the share of the oracle's set it chooses at the
   oracle's budget (recall), the share of the oracle set's first-order gain its set carries, and
@@ -10,7 +11,14 @@ Reads the oracle labels ``adarag calibrate --selector`` recorded on the calibrat
   (leave-one-data-set-out, also by source: the three 2WikiMQA sets share questions), against
   ``query_deviation`` on the same questions (paired).
 
-    python benchmarks/learned_selector.py --records ~/.cache/adarag-bench/selector/<model>
+``pareto`` reads the report split's fidelity rows (``fidelity.py`` with the ``learned``,
+window, ladder and oracle rules) and an ``engine_ttft.py`` run of the same rules side by side,
+and writes ``results/learned/<model>_pareto.md``: per rule and ratio, exact agreement with full
+recomputation, gold F1 against full's (paired), first-token agreement, and the mean TTFT
+speed-up over full prefill (a ladder's from the share of requests ending on each rung).
+
+    python benchmarks/learned_selector.py features --records ~/.cache/adarag-bench/selector/M
+    python benchmarks/learned_selector.py pareto --model M --speed results/engine_ttft_learned.json
 """
 
 from __future__ import annotations
@@ -22,7 +30,9 @@ from pathlib import Path
 
 import numpy as np
 from common import RESULTS
+from fidelity_tables import by_dataset
 
+from adarag.evaluation.fidelity import FidelityRow, paired_rules, read_rows, summarize
 from adarag.evaluation.intervals import bootstrap_interval, paired_difference
 from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.profiling.selector_fit import (
@@ -145,9 +155,24 @@ def source(dataset: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--records", type=Path, required=True, help="the labels' directory")
-    parser.add_argument("--output", type=Path, default=RESULTS / "learned")
+    sub = parser.add_subparsers(dest="stage", required=True)
+    stage = sub.add_parser("features", help="feature families and held-out fits, from labels")
+    stage.add_argument("--records", type=Path, required=True, help="the labels' directory")
+    stage.add_argument("--output", type=Path, default=RESULTS / "learned")
+    stage.set_defaults(fn=features)
+    stage = sub.add_parser("pareto", help="the report split's table, from fidelity rows")
+    stage.add_argument("--model", required=True, help="the checkpoint's directory name")
+    stage.add_argument("--rows", type=Path, default=RESULTS / "fidelity")
+    stage.add_argument("--speed", type=Path, help="an engine_ttft.py result (JSON)")
+    stage.add_argument("--baseline", default="query_deviation")
+    stage.add_argument("--output", type=Path, default=RESULTS / "learned")
+    stage.set_defaults(fn=pareto)
     args = parser.parse_args()
+    args.fn(args)
+
+
+def features(args: argparse.Namespace) -> None:
+    """The feature families' table and the held-out fits, from the label records."""
     records = load_records(args.records)
     if not records:
         raise SystemExit(f"no label records under {args.records}")
@@ -187,6 +212,93 @@ def main() -> None:
     print(f"wrote {path}")
     summary = {"model": model, "questions": counts}
     (args.output / f"{model}_features.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def _speed_of(rule: str, ratio: float, rows: Sequence[FidelityRow], timing: dict) -> str:
+    """The mean TTFT speed-up over full prefill of ``rule`` at ``ratio`` (``-`` untimed)."""
+    stats = timing.get("stats", {})
+    if "full" not in stats:
+        return "-"
+    full = stats["full"]["mean"]
+    if rule.startswith("ladder"):
+        rungs = {
+            key.rsplit(" ", 1)[-1]: value["mean"]
+            for key, value in stats.items()
+            if key.startswith(f"fused@{ratio:g} ladder")
+        }
+        finals = [row.final_ratio for row in rows]
+        seconds = []
+        for final in finals:
+            key = "kept" if final is None or final <= ratio + 1e-9 else f"{final:g}"
+            if key not in rungs:
+                return "-"
+            seconds.append(rungs[key])
+        return f"{full / float(np.mean(seconds)):.2f}x"
+    timed_as = "learned" if rule in ("output_oracle",) or rule.startswith("learned") else rule
+    for key, value in stats.items():
+        if key == f"fused@{ratio:g} {timed_as}" or key.startswith(f"fused@{ratio:g} {timed_as}:"):
+            return f"{full / value['mean']:.2f}x"
+    return "-"
+
+
+def pareto(args: argparse.Namespace) -> None:
+    """The report split's Pareto table of every rule and ratio."""
+    folder = args.rows / args.model
+    rows = [row for path in sorted(folder.glob("*.rows.jsonl")) for row in read_rows(path)]
+    wanted = ("query_deviation", "learned", "output_oracle")
+    rows = [
+        r
+        for r in rows
+        if (r.rule in wanted or r.rule.startswith(("learned+w", "ladder"))) and 0.0 < r.ratio < 1.0
+    ]
+    if not rows:
+        raise SystemExit(f"no rows of {wanted} under {folder}")
+    timing = json.loads(args.speed.read_text()) if args.speed else {}
+    rules = list(dict.fromkeys(r.rule for r in rows))
+    lines = [
+        f"# The learned selector and the routing ladder on held-out questions: {args.model}",
+        "",
+        "Report split (questions #40 on of each data set, none used for fitting or choosing). "
+        "Exact agreement with full recomputation's answer and first-token agreement in %, gold "
+        "F1 minus full recomputation's (paired, points), with 95% bootstrap intervals; "
+        f"'paired' is exact agreement against `{args.baseline}` at the same ratio on the same "
+        "questions. The speed-up is full prefill's mean TTFT over the rule's, measured side by "
+        "side on MuSiQue prompts (~3.5K tokens) "
+        + (f"(`{args.speed.name}`)" if args.speed else "(not measured)")
+        + "; a ladder's mixes its rungs' TTFT by the share of requests ending on each; the "
+        "oracle is timed as the learned rule at its ratio (its own search is not counted).",
+        "",
+    ]
+    for dataset, subset in [*by_dataset(rows)]:
+        lines += [
+            f"## {dataset}",
+            "",
+            "| rule | ratio | n | exact agreement | paired | first-token agreement "
+            "| gold F1 - full | routed | TTFT speed-up |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for rule in rules:
+            for ratio in sorted({r.ratio for r in subset if r.rule == rule}):
+                group = [r for r in subset if r.rule == rule and r.ratio == ratio]
+                (summary,) = summarize(group)
+                pair = (
+                    "-"
+                    if rule == args.baseline
+                    else str(
+                        paired_rules(subset, rule, args.baseline, ratio, "exact_agreement") or "-"
+                    )
+                )
+                routed = [r.final_ratio is not None and r.final_ratio > ratio + 1e-9 for r in group]
+                lines.append(
+                    f"| {rule} | {ratio:g} | {summary.num_questions} | {summary.exact_interval} "
+                    f"| {pair} | {summary.first_token_interval} | {summary.gold_f1_vs_full} "
+                    f"| {100 * np.mean(routed):.0f}% | {_speed_of(rule, ratio, group, timing)} |"
+                )
+        lines.append("")
+    args.output.mkdir(parents=True, exist_ok=True)
+    path = args.output / f"{args.model}_pareto.md"
+    path.write_text("\n".join(lines))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from adarag.evaluation.profiling.depth_probe import (
     probe_features,
     step_probabilities,
 )
-from adarag.evaluation.profiling.fitting import auroc
+from adarag.evaluation.profiling.fitting import auroc, fold_names
 from adarag.profiles.learned import DepthProbe
 
 FAMILIES = ("hidden", "signals", "all")
@@ -60,14 +60,6 @@ def outcome(records: Sequence[DepthRecord], depths: Sequence[int]) -> StopOutcom
     curve_tokens, curve_f1 = fixed_curve(records)
     fixed = float(np.interp(tokens, curve_tokens, curve_f1))
     return StopOutcome(float(f1), tokens, float(np.mean(depths)), float(f1) - fixed)
-
-
-def fold_names(records: Sequence[DepthRecord]) -> list[str]:
-    """Each record's fold: its data set when there are several, else one of four."""
-    datasets = [record.dataset for record in records]
-    if len(set(datasets)) > 1:
-        return datasets
-    return [f"fold {idx % 4}" for idx in range(len(records))]
 
 
 def cross_fitted(
@@ -116,7 +108,7 @@ def calibrate_probe(
     records: Sequence[DepthRecord], family: str = "all", l2: float = 0.05
 ) -> ProbeCalibration:
     """Fit the probe on ``records`` and choose its threshold and floor (see the module)."""
-    folds = fold_names(records)
+    folds = fold_names([record.dataset for record in records])
     width = records[0].hidden.shape[1]
     labels = np.concatenate([r.labels() for r in records])
     aurocs = []

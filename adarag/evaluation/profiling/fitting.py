@@ -171,6 +171,13 @@ def with_isotonic(model: FittedModel, x: np.ndarray, y: np.ndarray) -> FittedMod
     return replace(model, calibration_x=fitted.x, calibration_y=fitted.y)
 
 
+def fold_names(datasets: Sequence[str], folds: int = 4) -> list[str]:
+    """Each question's fold: its data set when there are several, else one of ``folds``."""
+    if len(set(datasets)) > 1:
+        return list(datasets)
+    return [f"fold {idx % folds}" for idx in range(len(datasets))]
+
+
 def leave_one_group_out(
     groups: Sequence[Hashable],
     evaluate: Callable[[np.ndarray, np.ndarray], T],

@@ -39,8 +39,8 @@ from adarag.schema import GenerationParams
 
 logger = logging.getLogger(__name__)
 
-CHAIN_RUNGS = (0.3, 0.4, 0.5, 1.0)
-"""The ratios a chain climbs to above its base ratio."""
+CHAIN_RUNGS = (0.4, 1.0)
+"""The ratios a chain climbs to above its base ratio (the ladder's shapes choose among them)."""
 TARGETS = (0.75, 0.8, 0.85, 0.9, 0.95)
 """Target agreements whose thresholds a fitted ladder carries."""
 

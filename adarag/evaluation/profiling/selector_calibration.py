@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from adarag.evaluation.profiling.fitting import fold_names
 from adarag.evaluation.profiling.ladder_fit import (
     CHAIN_RUNGS,
     TARGETS,
@@ -55,13 +56,7 @@ from adarag.schema import GenerationParams
 
 logger = logging.getLogger(__name__)
 
-SHAPES = (
-    (1.0,),
-    (0.3, 1.0),
-    (0.4, 1.0),
-    (0.5, 1.0),
-    (0.3, 0.5, 1.0),
-)
+SHAPES = ((1.0,), (0.4, 1.0))
 """Candidate ladders above the base ratio (rungs of the chains)."""
 REFERENCE_TARGET = 0.85
 """The target agreement whose cost chooses the ladder's shape."""
@@ -100,14 +95,6 @@ class SelectorCalibration:
     shape_costs: tuple[tuple[str, float, float], ...]
     num_questions: int
     ratio: float
-
-
-def fold_names(records: Sequence[SelectorRecord]) -> list[str]:
-    """Each record's fold: its data set when there are several, else one of four by position."""
-    datasets = [record.dataset for record in records]
-    if len(set(datasets)) > 1:
-        return datasets
-    return [f"fold {idx % 4}" for idx in range(len(records))]
 
 
 def fold_selectors(
@@ -186,7 +173,7 @@ def calibrate_selector(
         logger.info("%d of %d questions labelled; fit once all are", len(records), len(wanted))
         return None
     logger.info("labels ready in %.0f s", time.perf_counter() - started)
-    folds = fold_names(records)
+    folds = fold_names([record.dataset for record in records])
     selectors = fold_selectors(records, folds, ratio, kind)
     quality = fold_quality(records, folds, selectors, ratio)
     selector = fit_selector(records, selector_features(num_layers_of(records[0])), ratio, kind)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ from adarag.augment import STOP_RULES, FittedStops, LensConfidence, ProbeStop, S
 from adarag.augment.confidence import ConfidenceParams, LensSignals
 from adarag.augment.controller import AugmentationController
 from adarag.augment.probe import SIGNALS, hidden_names, probe_values
+from adarag.config import AugmentConfig
 from adarag.errors import ConfigError
 from adarag.fitted import FittedModel
 
@@ -61,5 +64,6 @@ def test_the_registry_builds_each_rule_or_none_without_its_fit():
     fitted = FittedStops(0.4, probe=(model, 0.7, 2))
     rule = STOP_RULES["probe"](3, fitted)
     assert isinstance(rule, ProbeStop) and rule.min_steps == 3 and rule.threshold == 0.7
-    assert set(STOP_RULES) == {"confidence", "agreement", "probe"}
+    names = AugmentConfig.model_fields["stop_rule"].annotation
+    assert set(STOP_RULES) == set(get_args(names))  # one factory per configurable name
     assert np.isclose(model.probability({"entropy": 0.0}), 0.5)
