@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from typing import NoReturn
 
 from adarag.cli import ask, bench, calibrate, chat, check, demo, ingest, profile, serve, setup
 from adarag.errors import AdaRagError
@@ -37,9 +38,17 @@ _COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, reporting a bad option in one line (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Exit with status 2 after one line naming the problem and where the usage is."""
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every sub-command."""
-    parser = argparse.ArgumentParser(
+    """The argument parser with every sub-command (each reports a bad option in one line)."""
+    parser = _Parser(
         prog="adarag",
         description=DESCRIPTION,
         epilog=EXAMPLES,
@@ -49,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common_arguments(parser, default=None)
     # the same options after the command (`adarag chat --config FILE`); SUPPRESS keeps a value
     # given before the command when none is given after it
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     _add_common_arguments(common, default=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, module in _COMMANDS.items():

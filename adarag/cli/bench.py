@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from adarag.cli.options import add_model_arguments, build_config, positive_int
+from adarag.cli.options import add_model_arguments, answer_tokens, build_config
 from adarag.config import AdaRagConfig
 from adarag.evaluation import plots
 from adarag.evaluation.harness import BenchRunner, QueryRecord
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--top-k-sweep", type=int, nargs="*", default=[], help="also TTFT vs top-k (Figure 8)"
     )
-    parser.add_argument("--max-new-tokens", type=positive_int, default=16)
+    parser.add_argument("--max-new-tokens", type=answer_tokens, default=16)
     parser.add_argument("--output", type=Path, default=Path("bench-results"))
     parser.add_argument("--work-dir", type=Path, help="scratch for caches (default: temporary)")
     add_model_arguments(parser)

@@ -3,8 +3,8 @@
 Entry points build an :class:`AdaRagConfig` (from keyword overrides, a JSON file or defaults) and
 hand each component its own sub-config. Each section lives in a module of its own (``engine``,
 ``prompt``, ``cache``, ``store``, ``augment``, ``retrieval``, ``serve``, ``chat``; the root and
-its error messages in ``root``, the shared base model in ``base``); every name is imported from
-here.
+its error messages in ``root``, the shared base model in ``base``, secret keys in ``secrets``);
+every name is imported from here.
 """
 
 from __future__ import annotations
@@ -39,16 +39,11 @@ from adarag.config.root import _describe as _describe
 from adarag.config.root import _is_union_member as _is_union_member
 from adarag.config.root import _known_fields as _known_fields
 from adarag.config.root import _shown_value as _shown_value
+from adarag.config.secrets import MIN_SIGNING_KEY_BYTES, read_key_file, secret_from_env
 from adarag.config.serve import ServeConfig
-from adarag.config.store import (
-    MIN_SIGNING_KEY_BYTES,
-    SIGNING_KEY_ENV,
-    StoreConfig,
-    redact_url,
-)
+from adarag.config.store import SIGNING_KEY_ENV, StoreConfig, redact_url
 from adarag.config.store import _check_signing_key as _check_signing_key
 from adarag.config.store import _remote_url_problem as _remote_url_problem
-from adarag.config.store import _secret_from_env as _secret_from_env
 
 __all__ = [
     "CONDENSE_PROMPT",
@@ -73,5 +68,7 @@ __all__ = [
     "TierConfig",
     "VariantConfig",
     "default_home",
+    "read_key_file",
     "redact_url",
+    "secret_from_env",
 ]
