@@ -24,7 +24,13 @@ def default_home() -> Path:
 
 
 SECRET_FIELDS = frozenset(
-    {"remote_password", "signing_key", "vllm_handoff_key", "vllm_handoff_password"}
+    {
+        "remote_password",
+        "signing_key",
+        "vllm_handoff_key",
+        "vllm_handoff_password",
+        "vllm_server_api_key",
+    }
 )
 """Settings whose values never appear in a message or a log."""
 

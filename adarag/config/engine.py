@@ -9,12 +9,14 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from adarag.config.base import DEFAULT_MODEL, _Frozen
-from adarag.config.secrets import check_key, read_key_file, secret_from_env
+from adarag.config.secrets import check_key, key_bytes, secret_from_env
 
 HANDOFF_KEY_ENV = "ADARAG_HANDOFF_KEY"
 """Environment variable holding the key that signs hand-overs to ``vllm serve`` replicas."""
 HANDOFF_PASSWORD_ENV = "ADARAG_HANDOFF_PASSWORD"
 """Environment variable holding the password of a ``redis://`` hand-over server."""
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
+"""Environment variable holding the replicas' API key (``vllm serve`` reads it too)."""
 
 _DEVICE = re.compile(r"^(cpu|cuda|mps|xpu|hpu|npu|meta)(:[0-9]+)?$")
 
@@ -96,6 +98,12 @@ class EngineConfig(_Frozen):
         description="Backend 'vllm-server': base URLs of the `vllm serve` replicas (each started "
         "with adarag's connector); a request goes to the one with the fewest open streams.",
     )
+    vllm_server_api_key: SecretStr | None = Field(
+        default_factory=lambda: secret_from_env(VLLM_API_KEY_ENV, check=False),
+        description="Backend 'vllm-server': the API key the replicas require (`vllm serve "
+        f"--api-key`), sent as 'Authorization: Bearer KEY'. Default: ${VLLM_API_KEY_ENV}, which "
+        "`vllm serve` also reads for its --api-key. Never logged.",
+    )
     vllm_handoff: str = Field(
         default="/dev/shm/adarag-handoff",
         min_length=1,
@@ -169,11 +177,9 @@ class EngineConfig(_Frozen):
             ConfigError: The file cannot be read, is open to other users, or its key is too
                 short.
         """
-        if self.vllm_handoff_key is not None:
-            return self.vllm_handoff_key.get_secret_value().encode()
-        if self.vllm_handoff_key_file is None:
-            return None
-        return read_key_file(self.vllm_handoff_key_file, "engine.vllm_handoff_key_file")
+        return key_bytes(
+            self.vllm_handoff_key, self.vllm_handoff_key_file, "engine.vllm_handoff_key_file"
+        )
 
     @field_validator("model")
     @classmethod

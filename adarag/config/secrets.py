@@ -61,6 +61,19 @@ def check_key(key: str, what: str) -> None:
         )
 
 
+def key_bytes(key: SecretStr | None, key_file: Path | None, file_setting: str) -> bytes | None:
+    """A key given as a secret, or read from ``key_file`` (named ``file_setting``); None: none.
+
+    Raises:
+        ConfigError: The file cannot be read, is open to other users, or its key is too short.
+    """
+    if key is not None:
+        return key.get_secret_value().encode()
+    if key_file is None:
+        return None
+    return read_key_file(key_file, file_setting)
+
+
 def read_key_file(path: Path, setting: str) -> bytes:
     """The key on the first line of ``path``, once the file is private to this user.
 

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from adarag.config.base import _Frozen
-from adarag.config.secrets import check_key, read_key_file, secret_from_env
+from adarag.config.secrets import check_key, key_bytes, secret_from_env
 
 SIGNING_KEY_ENV = "ADARAG_KV_SIGNING_KEY"
 """Environment variable read for ``cache.store.signing_key`` when the setting is not given."""
@@ -190,11 +190,7 @@ class StoreConfig(_Frozen):
             ConfigError: The file cannot be read, is open to other users, or its key is too
                 short.
         """
-        if self.signing_key is not None:
-            return self.signing_key.get_secret_value().encode()
-        if self.signing_key_file is None:
-            return None
-        return read_key_file(self.signing_key_file, "cache.store.signing_key_file")
+        return key_bytes(self.signing_key, self.signing_key_file, "cache.store.signing_key_file")
 
 
 def _check_signing_key(key: str, what: str) -> None:

@@ -68,18 +68,20 @@ def read_params(params: object) -> tuple[HandoffRequest | None, str | None]:
     if params is None:
         return None, None
     if not isinstance(params, Mapping):
-        return None, f"kv_transfer_params is a {type(params).__name__}, not an object"
+        return None, f"kv_transfer_params is of type {type(params).__name__}, not an object"
     entry = params.get(PARAMS_KEY)
     if entry is None:
         return None, None
     if not isinstance(entry, Mapping):
-        return None, f"its {PARAMS_KEY!r} entry is a {type(entry).__name__}, not an object"
+        return None, f"its {PARAMS_KEY!r} entry is of type {type(entry).__name__}, not an object"
     handoff_id = entry.get("handoff_id")
     if not isinstance(handoff_id, str) or not HANDOFF_ID.match(handoff_id):
         return None, "handoff_id is not 32 lowercase hex digits"
     count = entry.get("num_context_tokens")
+    if count is None:
+        return None, "num_context_tokens is missing"
     if not isinstance(count, int) or isinstance(count, bool):
-        return None, f"num_context_tokens is a {type(count).__name__}, not a whole number"
+        return None, f"num_context_tokens is of type {type(count).__name__}, not a whole number"
     if not 0 < count <= MAX_CONTEXT_TOKENS:
         return None, f"num_context_tokens is outside 1..{MAX_CONTEXT_TOKENS}"
     return HandoffRequest(handoff_id, count), None

@@ -80,6 +80,7 @@ class VLLMServerDecoder(FusedKVDecoder):
         kv_dtype: Dtype the fused KV is written in (that of the replicas' KV cache).
         timeout_s: Seconds to wait for a replica's next bytes before giving up.
         sweeper: Deletes hand-overs left behind, until :meth:`close`.
+        api_key: The key the replicas require (``vllm serve --api-key``); None: none.
     """
 
     remote = True
@@ -95,6 +96,7 @@ class VLLMServerDecoder(FusedKVDecoder):
         kv_dtype: torch.dtype,
         timeout_s: float,
         sweeper: HandoffSweeper | None = None,
+        api_key: str | None = None,
     ) -> None:
         assert replicas, "at least one replica"
         self.replicas = list(replicas)
@@ -102,7 +104,9 @@ class VLLMServerDecoder(FusedKVDecoder):
         self.sweeper = sweeper
         self.eos_token_ids = eos_token_ids
         self.kv_dtype = kv_dtype
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(timeout_s, connect=10.0), headers=_auth_headers(api_key)
+        )
         self._lock = threading.Lock()
         self._order = itertools.count()
 
@@ -246,24 +250,49 @@ def start_vllm_server(
             hand-over has no key or is not private.
     """
     handoff = open_front_end_handoff(engine_config)
+    secret = engine_config.vllm_server_api_key
+    api_key = None if secret is None else secret.get_secret_value()
     replicas = [
-        _replica(url, max_context_tokens, engine_config.vllm_server_timeout_s)
+        _replica(url, max_context_tokens, engine_config.vllm_server_timeout_s, api_key)
         for url in engine_config.vllm_server_urls
     ]
     dtype = getattr(torch, engine_config.dtype)
     model = load_model(checkpoint.path, checkpoint.spec, dtype, engine_config.device)
     sweeper = HandoffSweeper(handoff, engine_config.vllm_server_timeout_s).start()
     decoder = VLLMServerDecoder(
-        replicas, handoff, eos_token_ids, dtype, engine_config.vllm_server_timeout_s, sweeper
+        replicas,
+        handoff,
+        eos_token_ids,
+        dtype,
+        engine_config.vllm_server_timeout_s,
+        sweeper,
+        api_key,
     )
     return model, decoder
 
 
-def _replica(url: str, max_context_tokens: int, timeout_s: float) -> Replica:
-    """Ask the replica at ``url`` what it serves."""
+def _auth_headers(api_key: str | None) -> dict[str, str]:
+    return {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+
+
+def _replica(url: str, max_context_tokens: int, timeout_s: float, api_key: str | None) -> Replica:
+    """Ask the replica at ``url`` what it serves.
+
+    Raises:
+        BackendError: It does not answer, or refuses the API key.
+        ConfigError: It accepts shorter prompts than ``max_context_tokens``.
+    """
     url = url.rstrip("/")
     try:
-        reply = httpx.get(f"{url}/v1/models", timeout=min(timeout_s, 30.0))
+        reply = httpx.get(
+            f"{url}/v1/models", timeout=min(timeout_s, 30.0), headers=_auth_headers(api_key)
+        )
+        if reply.status_code == 401:
+            raise BackendError(
+                f"the vLLM server at {url} refused {'the' if api_key else 'a request without an'} "
+                "API key (401); set $VLLM_API_KEY (engine.vllm_server_api_key) to the key its "
+                "`vllm serve --api-key` (or $VLLM_API_KEY) requires"
+            )
         reply.raise_for_status()
         (served, *_) = reply.json()["data"]
     except (httpx.HTTPError, KeyError, ValueError) as err:

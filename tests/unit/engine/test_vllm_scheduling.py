@@ -17,6 +17,7 @@ from adarag.engine.vllm.handoff import (
     prompt_digest,
 )
 from adarag.engine.vllm.scheduling import ConnectorScheduler, slot_mapping
+from tests.vllm_replica import KV_TRANSFER_PARAMS
 
 BLOCK_SIZE = 4
 
@@ -85,19 +86,19 @@ def test_the_last_prompt_token_is_never_supplied(caplog):
 @pytest.mark.parametrize(
     ("bad", "reason"),
     [
-        ({"adarag": {"handoff_id": H1}}, "num_context_tokens is a NoneType"),  # no count
-        ({"adarag": {"handoff_id": H1, "num_context_tokens": "9"}}, "is a str"),
-        ({"adarag": {"handoff_id": H1, "num_context_tokens": float("inf")}}, "is a float"),
-        ({"adarag": {"handoff_id": H1, "num_context_tokens": 9.0}}, "is a float"),
-        ({"adarag": {"handoff_id": H1, "num_context_tokens": True}}, "is a bool"),
+        ({"adarag": {"handoff_id": H1}}, "num_context_tokens is missing"),  # no count
+        ({"adarag": {"handoff_id": H1, "num_context_tokens": "9"}}, "is of type str"),
+        ({"adarag": {"handoff_id": H1, "num_context_tokens": float("inf")}}, "is of type float"),
+        ({"adarag": {"handoff_id": H1, "num_context_tokens": 9.0}}, "is of type float"),
+        ({"adarag": {"handoff_id": H1, "num_context_tokens": True}}, "is of type bool"),
         ({"adarag": {"handoff_id": H1, "num_context_tokens": 10**400}}, "outside"),
         ({"adarag": {"handoff_id": H1, "num_context_tokens": -3}}, "outside"),
         ({"adarag": {"handoff_id": "../../etc/passwd", "num_context_tokens": 9}}, "32 lowercase"),
         ({"adarag": {"handoff_id": 7, "num_context_tokens": 9}}, "32 lowercase"),
-        ({"adarag": "x"}, "entry is a str"),
-        ({"adarag": [1, 2]}, "entry is a list"),
-        ([1, 2, 3], "is a list, not an object"),
-        ("adarag", "is a str, not an object"),
+        ({"adarag": "x"}, "entry is of type str"),
+        ({"adarag": [1, 2]}, "entry is of type list"),
+        ([1, 2, 3], "is of type list, not an object"),
+        ("adarag", "is of type str, not an object"),
     ],
 )
 def test_malformed_params_fall_back_to_vllm_prefill(bad, reason, caplog):
@@ -110,24 +111,9 @@ def test_malformed_params_fall_back_to_vllm_prefill(bad, reason, caplog):
     assert scheduler.take_loads(SchedulerOutput([NewRequest("r", ([0, 1, 2],), 9)])) == []
 
 
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=20), children, max_size=4)
-    ),
-    max_leaves=12,
+@given(
+    params=KV_TRANSFER_PARAMS, num_prompt_tokens=st.integers(0, 64), num_computed=st.integers(0, 64)
 )
-ENTRY = st.fixed_dictionaries(
-    {},
-    optional={
-        "handoff_id": JSON | st.sampled_from([H1, H2, "", "0" * 33]),
-        "num_context_tokens": JSON | st.integers(-(2**70), 2**70),
-    },
-)
-PARAMS = JSON | st.dictionaries(st.just("adarag") | st.text(max_size=8), ENTRY | JSON, max_size=3)
-
-
-@given(params=PARAMS, num_prompt_tokens=st.integers(0, 64), num_computed=st.integers(0, 64))
 @settings(max_examples=100, deadline=None)
 def test_no_kv_transfer_params_make_the_scheduler_side_raise(
     params, num_prompt_tokens, num_computed
