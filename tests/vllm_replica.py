@@ -48,11 +48,12 @@ KV_TRANSFER_PARAMS = _JSON | st.dictionaries(
 
 @dataclass(frozen=True)
 class RunningReplica:
-    """A started replica: its URL, where it reads hand-overs, and its log."""
+    """A started replica: its URL, where it reads hand-overs, its log and its model id."""
 
     url: str
     handoff: str
     log: Path
+    model: str
 
     def complete(self, prompt: Sequence[int], **body: Any) -> dict[str, Any]:
         """POST ``/v1/completions`` (greedy, token ids back); the reply's JSON.
@@ -72,12 +73,6 @@ class RunningReplica:
         reply = httpx.post(f"{self.url}/v1/completions", json=request, headers=AUTH, timeout=300)
         reply.raise_for_status()
         return reply.json()
-
-    @property
-    def model(self) -> str:
-        """The model id it serves."""
-        reply = httpx.get(f"{self.url}/v1/models", headers=AUTH, timeout=30)
-        return str(reply.json()["data"][0]["id"])
 
     def is_alive(self) -> bool:
         """Whether it still answers ``/health`` with 200."""
@@ -99,7 +94,8 @@ def running_replica(
     command = serve_command(checkpoint.path, port, handoff)
     # a busy two-core machine takes minutes to import vLLM and start its engine core
     with running_vllm_server(command, port, log, env=env, timeout_s=900.0) as url:
-        yield RunningReplica(url, handoff, log)
+        served = httpx.get(f"{url}/v1/models", headers=AUTH, timeout=30).json()["data"][0]
+        yield RunningReplica(url, handoff, log, str(served["id"]))
 
 
 def front_end_config(
