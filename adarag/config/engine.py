@@ -109,7 +109,8 @@ class EngineConfig(_Frozen):
         min_length=1,
         description="Backend 'vllm-server': where fused KV waits for the replicas' connector (its "
         "kv_connector_extra_config.handoff): a directory they share (a tmpfs keeps it in "
-        "memory), or a redis:// URL for replicas on other machines.",
+        "memory; created with mode 0700, and refused when another user owns it or others may "
+        "write it), or a redis:// URL for replicas on other machines.",
     )
     vllm_handoff_key: SecretStr | None = Field(
         default_factory=lambda: secret_from_env(HANDOFF_KEY_ENV),
