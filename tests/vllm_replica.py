@@ -40,10 +40,13 @@ _ENTRY = st.fixed_dictionaries(
         "num_context_tokens": _JSON | st.integers(-(2**70), 2**70),
     },
 )
-KV_TRANSFER_PARAMS = _JSON | st.dictionaries(
-    st.just("adarag") | st.text(max_size=8), _ENTRY | _JSON, max_size=3
+KV_TRANSFER_PARAMS = st.one_of(
+    st.fixed_dictionaries({"adarag": _ENTRY}),
+    st.fixed_dictionaries({"adarag": _JSON}),
+    st.dictionaries(st.just("adarag") | st.text(max_size=8), _ENTRY | _JSON, max_size=3),
 )
-"""Any JSON a client may send as ``kv_transfer_params``, adarag's entry shaped or not."""
+"""Any JSON object a client may send as ``kv_transfer_params`` (vLLM itself refuses any other
+value before a connector sees it), adarag's entry shaped or not."""
 
 
 @dataclass(frozen=True)
