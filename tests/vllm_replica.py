@@ -94,7 +94,9 @@ def running_replica(
     port = free_port()
     log = directory / f"vllm_serve_{port}.log"
     env = {"ADARAG_HANDOFF_KEY": HANDOFF_KEY, "VLLM_API_KEY": API_KEY}
-    command = serve_command(checkpoint.path, port, handoff)
+    # half the default KV space: one 8192-token sequence fits (377 MB), two replicas fit a
+    # machine shared with other jobs
+    command = serve_command(checkpoint.path, port, handoff, kv_cache_bytes=512 << 20)
     # a busy two-core machine takes minutes to import vLLM and start its engine core
     with running_vllm_server(command, port, log, env=env, timeout_s=900.0) as url:
         served = httpx.get(f"{url}/v1/models", headers=AUTH, timeout=30).json()["data"][0]

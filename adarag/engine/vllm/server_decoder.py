@@ -272,7 +272,7 @@ def start_vllm_server(
 
 
 def _auth_headers(api_key: str | None) -> dict[str, str]:
-    return {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def _replica(url: str, max_context_tokens: int, timeout_s: float, api_key: str | None) -> Replica:
