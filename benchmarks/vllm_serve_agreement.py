@@ -10,12 +10,16 @@ rows were used.
 
     python benchmarks/vllm_serve_agreement.py --url http://127.0.0.1:8000 \\
         --handoff /dev/shm/adarag-handoff --model qwen2.5-coder-0.5b --output NAME
+
+with the replica's hand-over key in ``$ADARAG_HANDOFF_KEY`` (and its API key, if it requires
+one, in ``$VLLM_API_KEY``), as docs/scaling.md starts it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -45,7 +49,9 @@ def main() -> None:
     parser.add_argument("--output", default="vllm_serve_agreement")
     args = parser.parse_args()
 
-    served = httpx.get(f"{args.url}/v1/models", timeout=30).json()["data"][0]
+    api_key = os.environ.get("VLLM_API_KEY")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    served = httpx.get(f"{args.url}/v1/models", timeout=30, headers=headers).json()["data"][0]
     engine = {
         "model": args.model,
         "backend": "vllm-server",

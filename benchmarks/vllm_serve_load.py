@@ -36,6 +36,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -93,6 +95,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     assert len(args.requests) == len(args.clients), "one --requests per --clients"
+    # the hand-over key the replicas and the front ends this run starts share (they inherit it)
+    os.environ.setdefault("ADARAG_HANDOFF_KEY", secrets.token_hex(32))
     if args.tables_only:
         payload = json.loads((RESULTS / f"{args.output}.json").read_text())
         model = payload["settings"]["model"]

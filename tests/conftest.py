@@ -61,3 +61,13 @@ def real_config(tmp_path_factory: pytest.TempPathFactory) -> AdaRagConfig:
             pytest.fail(f"the real model is missing at {model_dir}; run `make install`")
         pytest.skip(f"real model not provisioned at {model_dir}")
     return AdaRagConfig.build(config, engine={"model": str(model_dir)})
+
+
+@pytest.fixture(scope="session")
+def vllm_replica(real_config: AdaRagConfig, tmp_path_factory: pytest.TempPathFactory):
+    """One ``vllm serve`` replica with adarag's connector, shared by the session's vLLM tests."""
+    from tests.vllm_replica import running_replica
+
+    directory = tmp_path_factory.mktemp("vllm_replica")
+    with running_replica(real_config, directory, str(directory / "handoff")) as replica:
+        yield replica

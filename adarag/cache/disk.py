@@ -10,7 +10,9 @@ have the store's dtype and the model's layer/head layout, and the checksum match
 signing key, the entry's HMAC). A damaged (or forged) file is deleted; a file of another model
 or format is moved to ``quarantine/`` (never re-read). Only such proof deletes a file: an error
 opening or reading it (too many open files, permission denied, an I/O error) is retried when it
-may pass, else reported, and the read is a miss that leaves the file in place.
+may pass, else reported, and the read is a miss that leaves the file in place. So is an entry
+signed under another key (another process's, sharing the directory with another key): it is
+never served here, never deleted and never overwritten.
 
 Files are written under a staging name that carries the writer's PID namespace and pid, synced
 and renamed into place, so a crash (even ``kill -9``) never leaves a partial entry visible; a
@@ -52,7 +54,7 @@ from adarag.cache.staging import (
     writer_id,
 )
 from adarag.errors import CacheError
-from adarag.files import unlink_quietly
+from adarag.files import make_private_directories, unlink_quietly
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,10 @@ _READ_ATTEMPTS = 3
 
 class EntryUnreadable(Exception):
     """An entry file that could not be read now (the error may pass); the file is kept."""
+
+
+class EntrySignedElsewhere(EntryUnreadable):
+    """An entry signed under another key than this tier's: refused here, the file is kept."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +93,8 @@ class DiskTier:
         model_fingerprint: The namespace; files of another are quarantined, never served.
         codec: The storage format (and model layout) every entry must have.
         signing_key: When given, every entry written is signed with it, and an entry whose
-            signature does not verify is deleted, never served.
+            signature does not verify is never served: deleted when it is unsigned or claims
+            this key, kept when another key signed it.
 
     Raises:
         CacheError: The directory cannot be created or written for a reason other than a
@@ -106,13 +113,13 @@ class DiskTier:
         self.codec = codec
         self.signing_key = signing_key
         self.num_outdated_removed = 0
-        self.num_signature_failures = 0  # entries whose signature did not verify (deleted)
+        self.num_signature_failures = 0  # reads refused for their signature
         self.num_read_errors = 0  # reads that failed with an OS error (the file was kept)
         self.write_problem: str | None = None  # why writes are off now, None while they are on
         self._write_retry_at = 0.0
         self._counts_lock = threading.Lock()
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            make_private_directories(directory)
             probe = directory / f".write-probe-{uuid.uuid4().hex}"
             probe.write_bytes(b"")
             probe.unlink()
@@ -201,6 +208,8 @@ class DiskTier:
         Raises:
             EntryUnreadable: Opening or reading the file failed with an OS error (retried when
                 it may pass); the file is kept, and the entry may be read later.
+            EntrySignedElsewhere: Another signing key than this tier's signed the entry; the
+                file is kept.
         """
         path = self.path(entry_id)
         for attempt in range(_READ_ATTEMPTS):
@@ -229,8 +238,19 @@ class DiskTier:
                 data, entry_id, self.model_fingerprint, self.codec, self.signing_key
             )[1]
         except RejectedEntry as rejected:
+            if rejected.other_key:
+                raise self._signed_elsewhere(path, rejected) from None
             self._set_aside(path, rejected, inode)
         return None
+
+    def _signed_elsewhere(self, path: Path, rejected: RejectedEntry) -> EntrySignedElsewhere:
+        """Count and report an entry signed under another key (kept, not served)."""
+        with self._counts_lock:
+            self.num_signature_failures += 1
+            first = self.num_signature_failures == 1
+        log = logger.warning if first else logger.debug
+        log("not serving KV cache file %s: %s", path, rejected)
+        return EntrySignedElsewhere(str(rejected))
 
     def remove(self, entry_id: str) -> None:
         """Delete an entry's file (on a read-only file system, it stays)."""

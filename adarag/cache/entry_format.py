@@ -9,10 +9,13 @@ hash to the id the entry was found under, the tensors have the codec's dtype and
 layer/head layout, and the checksum matches. Nothing is pickled.
 
 **Signed entries.** With a signing key (``cache.store.signing_key``), every entry also carries
-an HMAC-SHA256 under that key over the same metadata and tensors, and a reader with the key
-rejects an entry whose signature is missing or wrong: an entry forged with a consistent checksum
-is then told from a genuine one. Without a key the checksum only detects damage, so the store
-trusts everyone who can write to its directory or shared server.
+an HMAC-SHA256 under that key over the same metadata and tensors, and the key's public id
+(:func:`~adarag.kv.key_id`). A reader with the key rejects an entry whose signature is missing or
+wrong: an entry forged with a consistent checksum is then told from a genuine one. An entry
+signed under another key (its key id is not the reader's) is rejected as well, but flagged
+``other_key``: it may be another process's genuine entry, so the reader keeps it. Without a key
+the checksum only detects damage, so the store trusts everyone who can write to its directory or
+shared server.
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ from safetensors.torch import load, save
 
 from adarag.cache.codec import InvalidEntry, KVCodec, StoredKV
 from adarag.cache.keys import digest
+from adarag.kv import key_id, safetensors_metadata, update_digests
 
 FORMAT = "adarag-kv-2"
 OUTDATED_FORMATS = frozenset({"adarag-kv-1"})  # written by earlier adarag versions
 MAX_HEADER_BYTES = 1 << 20  # an entry's header (a few keys) is far smaller
 _UNHASHED = frozenset({"checksum", "signature"})  # metadata the digests do not cover
 _SIGNATURE_CONTEXT = b"adarag-kv-entry-signature\x00"
+KEY_PURPOSE = b"stored chunk KV"
+"""What a store's signing key signs (its :func:`~adarag.kv.key_id` is taken for it)."""
 
 
 class RejectedEntry(Exception):
@@ -44,6 +50,8 @@ class RejectedEntry(Exception):
         outdated: Written by an earlier adarag version.
         unsigned: Its signature is missing or wrong under the reader's signing key (forged, or
             written by a store without the key).
+        other_key: Signed under another key than the reader's (with ``unsigned``): perhaps
+            another process's genuine entry, never served here, but kept.
     """
 
     def __init__(
@@ -53,11 +61,13 @@ class RejectedEntry(Exception):
         foreign: bool = False,
         outdated: bool = False,
         unsigned: bool = False,
+        other_key: bool = False,
     ) -> None:
         super().__init__(reason)
         self.foreign = foreign
         self.outdated = outdated
-        self.unsigned = unsigned
+        self.unsigned = unsigned or other_key
+        self.other_key = other_key
 
 
 def encode_entry(
@@ -69,7 +79,8 @@ def encode_entry(
 ) -> bytes:
     """The bytes of an entry stored under ``keys`` at ``created_ns`` (nanoseconds since epoch).
 
-    With ``signing_key``, the entry carries an HMAC-SHA256 of its metadata and tensors.
+    With ``signing_key``, the entry carries an HMAC-SHA256 of its metadata and tensors, and the
+    key's id.
     """
     tensors = {name: t.contiguous() for name, t in stored.tensors.items()}
     metadata = {
@@ -79,6 +90,8 @@ def encode_entry(
         "start_position": str(stored.start_position),
         "created_ns": str(created_ns),
     }
+    if signing_key is not None:
+        metadata["key_id"] = key_id(signing_key, KEY_PURPOSE)
     checksum, signature = entry_digests(metadata, tensors, signing_key)
     metadata["checksum"] = checksum
     if signature is not None:
@@ -114,12 +127,26 @@ def decode_entry(
     if metadata.get("checksum") != checksum:
         raise RejectedEntry("checksum mismatch")
     if signature is not None:
-        found = metadata.get("signature")
-        if found is None:
-            raise RejectedEntry("unsigned, and this store requires signed entries", unsigned=True)
-        if not hmac.compare_digest(found.encode(), signature.encode()):
-            raise RejectedEntry("its signature does not verify (forged or re-keyed)", unsigned=True)
+        assert signing_key is not None
+        _check_signature(metadata, signature, key_id(signing_key, KEY_PURPOSE))
     return keys, stored
+
+
+def _check_signature(metadata: dict[str, str], signature: str, own_key_id: str) -> None:
+    """Refuse an entry whose signature is missing, made under another key, or wrong."""
+    found = metadata.get("signature")
+    if found is None:
+        raise RejectedEntry("unsigned, and this store requires signed entries", unsigned=True)
+    signer = metadata.get("key_id")
+    if signer != own_key_id:
+        raise RejectedEntry(
+            f"signed under another key (key id {signer or 'not recorded'}, this store's "
+            f"{own_key_id}); kept for the processes that hold that key. Give every process "
+            "sharing this store the same cache.store.signing_key",
+            other_key=True,
+        )
+    if not hmac.compare_digest(found.encode(), signature.encode()):
+        raise RejectedEntry("its signature does not verify (forged or edited)", unsigned=True)
 
 
 def check_metadata(
@@ -155,16 +182,7 @@ def header_metadata(data: bytes) -> dict[str, str]:
     Raises:
         ValueError: The header is cut short, not JSON, or its metadata is not strings.
     """
-    if len(data) < 8:
-        raise ValueError("shorter than a safetensors header")
-    length = int.from_bytes(data[:8], "little")
-    if length > min(len(data) - 8, MAX_HEADER_BYTES):
-        raise ValueError(f"header of {length} bytes runs past the data")
-    header = json.loads(data[8 : 8 + length])
-    metadata = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise ValueError("no string metadata in the header")
-    return metadata
+    return safetensors_metadata(data, MAX_HEADER_BYTES)
 
 
 def entry_checksum(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> str:
@@ -184,15 +202,6 @@ def entry_digests(
     if signing_key is not None:
         hashers.append(hmac.new(signing_key, _SIGNATURE_CONTEXT, hashlib.sha256))
     covered = {name: value for name, value in metadata.items() if name not in _UNHASHED}
-    described_metadata = json.dumps(covered, sort_keys=True).encode()
-    for hasher in hashers:
-        hasher.update(described_metadata)
-    for name in sorted(tensors):
-        tensor = tensors[name]
-        described = f"{name}:{tensor.dtype}{tuple(tensor.shape)}".encode()
-        data = tensor.contiguous().view(torch.uint8).numpy().data
-        for hasher in hashers:
-            hasher.update(described)
-            hasher.update(data)
+    update_digests(hashers, covered, tensors)
     checksum = hashers[0].hexdigest()
     return checksum, (hashers[1].hexdigest() if signing_key is not None else None)

@@ -18,7 +18,9 @@ key becomes visible only with a whole entry behind it (a single ``SET`` of a val
 verify the bytes (checksum, signature when the store has a signing key, format, namespace, keys,
 the model's layout and positions) before they are served. An entry failing a check, larger than
 the bound, or of another Redis type is deleted from the server and reported as a miss, so the
-chunk is recomputed; a key whose entry is gone (expired, evicted) is deleted too.
+chunk is recomputed; a key whose entry is gone (expired, evicted) is deleted too. An entry
+signed under another key than the store's is a miss that leaves the entry in place (it may be
+another process's, sharing the server with another key).
 
 **Failures.** A connection error, timeout or refused command marks the server down: one warning
 names it, and for ``remote_retry_s`` every call answers as a miss without touching the network
@@ -82,7 +84,7 @@ class RemoteStats:
     write_bytes: int = 0
     dropped: int = 0  # entries that failed a check, deleted from the server
     failures: int = 0  # requests that failed (server unreachable, timed out, refused)
-    signature_failures: int = 0  # of the dropped: signature missing or wrong
+    signature_failures: int = 0  # signature missing or wrong (dropped), or another key's (kept)
     oversized: int = 0  # of the dropped: larger than remote_max_entry_bytes
 
 
@@ -94,7 +96,7 @@ class RemoteTier:
         model_fingerprint: The model namespace; part of every key on the server.
         codec: The storage format and model layout every entry must have.
         signing_key: When given, entries are signed with it, and one whose signature does not
-            verify is dropped.
+            verify is refused: dropped, unless another key signed it.
 
     Raises:
         MissingDependencyError: The ``redis`` package is not installed.
@@ -194,7 +196,12 @@ class RemoteTier:
         except RejectedEntry as rejected:
             if rejected.unsigned:
                 self._count(signature_failures=1)
-            self._drop(entry_id, key, str(rejected))
+            if rejected.other_key:  # warned once, then at debug level
+                log = logger.warning if self.snapshot().signature_failures == 1 else logger.debug
+                log("not serving entry %s of %s: %s", entry_id, self.url, rejected)
+                self._count(misses=1)
+            else:
+                self._drop(entry_id, key, str(rejected))
             return None
         if key not in keys:
             self._drop(None, key, f"it points at entry {entry_id}, which does not claim it")

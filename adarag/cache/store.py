@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from adarag.cache.codec import InvalidEntry, KVCodec, StoredKV, TokenLayout
-from adarag.cache.disk import DiskTier, EntryUnreadable
+from adarag.cache.disk import DiskTier, EntrySignedElsewhere, EntryUnreadable
 from adarag.cache.entry_format import encode_entry
 from adarag.cache.eviction import EntryUsage, make_policy
 from adarag.cache.keys import digest
@@ -122,9 +122,11 @@ class LayeredKVStore:
     is written, and an entry larger than a tier's cap is not kept in that tier. With
     ``config.remote_url`` a shared tier sits under them (its size is the server's to cap).
     With a signing key (``config.signing_key``) every entry written is signed, and an entry read
-    from disk or the shared tier whose signature fails is deleted and counted
-    (``signature_failures``); without one, the store trusts whoever can write its directory or
-    server.
+    from disk or the shared tier whose signature fails is refused and counted
+    (``signature_failures``): deleted when it is unsigned or forged under this key, kept (and
+    never overwritten) when another key signed it, so one process given a wrong key destroys
+    nothing the others wrote. Without a key, the store trusts whoever can write its directory
+    or server.
 
     A disk directory on a read-only or full file system leaves the store serving: the entries
     there are read, new ones stay in memory, and :attr:`disk_problem` says why.
@@ -218,8 +220,9 @@ class LayeredKVStore:
                 self.stats.disk_reads += 1
                 try:
                     stored = self.disk.read(entry_id) if self.disk is not None else None
-                except EntryUnreadable:  # not proven bad: the file stays, this read misses
-                    self.stats.disk_read_errors += 1
+                except EntryUnreadable as unreadable:  # the file stays, this read misses
+                    if not isinstance(unreadable, EntrySignedElsewhere):
+                        self.stats.disk_read_errors += 1
                     entry.unreadable = True
                     return None
                 if stored is None:  # corrupted or removed behind our back: a clean miss

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
+from typing import NoReturn
 
 from adarag.errors import AdaRagError
 
@@ -45,9 +46,17 @@ _COMMANDS = (
 """The sub-commands, in the order of the help; each is the module ``adarag.cli.<name>``."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, reporting a bad option in one line (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Exit with status 2 after one line naming the problem and where the usage is."""
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser(commands: Sequence[str] = _COMMANDS) -> argparse.ArgumentParser:
-    """The argument parser with the sub-commands ``commands`` (all of them by default)."""
-    parser = argparse.ArgumentParser(
+    """The parser with the sub-commands ``commands`` (all by default), bad options in one line."""
+    parser = _Parser(
         prog="adarag",
         description=DESCRIPTION,
         epilog=EXAMPLES,
@@ -57,7 +66,7 @@ def build_parser(commands: Sequence[str] = _COMMANDS) -> argparse.ArgumentParser
     _add_common_arguments(parser, default=None)
     # the same options after the command (`adarag chat --config FILE`); SUPPRESS keeps a value
     # given before the command when none is given after it
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     _add_common_arguments(common, default=argparse.SUPPRESS)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in commands:

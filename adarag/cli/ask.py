@@ -10,9 +10,9 @@ from adarag.cli.display import describe, stream_answer
 from adarag.cli.options import (
     add_knowledge_base_arguments,
     add_model_arguments,
+    answer_tokens,
     build_config,
     open_knowledge_base,
-    positive_int,
 )
 from adarag.errors import InputError
 from adarag.pipeline import AdaRAG
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: cache.independent.recompute_ratio)",
     )
     parser.add_argument("--full", action="store_true", help="full prefill (no reuse) instead")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=48)
+    parser.add_argument("--max-new-tokens", type=answer_tokens, default=48)
     add_knowledge_base_arguments(parser)
     add_model_arguments(parser)
 

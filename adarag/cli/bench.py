@@ -13,9 +13,9 @@ from typing import Any
 
 from adarag.cli.options import (
     add_model_arguments,
+    answer_tokens,
     build_config,
     check_input_paths,
-    positive_int,
 )
 from adarag.config import AdaRagConfig
 from adarag.evaluation import plots
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--top-k-sweep", type=int, nargs="*", default=[], help="also TTFT vs top-k (Figure 8)"
     )
-    parser.add_argument("--max-new-tokens", type=positive_int, default=16)
+    parser.add_argument("--max-new-tokens", type=answer_tokens, default=16)
     parser.add_argument("--output", type=Path, default=Path("bench-results"))
     parser.add_argument("--work-dir", type=Path, help="scratch for caches (default: temporary)")
     add_model_arguments(parser)

@@ -10,10 +10,10 @@ from adarag.cli.display import describe, stream_answer
 from adarag.cli.options import (
     add_knowledge_base_arguments,
     add_model_arguments,
+    answer_tokens,
     build_config,
     non_negative_int,
     open_knowledge_base,
-    positive_int,
 )
 from adarag.conversation import Conversation
 from adarag.pipeline import AdaRAG
@@ -26,7 +26,7 @@ EXIT_WORDS = frozenset({"exit", "quit", ":q"})
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
-    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
+    parser.add_argument("--max-new-tokens", type=answer_tokens, default=64)
     parser.add_argument(
         "--history-turns", type=non_negative_int, default=2, help="turns carried forward"
     )

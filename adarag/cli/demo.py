@@ -10,6 +10,7 @@ from adarag.cli.ingest import ingest_and_warm, warm_chunks
 from adarag.cli.options import (
     add_knowledge_base_arguments,
     add_model_arguments,
+    answer_tokens,
     build_config,
     positive_int,
 )
@@ -25,7 +26,7 @@ DEMO_COLLECTION = "adarag-demo"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
     parser.add_argument("--questions", type=positive_int, default=3, help="how many demo questions")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=32)
+    parser.add_argument("--max-new-tokens", type=answer_tokens, default=32)
     parser.add_argument(
         "--rewarm", action="store_true", help="precompute the KV of chunks stored by earlier runs"
     )

@@ -6,12 +6,15 @@ import argparse
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import annotated_types
 
 from adarag.config import AdaRagConfig, find_config_file, load_config_file
 from adarag.errors import ConfigError, InputError, KnowledgeBaseError
 from adarag.retrievers import KnowledgeBase
 from adarag.retrievers.chunking import expand_paths
+from adarag.schema import GenerationParams
 
 _CONFIG_FIX = "fix the value in the configuration file or the override"
 SOURCE_KEY = "source"  # the metadata key ingest stores each chunk's file path under
@@ -25,6 +28,18 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """An argparse type: a whole number of at least 0."""
     return _int_at_least(text, 0)
+
+
+def answer_tokens(text: str) -> int:
+    """An argparse type: an answer length, from 1 to what ``GenerationParams`` accepts."""
+    value = _int_at_least(text, 1)
+    field = GenerationParams.model_fields["max_new_tokens"]
+    most = next(
+        cast(int, rule.le) for rule in field.metadata if isinstance(rule, annotated_types.Le)
+    )
+    if value > most:
+        raise argparse.ArgumentTypeError(f"must be at most {most}, got {value}")
+    return value
 
 
 def _int_at_least(text: str, least: int) -> int:

@@ -4,7 +4,7 @@ Entry points build an :class:`AdaRagConfig` (from keyword overrides, a JSON file
 hand each component its own sub-config. Each section lives in a module of its own (``engine``,
 ``prompt``, ``cache``, ``store``, ``augment``, ``retrieval``, ``serve``, ``chat``; the root and
 its error messages in ``root``, the shared base model in ``base``, which file the command reads
-in ``discovery``); every name is imported from here.
+in ``discovery``, secret keys in ``secrets``); every name is imported from here.
 """
 
 from __future__ import annotations
@@ -48,16 +48,11 @@ from adarag.config.root import _describe as _describe
 from adarag.config.root import _is_union_member as _is_union_member
 from adarag.config.root import _known_fields as _known_fields
 from adarag.config.root import _shown_value as _shown_value
+from adarag.config.secrets import MIN_SIGNING_KEY_BYTES, read_key_file, secret_from_env
 from adarag.config.serve import ServeConfig
-from adarag.config.store import (
-    MIN_SIGNING_KEY_BYTES,
-    SIGNING_KEY_ENV,
-    StoreConfig,
-    redact_url,
-)
+from adarag.config.store import SIGNING_KEY_ENV, StoreConfig, redact_url
 from adarag.config.store import _check_signing_key as _check_signing_key
 from adarag.config.store import _remote_url_problem as _remote_url_problem
-from adarag.config.store import _secret_from_env as _secret_from_env
 
 __all__ = [
     "CONDENSE_PROMPT",
@@ -89,5 +84,7 @@ __all__ = [
     "discover_config",
     "find_config_file",
     "load_config_file",
+    "read_key_file",
     "redact_url",
+    "secret_from_env",
 ]

@@ -7,9 +7,9 @@ import re
 import stat
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
 
 DEFAULT_MODEL = "default"
 
@@ -23,7 +23,15 @@ def default_home() -> Path:
     return Path(xdg_cache).expanduser() / "adarag"
 
 
-SECRET_FIELDS = frozenset({"remote_password", "signing_key"})
+SECRET_FIELDS = frozenset(
+    {
+        "remote_password",
+        "signing_key",
+        "vllm_handoff_key",
+        "vllm_handoff_password",
+        "vllm_server_api_key",
+    }
+)
 """Settings whose values never appear in a message or a log."""
 
 MAX_CONFIG_FILE_BYTES = 1 << 20
@@ -44,14 +52,15 @@ class _Frozen(BaseModel):
     def _check_raw_values(cls, data: Any) -> Any:
         """Refuse what lax validation would let through.
 
-        That is ``true``/``false`` where a number is expected (a mistake, not 1 or 0), and text
-        with lone surrogates (not valid Unicode; each section checks its own fields).
+        That is ``true``/``false`` where anything but a switch is expected (a mistake, not 1 or
+        0, nor the text "True"), and text with lone surrogates (not valid Unicode; each section
+        checks its own fields).
         """
         if isinstance(data, dict):
             for name, value in data.items():
                 field = cls.model_fields.get(name)
                 if field is not None and isinstance(value, bool) and not _admits_bool(field):
-                    raise ValueError(f"{name} must be a number, got {str(value).lower()}")
+                    raise ValueError(f"{name} must be {_kind(field)}, got {str(value).lower()}")
                 if field is None or _is_section(field):
                     continue  # unknown keys are reported as such; sections check their own
                 for text in _strings(value):
@@ -83,6 +92,27 @@ def _is_section(field: Any) -> bool:
 def _admits_bool(field: Any) -> bool:
     annotation = field.annotation
     return annotation is bool or bool in typing.get_args(annotation)
+
+
+def _kind(field: Any) -> str:
+    """What a field holds, for a message: "a number", "text", "a path", "one of 'a', 'b'"..."""
+    members = {field.annotation, *typing.get_args(field.annotation)}
+    literals = [arg for member in members for arg in _literal_values(member)]
+    if literals:
+        return "one of " + ", ".join(repr(value) for value in literals)
+    if typing.get_origin(field.annotation) in (tuple, list):
+        return "a list"
+    if members & {int, float}:
+        return "a number"
+    if Path in members:
+        return "a path"
+    if members & {str, SecretStr}:
+        return "text"
+    return "a value of its documented type"
+
+
+def _literal_values(annotation: Any) -> tuple[Any, ...]:
+    return typing.get_args(annotation) if typing.get_origin(annotation) is Literal else ()
 
 
 def _check_path(value: Any, name: str) -> Any:

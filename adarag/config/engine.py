@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from adarag.config.base import DEFAULT_MODEL, _Frozen
+from adarag.config.secrets import check_key, key_bytes, secret_from_env
+
+HANDOFF_KEY_ENV = "ADARAG_HANDOFF_KEY"
+"""Environment variable holding the key that signs hand-overs to ``vllm serve`` replicas."""
+HANDOFF_PASSWORD_ENV = "ADARAG_HANDOFF_PASSWORD"
+"""Environment variable holding the password of a ``redis://`` hand-over server."""
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
+"""Environment variable holding the replicas' API key (``vllm serve`` reads it too)."""
 
 _DEVICE = re.compile(r"^(cpu|cuda|mps|xpu|hpu|npu|meta)(:[0-9]+)?$")
 
@@ -91,18 +100,45 @@ class EngineConfig(_Frozen):
         description="Backend 'vllm-server': base URLs of the `vllm serve` replicas (each started "
         "with adarag's connector); a request goes to the one with the fewest open streams.",
     )
+    vllm_server_api_key: SecretStr | None = Field(
+        default_factory=lambda: secret_from_env(VLLM_API_KEY_ENV, check=False),
+        description="Backend 'vllm-server': the API key the replicas require (`vllm serve "
+        f"--api-key`), sent as 'Authorization: Bearer KEY'. Default: ${VLLM_API_KEY_ENV}, which "
+        "`vllm serve` also reads for its --api-key. Never logged.",
+    )
     vllm_handoff: str = Field(
         default="/dev/shm/adarag-handoff",
         min_length=1,
         description="Backend 'vllm-server': where fused KV waits for the replicas' connector (its "
         "kv_connector_extra_config.handoff): a directory they share (a tmpfs keeps it in "
-        "memory), or a redis:// URL for replicas on other machines.",
+        "memory; created with mode 0700, and refused when another user owns it or others may "
+        "write it), or a redis:// URL for replicas on other machines.",
+    )
+    vllm_handoff_key: SecretStr | None = Field(
+        default_factory=lambda: secret_from_env(HANDOFF_KEY_ENV),
+        description="Backend 'vllm-server': secret (at least 16 characters) under which every "
+        "hand-over carries an HMAC-SHA256 over its id, the prompt's token ids, shapes and bytes; "
+        "the replicas' connector holds the same key and lets vLLM compute any hand-over that does "
+        f"not verify. Default: the ${HANDOFF_KEY_ENV} environment variable (set it for the "
+        "replicas too), else vllm_handoff_key_file; one of them is required. Never logged.",
+    )
+    vllm_handoff_key_file: Path | None = Field(
+        default=None,
+        description="File holding vllm_handoff_key on its first line (mode 0600, read at start; "
+        "the connector's kv_connector_extra_config.handoff_key_file names the same file).",
+    )
+    vllm_handoff_password: SecretStr | None = Field(
+        default_factory=lambda: secret_from_env(HANDOFF_PASSWORD_ENV),
+        description="Password of a redis:// hand-over server (instead of one in the URL, which "
+        f"vLLM logs and process listings show). Default: the ${HANDOFF_PASSWORD_ENV} "
+        "environment variable, which the replicas' connector reads too.",
     )
     vllm_server_timeout_s: float = Field(
         default=600.0,
         gt=0.0,
         description="Backend 'vllm-server': seconds to wait for a replica's next bytes; also the "
-        "age after which a handoff file left by a stopped front end is deleted at start-up.",
+        "age past which a hand-over left behind (its front end was killed) is deleted, by a sweep "
+        "that runs at start-up and then every minute.",
     )
 
     @field_validator("vllm_server_urls")
@@ -115,12 +151,38 @@ class EngineConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check_server_backend(self) -> EngineConfig:
-        if self.backend == "vllm-server" and not self.vllm_server_urls:
+        if self.vllm_handoff_key is not None and self.vllm_handoff_key_file is not None:
+            raise ValueError(
+                "vllm_handoff_key and vllm_handoff_key_file both given (vllm_handoff_key may "
+                f"come from ${HANDOFF_KEY_ENV}); keep one"
+            )
+        if self.vllm_handoff_key is not None:
+            check_key(self.vllm_handoff_key.get_secret_value(), "vllm_handoff_key")
+        if self.backend != "vllm-server":
+            return self
+        if not self.vllm_server_urls:
             raise ValueError(
                 "backend 'vllm-server' needs engine.vllm_server_urls (CLI: --vllm-url URL), the "
                 "`vllm serve` replicas running adarag's connector"
             )
+        if self.vllm_handoff_key is None and self.vllm_handoff_key_file is None:
+            raise ValueError(
+                "backend 'vllm-server' signs every hand-over to the replicas: set "
+                f"${HANDOFF_KEY_ENV} (e.g. `openssl rand -hex 32`) for the front end and every "
+                "replica, or engine.vllm_handoff_key_file and the connector's handoff_key_file"
+            )
         return self
+
+    def handoff_key_bytes(self) -> bytes | None:
+        """The hand-over key (read from ``vllm_handoff_key_file`` when that is set), or None.
+
+        Raises:
+            ConfigError: The file cannot be read, is open to other users, or its key is too
+                short.
+        """
+        return key_bytes(
+            self.vllm_handoff_key, self.vllm_handoff_key_file, "engine.vllm_handoff_key_file"
+        )
 
     @field_validator("model")
     @classmethod

@@ -59,7 +59,7 @@ class AdaRagConfig(_Frozen):
         Raises:
             ConfigError: An override names no field or has an invalid value.
         """
-        data = (base or cls()).model_dump()
+        data = base.model_dump() if base is not None else {}
         _deep_update(data, overrides)
         try:
             return cls.model_validate(data)

@@ -86,6 +86,21 @@ class ServeConfig(_Frozen):
         description="Deepest nesting of JSON arrays and objects in a request body, checked "
         "before the body is parsed; deeper is refused with 400.",
     )
+    header_read_timeout_s: float = Field(
+        default=10.0,
+        gt=0.0,
+        le=3600.0,
+        description="Seconds a connection may take to send a request's head (request line and "
+        "headers) from when it opens or its previous response ends; past it the server answers "
+        "408 and closes it, so clients sending headers slowly cannot hold connections.",
+    )
+    max_connections: int = Field(
+        default=512,
+        ge=1,
+        le=65536,
+        description="Open client connections at most; one more is closed as soon as it is "
+        "accepted (keep it under the process's open-file limit).",
+    )
     body_read_timeout_s: float = Field(
         default=30.0,
         gt=0.0,

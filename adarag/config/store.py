@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -10,12 +9,11 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from adarag.config.base import _Frozen, _read_config_file
-from adarag.errors import ConfigError
+from adarag.config.base import _Frozen
+from adarag.config.secrets import check_key, key_bytes, secret_from_env
 
 SIGNING_KEY_ENV = "ADARAG_KV_SIGNING_KEY"
 """Environment variable read for ``cache.store.signing_key`` when the setting is not given."""
-MIN_SIGNING_KEY_BYTES = 16
 
 
 class StoreConfig(_Frozen):
@@ -122,7 +120,7 @@ class StoreConfig(_Frozen):
     )
 
     signing_key: SecretStr | None = Field(
-        default_factory=lambda: _secret_from_env(SIGNING_KEY_ENV),
+        default_factory=lambda: secret_from_env(SIGNING_KEY_ENV),
         description="Secret (at least 16 characters) with which every stored chunk-KV entry, on "
         "disk and in the shared tier, carries an HMAC-SHA256 over its metadata and tensors; a "
         "store with the key rejects, deletes and recomputes any entry whose signature is "
@@ -189,45 +187,15 @@ class StoreConfig(_Frozen):
         """The signing key (read from ``signing_key_file`` when that is set), or None.
 
         Raises:
-            ConfigError: The file cannot be read, or its key is too short.
+            ConfigError: The file cannot be read, is open to other users, or its key is too
+                short.
         """
-        if self.signing_key is not None:
-            return self.signing_key.get_secret_value().encode()
-        if self.signing_key_file is None:
-            return None
-        try:
-            text = _read_config_file(self.signing_key_file)
-        except (OSError, ValueError) as err:
-            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            raise ConfigError(
-                f"cannot read cache.store.signing_key_file {self.signing_key_file}: {reason}; "
-                "point it at a readable file holding the key"
-            ) from None
-        key = text.split("\n", 1)[0].strip()
-        try:
-            _check_signing_key(key, f"the key in {self.signing_key_file}")
-        except ValueError as err:
-            raise ConfigError(f"cache.store.signing_key_file: {err}") from None
-        return key.encode()
-
-
-def _secret_from_env(name: str) -> SecretStr | None:
-    value = os.environ.get(name)
-    return SecretStr(value) if value else None
+        return key_bytes(self.signing_key, self.signing_key_file, "cache.store.signing_key_file")
 
 
 def _check_signing_key(key: str, what: str) -> None:
     """Refuse a key too short to resist guessing, or one that is a masked placeholder."""
-    if len(key.encode()) < MIN_SIGNING_KEY_BYTES:
-        raise ValueError(
-            f"{what} is shorter than {MIN_SIGNING_KEY_BYTES} bytes; use a long random secret "
-            f"(in the setting or ${SIGNING_KEY_ENV}), "
-            "e.g. `openssl rand -hex 32`"
-        )
-    if set(key) == {"*"}:
-        raise ValueError(
-            f"{what} is a masked placeholder ('****'), not the key; pass the key itself"
-        )
+    check_key(key, what)
 
 
 def _remote_url_problem(url: str) -> str | None:

@@ -10,6 +10,11 @@ Two checks run on one prompt, against a full prefill of it:
 - **ratio one.** Every chunk's independent KV (computed after the system prefix alone) at ratio
   1.0 must give the full prefill's logits and greedy answer. On a decoder that can also compute
   the prompt on its own (vLLM's), the answer must equal that one too.
+- **hand-over.** On a decoder that hands the fused KV to vLLM, vLLM must report every handed-over
+  token as cached (``prompt_tokens_details.cached_tokens`` of a ``vllm serve`` replica): else
+  vLLM computed the prompt itself and the equal answers above prove nothing about the fused KV
+  (a replica reading another hand-over directory, holding another key, or started without
+  adarag's connector).
 
 Tolerances are relative to the largest reference value and scale with the engine's dtype.
 """
@@ -17,7 +22,7 @@ Tolerances are relative to the largest reference value and scale with the engine
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +66,8 @@ class GateReport:
             own, where it has one).
         tolerance: The relative tolerance applied.
         shift: Positions the stored KV was displaced by.
+        handed_over: Prompt tokens the ratio-1.0 request handed vLLM as fused KV, and how many
+            vLLM reported cached (None: not reported); None when the decoder hands nothing over.
     """
 
     model: str
@@ -72,6 +79,7 @@ class GateReport:
     answers_equal: bool
     tolerance: float
     shift: int
+    handed_over: tuple[int, int | None] | None = None
 
     def summary(self) -> str:
         """A few lines for a person: the verdict, the errors and each failed check."""
@@ -84,6 +92,12 @@ class GateReport:
             f"answers {'equal' if self.answers_equal else 'DIFFER'}",
             f"  relative tolerance {self.tolerance:g}",
         ]
+        if self.handed_over is not None:
+            handed, cached = self.handed_over
+            lines.append(
+                f"  hand-over: {handed} prompt tokens handed to vLLM, "
+                f"{'not reported' if cached is None else cached} reported cached"
+            )
         return "\n".join([*lines, *(f"  failed: {reason}" for reason in self.reasons)])
 
 
@@ -135,7 +149,8 @@ def check_blending(
     )
     ratio_one_error, ratio_one_bound = _error(ratio_one.logits, full.logits, tolerance)
     expected = list(generator.decode_tokens(layout, full, params))
-    answer = list(generator.decode_tokens(layout, ratio_one, params))
+    stream = generator.decode_tokens(layout, ratio_one, params)
+    answer = list(stream)
     answers_equal = answer == expected
     alone = _decoder_alone(generator)
     if alone is not None:
@@ -147,6 +162,9 @@ def check_blending(
             f"answers {'equal' if answers_equal else 'differ'}); the fused path does not "
             "reproduce this model's forward: serve it without reuse and report the model"
         )
+    handed_over = _handed_over(generator, layout, stream, len(answer))
+    if handed_over is not None and handed_over[1] != handed_over[0]:
+        reasons.append(_handover_reason(*handed_over))
     return GateReport(
         model=generator.checkpoint.name,
         passed=not reasons,
@@ -157,6 +175,38 @@ def check_blending(
         answers_equal=answers_equal,
         tolerance=tolerance,
         shift=shift,
+        handed_over=handed_over,
+    )
+
+
+def _handed_over(
+    generator: Engine, layout: PromptLayout, stream: Iterator[int], num_answer_tokens: int
+) -> tuple[int, int | None] | None:
+    """Tokens a fused request handed vLLM and how many it reported cached; None: not checked.
+
+    Not checked on a decoder that hands nothing over, nor when the answer ended at the first
+    token, which is sampled from the prefill before anything is handed over.
+    """
+    num_handed_over = getattr(generator.decoder, "num_handed_over", None)
+    handed = 0 if num_handed_over is None else int(num_handed_over(layout, num_answer_tokens))
+    if handed == 0:
+        return None
+    return handed, getattr(stream, "num_cached_tokens", None)
+
+
+def _handover_reason(num_handed: int, num_cached: int | None) -> str:
+    if num_cached is None:
+        return (
+            f"hand-over: vLLM did not report how many of the {num_handed} handed-over prompt "
+            "tokens it took from the connector; start `vllm serve` with "
+            "--enable-prompt-tokens-details so the hand-over can be checked"
+        )
+    return (
+        f"hand-over: vLLM reported {num_cached} of the {num_handed} handed-over prompt tokens "
+        "cached, so it computed the prompt itself and never read the fused KV; give the front "
+        "end and every replica the same hand-over (engine.vllm_handoff and the connector's "
+        "kv_connector_extra_config.handoff) and the same key ($ADARAG_HANDOFF_KEY), and see "
+        "the replica's log for why it refused the hand-over"
     )
 
 

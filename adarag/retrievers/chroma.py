@@ -22,7 +22,7 @@ from typing import IO, Any, Protocol
 from urllib.parse import urlsplit
 
 from adarag.errors import InputError, KnowledgeBaseError, MissingDependencyError
-from adarag.files import process_running
+from adarag.files import make_private_directories, process_running
 from adarag.retrievers.embedding import as_embedder
 from adarag.schema import Chunk
 
@@ -60,7 +60,7 @@ def open_client(directory: Path) -> Any:
         from chromadb.config import Settings
     except ImportError as err:
         raise MissingDependencyError("chromadb", "chroma") from err
-    directory.mkdir(parents=True, exist_ok=True)
+    make_private_directories(directory)
     return chromadb.PersistentClient(
         path=str(directory), settings=Settings(anonymized_telemetry=False)
     )
@@ -114,10 +114,17 @@ class DirectoryLock:
         """Take the lock.
 
         Raises:
-            KnowledgeBaseError: Another process holds it.
+            KnowledgeBaseError: Another process holds it, or the directory cannot be created
+                or written.
         """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = self.path.open("a+")
+        try:
+            make_private_directories(self.path.parent)
+            handle = self.path.open("a+")
+        except OSError as err:
+            raise KnowledgeBaseError(
+                f"cannot use {self.path.parent} as the Chroma directory ({err.strerror or err}); "
+                "point --chroma-dir (retrieval.chroma_directory) at a directory you can write"
+            ) from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as err:

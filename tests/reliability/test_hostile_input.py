@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from adarag import AdaRAG, Chunk, MemoryRetriever
 from adarag.cli import main as cli_main
-from adarag.config import AdaRagConfig, RetrievalConfig
+from adarag.config import SECRET_FIELDS, AdaRagConfig, RetrievalConfig
 from adarag.errors import AdaRagError, ConfigError, InputError, ModelLoadError
 from adarag.pipeline.stream import NO_CONTEXT_ANSWER
 from adarag.retrievers.chunking import read_source_file
@@ -765,8 +765,12 @@ hostile_values = st.one_of(
 )
 
 
-def check_valid_config(config: AdaRagConfig) -> None:
-    """What build() returns is finite, re-validates and survives a JSON round trip."""
+def check_valid_config(config: AdaRagConfig, field: str) -> None:
+    """What build() returns is finite, re-validates and survives a JSON round trip.
+
+    A secret ``field`` is masked in JSON (never written out), so it is checked not to be there
+    instead of surviving the trip.
+    """
 
     def finite(value: Any) -> bool:
         if isinstance(value, float):
@@ -778,7 +782,13 @@ def check_valid_config(config: AdaRagConfig) -> None:
         return True
 
     assert finite(config.model_dump())
-    assert AdaRagConfig.model_validate_json(config.model_dump_json()) == config
+    assert AdaRagConfig.model_validate(config.model_dump()) == config
+    if field not in SECRET_FIELDS:
+        assert AdaRagConfig.model_validate_json(config.model_dump_json()) == config
+        return
+    dumped = json.loads(config.model_dump_json())
+    shown = [part[field] for part in dumped.values() if isinstance(part, dict) and field in part]
+    assert shown and all(value in (None, "**********") for value in shown)
 
 
 @given(
@@ -790,7 +800,7 @@ def test_hostile_config_values_build_or_give_one_config_error(ledger, section, d
     field = data.draw(st.sampled_from(FIELDS[section] + ["no_such_setting"]))
     config, err = attempt(lambda: AdaRagConfig.build(**{section: {field: value}}))
     if err is None:
-        handled = attempt(lambda: check_valid_config(config))[1] is None
+        handled = attempt(lambda: check_valid_config(config, field))[1] is None
         handled = handled and field != "no_such_setting"
     else:
         handled = is_clear(err, ConfigError) and f"{section}" in str(err)

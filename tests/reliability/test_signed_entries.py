@@ -177,5 +177,45 @@ def test_the_signing_key_never_reaches_a_log_or_a_message(
     assert KEY not in caplog.text
     key_file = tmp_path / "signing.key"
     key_file.write_text(KEY + "\n")
+    key_file.chmod(0o600)
     from_file = _make(generator, tiny_checkpoints, tiny_config, signing_key_file=str(key_file))
     assert _answer(from_file)[1][0] == "hard"  # the same key, read from the file
+
+
+def _entry_files(rag: AdaRAG) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in rag.kv_directory.glob(f"*{SUFFIX}")}
+
+
+def test_a_store_given_another_key_keeps_the_shared_entries(
+    generator, tiny_checkpoints, tiny_config, clean_answer, ledger
+):
+    """Regression (issue 45): one process with a mistyped key deleted every correctly signed
+    entry of the directory it shares with the others."""
+    writer = _make(generator, tiny_checkpoints, tiny_config, signing_key=KEY)
+    writer.warm(CHUNKS)
+    writer.close()
+    before = _entry_files(writer)
+    mistyped = _make(generator, tiny_checkpoints, tiny_config, signing_key="x" + KEY[1:])
+    text, tiers = _answer(mistyped)
+    failures = mistyped.cache.store.snapshot().signature_failures
+    mistyped.close()  # its own entries stay in memory: nothing is overwritten on disk
+    after = _entry_files(writer)
+    ledger.record(
+        "store given another signing key on a shared directory",
+        detected=int(tiers == ("miss", "miss", "miss") and failures >= 4),
+        wrong_answers=int(text != clean_answer[0]),
+        data_lost=len(before) - sum(after.get(name) == data for name, data in before.items()),
+    )
+    ledger.extra["shared_directory_other_key"] = {
+        "entries_before": len(before),
+        "entries_after": len(after),
+        "unchanged_after": sum(after.get(name) == data for name, data in before.items()),
+        "reads_refused": failures,
+    }
+    assert text == clean_answer[0] and tiers == ("miss", "miss", "miss") and failures >= 4
+    # every entry is still there, byte for byte (the other key's write-backs are new entries)
+    assert {name: after.get(name) for name in before} == before
+    # the right key still reuses them (a key the other store's newer write-back claims is
+    # looked up further down the tiers)
+    text, tiers = _answer(_make(generator, tiny_checkpoints, tiny_config, signing_key=KEY))
+    assert text == clean_answer[0] and "miss" not in tiers

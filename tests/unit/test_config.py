@@ -61,11 +61,38 @@ def test_config_file_round_trip(tmp_path):
         AdaRagConfig.from_file(path)
 
 
+HANDOFF_KEY = "a-hand-over-key-of-32-bytes-long"
+
+
 def test_vllm_server_backend_needs_urls_of_http_servers():
     urls = ("http://127.0.0.1:8000", "https://vllm-2.internal")
-    config = AdaRagConfig.build(engine={"backend": "vllm-server", "vllm_server_urls": urls})
+    keyed = {"backend": "vllm-server", "vllm_handoff_key": HANDOFF_KEY}
+    config = AdaRagConfig.build(engine={**keyed, "vllm_server_urls": urls})
     assert config.engine.vllm_server_urls == urls
     with pytest.raises(ConfigError, match="needs engine.vllm_server_urls"):
-        AdaRagConfig.build(engine={"backend": "vllm-server"})
+        AdaRagConfig.build(engine=keyed)
     with pytest.raises(ConfigError, match="must look like http://host:port"):
-        AdaRagConfig.build(engine={"backend": "vllm-server", "vllm_server_urls": ("vllm:8000",)})
+        AdaRagConfig.build(engine={**keyed, "vllm_server_urls": ("vllm:8000",)})
+
+
+def test_vllm_server_backend_needs_a_hand_over_key(monkeypatch, tmp_path):
+    monkeypatch.delenv("ADARAG_HANDOFF_KEY", raising=False)
+    server = {"backend": "vllm-server", "vllm_server_urls": ("http://127.0.0.1:8000",)}
+    with pytest.raises(ConfigError, match=r"signs every hand-over.*\$ADARAG_HANDOFF_KEY"):
+        AdaRagConfig.build(engine=server)
+    monkeypatch.setenv("ADARAG_HANDOFF_KEY", HANDOFF_KEY)
+    engine = AdaRagConfig.build(engine=server).engine
+    assert engine.handoff_key_bytes() == HANDOFF_KEY.encode()
+    assert HANDOFF_KEY not in repr(engine) and HANDOFF_KEY not in engine.model_dump_json()
+    monkeypatch.setenv("ADARAG_HANDOFF_KEY", "short")
+    with pytest.raises(ConfigError, match=r"\$ADARAG_HANDOFF_KEY is shorter than 16 bytes"):
+        AdaRagConfig.build(engine=server)
+    monkeypatch.delenv("ADARAG_HANDOFF_KEY")
+    key_file = tmp_path / "handoff.key"
+    key_file.write_text(HANDOFF_KEY + "\n")
+    key_file.chmod(0o600)
+    engine = AdaRagConfig.build(engine={**server, "vllm_handoff_key_file": key_file}).engine
+    assert engine.handoff_key_bytes() == HANDOFF_KEY.encode()
+    key_file.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"open to other users \(mode 0644\).*chmod 600"):
+        engine.handoff_key_bytes()

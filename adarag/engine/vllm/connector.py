@@ -13,13 +13,17 @@ kv_connector_module_path="adarag.engine.vllm.connector", kv_role="kv_both")``:
   generator's :class:`KVHandoff` when adarag runs vLLM in its own process (bound after
   start-up), or, under ``vllm serve``, from where an adarag front end handed it over: the
   directory or ``redis://`` server named by ``kv_connector_extra_config.handoff``
-  (:mod:`~adarag.engine.vllm.handoff_store`); each tensor-parallel rank reads only its KV
-  heads. Loads are synchronous; there is nothing to save.
+  (:mod:`~adarag.engine.vllm.handoff_store`), signed with the hand-over key both sides hold;
+  each tensor-parallel rank verifies the hand-over and reads only its KV heads. Loads are
+  synchronous; there is nothing to save.
 
-A request whose fused KV is missing or unusable is computed by vLLM itself, with the reason
-logged: the scheduler side claims no tokens for it, or (when the file vanished between the two
-sides) the worker reports its blocks as failed, which vLLM recomputes under
-``kv_load_failure_policy = "recompute"``.
+A request whose ``kv_transfer_params`` are malformed, or whose fused KV is missing, signed under
+another key, written for another request or prompt, or otherwise unusable, is computed by vLLM
+itself, with the reason logged: the scheduler side claims no tokens for it (it checks the
+hand-over's header), or (when the worker's full check fails, or the file vanished between the
+two sides) the worker reports its blocks as failed, which vLLM recomputes under
+``kv_load_failure_policy = "recompute"``. Under ``vllm serve`` the scheduler side also sweeps
+hand-overs older than ``handoff_max_age_s`` (a killed front end's).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from adarag.engine.vllm.handoff import FusedContext, KVHandoff
-from adarag.engine.vllm.handoff_store import open_handoff
+from adarag.engine.vllm.handoff_store import open_replica_handoff
+from adarag.engine.vllm.handoff_sweep import HandoffSweeper
 from adarag.engine.vllm.kv_writer import attention_layers, write_rows
 from adarag.engine.vllm.ranks import kv_heads_of_rank
 from adarag.engine.vllm.scheduling import ConnectorScheduler, KVLoad
@@ -73,11 +78,15 @@ class AdaRagConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         self._block_size = vllm_config.cache_config.block_size
         transfer = vllm_config.kv_transfer_config
-        location = None if transfer is None else transfer.get_from_extra_config("handoff", None)
-        self._handed = None if location is None else open_handoff(str(location))
-        self._scheduler = ConnectorScheduler(
-            self._block_size, None if self._handed is None else self._handed.exists
+        handed = (
+            None if transfer is None else open_replica_handoff(transfer.kv_connector_extra_config)
         )
+        self._handed = None if handed is None else handed[0]
+        self._scheduler = ConnectorScheduler(
+            self._block_size, None if self._handed is None else self._handed.check
+        )
+        if handed is not None and role == KVConnectorRole.SCHEDULER:
+            HandoffSweeper(*handed).start()  # a daemon thread, for the replica's lifetime
         self._handoff: KVHandoff | None = None
         self._total_kv_heads = vllm_config.model_config.get_total_num_kv_heads()
         self._failed_block_ids: set[int] = set()
@@ -124,7 +133,7 @@ class AdaRagConnector(KVConnectorBase_V1):
                 "adarag's connector has no fused KV source: set kv_connector_extra_config."
                 "handoff (vllm serve) or run vLLM through adarag's vllm backend"
             )
-            context = self._handed.read(load.handoff_id, self._rank_heads)
+            context = self._handed.read(load.binding, self._rank_heads)
         if context is None:
             logger.warning("no fused KV for request %s; vLLM recomputes it", load.request_id)
         elif context.num_tokens < load.end:
@@ -186,7 +195,10 @@ class AdaRagConnector(KVConnectorBase_V1):
     ) -> tuple[int | None, bool]:
         """Context tokens adarag supplies beyond vLLM's own hit; loaded synchronously."""
         num_tokens = self._scheduler.num_new_matched_tokens(
-            request.kv_transfer_params, request.num_prompt_tokens, num_computed_tokens
+            request.kv_transfer_params,
+            request.prompt_token_ids,
+            request.num_prompt_tokens,
+            num_computed_tokens,
         )
         return num_tokens, False
 
@@ -195,7 +207,10 @@ class AdaRagConnector(KVConnectorBase_V1):
     ) -> None:
         """Remember the load of a request vLLM just allocated blocks for."""
         self._scheduler.on_allocated(
-            request.request_id, request.kv_transfer_params, num_external_tokens
+            request.request_id,
+            request.kv_transfer_params,
+            request.prompt_token_ids,
+            num_external_tokens,
         )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:

@@ -95,6 +95,18 @@ class FusedKVDecoder(ABC):
         """None: vLLM decodes into its own paged blocks."""
         return 0
 
+    def num_handed_over(self, layout: PromptLayout, num_answer_tokens: int) -> int:
+        """Prompt tokens whose fused KV a request of ``layout`` handed vLLM (all it may skip).
+
+        Args:
+            layout: The prompt.
+            num_answer_tokens: Tokens the request's answer had (none is handed over when the
+                first token, sampled from the prefill, ended it).
+        """
+        if not self.first_token_from_prefill:
+            return layout.num_tokens - 1
+        return layout.num_tokens if num_answer_tokens > 1 else 0
+
     def decode_tokens(
         self, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
     ) -> TokenStream:

@@ -9,7 +9,10 @@ into the paged KV blocks. Both sides live in the generator's process (vLLM runs 
 
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +20,12 @@ import torch
 
 PARAMS_KEY = "adarag"
 """Key of adarag's entry in a request's ``kv_transfer_params``."""
+
+HANDOFF_ID = re.compile(r"^[0-9a-f]{32}$")
+"""A handoff id: 32 lowercase hex digits (``uuid4().hex``); nothing else names a file or key."""
+
+MAX_CONTEXT_TOKENS = 1 << 31
+"""More context tokens than any request carries; a larger count is malformed."""
 
 
 @dataclass(frozen=True)
@@ -41,12 +50,67 @@ class HandoffRequest:
         }
 
     @classmethod
-    def from_params(cls, params: dict[str, Any] | None) -> HandoffRequest | None:
-        """Parse ``kv_transfer_params``; None when the request carries no adarag entry."""
-        entry = (params or {}).get(PARAMS_KEY)
-        if entry is None:
-            return None
-        return cls(str(entry["handoff_id"]), int(entry["num_context_tokens"]))
+    def from_params(cls, params: object) -> HandoffRequest | None:
+        """The request's hand-over; None when it carries no adarag entry or a malformed one.
+
+        Never raises, whatever a client put in ``kv_transfer_params``: :func:`read_params`.
+        """
+        return read_params(params)[0]
+
+
+def read_params(params: object) -> tuple[HandoffRequest | None, str | None]:
+    """The hand-over ``params`` ask for, and why they are malformed (None when they are not).
+
+    The one parser of ``kv_transfer_params`` on the connector's path: any value a client sends
+    (JSON of any shape, or none) gives either a hand-over with a well-formed id and a count in
+    ``1..MAX_CONTEXT_TOKENS``, or none; it never raises.
+    """
+    if params is None:
+        return None, None
+    if not isinstance(params, Mapping):
+        return None, f"kv_transfer_params is of type {type(params).__name__}, not an object"
+    entry = params.get(PARAMS_KEY)
+    if entry is None:
+        return None, None
+    if not isinstance(entry, Mapping):
+        return None, f"its {PARAMS_KEY!r} entry is of type {type(entry).__name__}, not an object"
+    handoff_id = entry.get("handoff_id")
+    if not isinstance(handoff_id, str) or not HANDOFF_ID.match(handoff_id):
+        return None, "handoff_id is not 32 lowercase hex digits"
+    count = entry.get("num_context_tokens")
+    if count is None:
+        return None, "num_context_tokens is missing"
+    if not isinstance(count, int) or isinstance(count, bool):
+        return None, f"num_context_tokens is of type {type(count).__name__}, not a whole number"
+    if not 0 < count <= MAX_CONTEXT_TOKENS:
+        return None, f"num_context_tokens is outside 1..{MAX_CONTEXT_TOKENS}"
+    return HandoffRequest(handoff_id, count), None
+
+
+@dataclass(frozen=True)
+class HandoffBinding:
+    """What a hand-over's KV belongs to: its id and the exact prompt tokens it was computed for.
+
+    Attributes:
+        handoff_id: The hand-over's id.
+        prompt_digest: :func:`prompt_digest` of the context tokens.
+        num_tokens: Context tokens (rows of KV).
+    """
+
+    handoff_id: str
+    prompt_digest: str
+    num_tokens: int
+
+    @classmethod
+    def of(cls, handoff: HandoffRequest, token_ids: Sequence[int]) -> HandoffBinding:
+        """The binding of ``handoff`` in a request whose prompt is ``token_ids``."""
+        context = token_ids[: handoff.num_context_tokens]
+        return cls(handoff.handoff_id, prompt_digest(context), handoff.num_context_tokens)
+
+
+def prompt_digest(token_ids: Sequence[int]) -> str:
+    """SHA-256 of token ids, as hex: binds a hand-over to the prompt it was computed for."""
+    return hashlib.sha256(",".join(str(int(i)) for i in token_ids).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -52,8 +53,11 @@ def serve_command(
     ``handoff`` is a directory or a ``redis://`` URL (``engine.vllm_handoff`` of the front end).
 
     ``--enable-prompt-tokens-details`` makes the server report, per request, the prompt tokens it
-    did not compute; ``kv_load_failure_policy = "recompute"`` makes it compute a request whose
-    fused KV vanished after it was scheduled instead of failing it.
+    did not compute (the blending gate checks them); ``kv_load_failure_policy = "recompute"``
+    makes it compute a request whose fused KV vanished or failed its check after it was
+    scheduled instead of failing it. The server listens on loopback; its API key and the
+    hand-over key come from its environment (``$VLLM_API_KEY``, ``$ADARAG_HANDOFF_KEY``), never
+    from the command line. docs/scaling.md shows this command (a test keeps the two equal).
     """
     command = [
         sys.executable,
@@ -101,7 +105,8 @@ def running_vllm_server(
         log: Where the server's output goes.
         threads: OpenMP threads of vLLM's CPU worker (unbound, unless ``env`` binds them).
         timeout_s: Longest wait for the server to answer.
-        env: Extra environment variables (``VLLM_CPU_OMP_THREADS_BIND="0|1"`` for two ranks).
+        env: Extra environment variables (``VLLM_CPU_OMP_THREADS_BIND="0|1"`` for two ranks;
+            ``ADARAG_HANDOFF_KEY``, the hand-over key; ``VLLM_API_KEY``, the server's API key).
         nice: Added to the server's niceness (and its workers'): above 0, a front end's fused
             prefills on the same cores run first and the server decodes in between.
     """
@@ -118,14 +123,15 @@ def running_vllm_server(
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
+            start_new_session=True,  # its engine core and workers go with it, even mid-start
         )
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             if process.poll() is not None:
                 raise RuntimeError(f"vllm serve exited with {process.returncode}; see {log}")
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2.0).status_code == 200:
+            try:  # 401: up, and requiring its API key ($VLLM_API_KEY in ``env``)
+                if httpx.get(f"{url}/v1/models", timeout=2.0).status_code in (200, 401):
                     break
             except httpx.HTTPError:
                 pass
@@ -134,9 +140,25 @@ def running_vllm_server(
             time.sleep(1.0)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop_group(process)
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group (its engine core, its workers); SIGKILL what is left."""
+    _signal_group(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        if process.poll() is not None and not _signal_group(process.pid, 0):
+            return  # the server and every process of its group are gone
+        time.sleep(0.5)
+    _signal_group(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _signal_group(group: int, sig: int) -> bool:
+    """Send ``sig`` to process group ``group``; whether any process of it was there."""
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        return False
+    return True

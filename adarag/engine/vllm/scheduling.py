@@ -14,11 +14,11 @@ is tested with stand-ins.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from adarag.engine.vllm.handoff import HandoffRequest
+from adarag.engine.vllm.handoff import HandoffBinding, HandoffRequest, read_params
 
 logger = logging.getLogger(__name__)
 
@@ -29,14 +29,14 @@ class KVLoad:
 
     Attributes:
         request_id: vLLM's request id.
-        handoff_id: Where the fused KV waits.
+        binding: The hand-over the rows come from, and the prompt it must have been made for.
         start: First prompt position to write.
         end: One past the last.
         slot_mapping: Paged-cache slot of each position ``start..end-1``.
     """
 
     request_id: str
-    handoff_id: str
+    binding: HandoffBinding
     start: int
     end: int
     slot_mapping: tuple[int, ...]
@@ -45,10 +45,15 @@ class KVLoad:
         assert 0 <= self.start < self.end, f"empty load [{self.start}, {self.end})"
         assert len(self.slot_mapping) == self.end - self.start, "one slot per position"
 
+    @property
+    def handoff_id(self) -> str:
+        """Where the fused KV waits."""
+        return self.binding.handoff_id
+
 
 @dataclass
 class _PendingLoad:
-    handoff_id: str
+    binding: HandoffBinding
     num_external_tokens: int
 
 
@@ -56,46 +61,53 @@ class _PendingLoad:
 class ConnectorScheduler:
     """Bookkeeping of the scheduler-side connector between allocation and the step's metadata.
 
+    Every read of a request's ``kv_transfer_params`` goes through
+    :func:`~adarag.engine.vllm.handoff.read_params`, which never raises: a malformed request
+    (whatever a client sent) is computed by vLLM, and the engine core never sees an exception.
+
     Attributes:
         block_size: Tokens per paged KV block.
-        is_available: Whether fused KV waits under a handoff id; None trusts every request
-            (the in-process backend puts it there before submitting).
+        check: Why the hand-over of a binding cannot be used (None when it can); None trusts
+            every request (the in-process backend puts the KV there before submitting).
     """
 
     block_size: int
-    is_available: Callable[[str], bool] | None = None
+    check: Callable[[HandoffBinding], str | None] | None = None
     _pending: dict[str, _PendingLoad] = field(default_factory=dict)
 
     def num_new_matched_tokens(
-        self, params: dict[str, Any] | None, num_prompt_tokens: int, num_computed_tokens: int
+        self,
+        params: object,
+        prompt_token_ids: Sequence[int] | None,
+        num_prompt_tokens: int,
+        num_computed_tokens: int,
     ) -> int:
         """Tokens the connector supplies beyond vLLM's own ``num_computed_tokens`` (no side effect).
 
         Args:
             params: The request's ``kv_transfer_params``.
+            prompt_token_ids: The request's prompt (None for prompt embeddings: never fed).
             num_prompt_tokens: The request's prompt length.
             num_computed_tokens: Leading tokens vLLM already holds (its prefix-cache hit).
         """
-        handoff = self._usable(params, num_prompt_tokens)
-        if handoff is None:
+        binding = self._usable(params, prompt_token_ids, num_prompt_tokens)
+        if binding is None:
             return 0
-        return max(0, handoff.num_context_tokens - num_computed_tokens)
+        return max(0, binding.num_tokens - num_computed_tokens)
 
     def _usable(
-        self, params: dict[str, Any] | None, num_prompt_tokens: int
-    ) -> HandoffRequest | None:
-        """The request's handoff when the connector can supply it, else None.
+        self, params: object, prompt_token_ids: Sequence[int] | None, num_prompt_tokens: int
+    ) -> HandoffBinding | None:
+        """The request's hand-over when the connector can supply it, else None.
 
         The reason is logged; vLLM then computes the whole prompt itself.
         """
-        try:
-            handoff = HandoffRequest.from_params(params)
-        except (AttributeError, KeyError, TypeError, ValueError) as err:
-            logger.warning("malformed adarag kv_transfer_params (%r); vLLM computes it", err)
-            return None
+        handoff, problem = read_params(params)
+        if problem is not None:
+            logger.warning("malformed adarag kv_transfer_params (%s); vLLM computes it", problem)
         if handoff is None:
             return None
-        if not 0 < handoff.num_context_tokens < num_prompt_tokens:
+        if not 0 < handoff.num_context_tokens < num_prompt_tokens or prompt_token_ids is None:
             logger.warning(
                 "handoff %s covers %d of %d prompt tokens (vLLM must compute at least the last "
                 "one); vLLM computes the prompt",
@@ -104,22 +116,27 @@ class ConnectorScheduler:
                 num_prompt_tokens,
             )
             return None
-        if self.is_available is not None and not self.is_available(handoff.handoff_id):
-            logger.warning(
-                "no fused KV waits under handoff %s; vLLM computes the prompt", handoff.handoff_id
-            )
+        binding = HandoffBinding.of(handoff, prompt_token_ids)
+        reason = None if self.check is None else self.check(binding)
+        if reason is not None:
+            logger.warning("%s; vLLM computes the prompt", reason)
             return None
-        return handoff
+        return binding
 
     def on_allocated(
-        self, request_id: str, params: dict[str, Any] | None, num_external_tokens: int
+        self,
+        request_id: str,
+        params: object,
+        prompt_token_ids: Sequence[int] | None,
+        num_external_tokens: int,
     ) -> None:
         """Remember a load once vLLM allocated blocks for ``num_external_tokens`` tokens."""
         handoff = HandoffRequest.from_params(params)
-        if handoff is None or num_external_tokens == 0:
+        if handoff is None or num_external_tokens == 0 or prompt_token_ids is None:
             self._pending.pop(request_id, None)
             return
-        self._pending[request_id] = _PendingLoad(handoff.handoff_id, num_external_tokens)
+        binding = HandoffBinding.of(handoff, prompt_token_ids)
+        self._pending[request_id] = _PendingLoad(binding, num_external_tokens)
 
     def forget(self, request_id: str) -> None:
         """Drop a finished request's pending load, if any."""
@@ -159,7 +176,7 @@ class ConnectorScheduler:
         assert len(block_ids) == 1, f"one KV cache group expected, got {len(block_ids)}"
         return KVLoad(
             request_id=request_id,
-            handoff_id=pending.handoff_id,
+            binding=pending.binding,
             start=start,
             end=end,
             slot_mapping=slot_mapping(block_ids[0], start, end, self.block_size),

@@ -32,9 +32,10 @@ from adarag.engine.adapter import DecoderAdapter
 from adarag.engine.checkpoint import Checkpoint
 from adarag.engine.loader import load_model
 from adarag.engine.vllm.fused_decoder import FusedKVDecoder, TokenStream
-from adarag.engine.vllm.handoff import FusedContext, HandoffRequest
+from adarag.engine.vllm.handoff import FusedContext, HandoffBinding, HandoffRequest
 from adarag.engine.vllm.handoff_files import as_storage
-from adarag.engine.vllm.handoff_store import HandoffStore, open_handoff
+from adarag.engine.vllm.handoff_store import HandoffStore, open_front_end_handoff
+from adarag.engine.vllm.handoff_sweep import HandoffSweeper
 from adarag.errors import BackendError, ConfigError
 from adarag.schema import GenerationParams
 
@@ -78,6 +79,8 @@ class VLLMServerDecoder(FusedKVDecoder):
         eos_token_ids: Tokens that end an answer.
         kv_dtype: Dtype the fused KV is written in (that of the replicas' KV cache).
         timeout_s: Seconds to wait for a replica's next bytes before giving up.
+        sweeper: Deletes hand-overs left behind, until :meth:`close`.
+        api_key: The key the replicas require (``vllm serve --api-key``); None: none.
     """
 
     remote = True
@@ -92,13 +95,18 @@ class VLLMServerDecoder(FusedKVDecoder):
         eos_token_ids: frozenset[int],
         kv_dtype: torch.dtype,
         timeout_s: float,
+        sweeper: HandoffSweeper | None = None,
+        api_key: str | None = None,
     ) -> None:
         assert replicas, "at least one replica"
         self.replicas = list(replicas)
         self.handoff = handoff
+        self.sweeper = sweeper
         self.eos_token_ids = eos_token_ids
         self.kv_dtype = kv_dtype
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(timeout_s, connect=10.0), headers=_auth_headers(api_key)
+        )
         self._lock = threading.Lock()
         self._order = itertools.count()
 
@@ -109,8 +117,9 @@ class VLLMServerDecoder(FusedKVDecoder):
         handoff: HandoffRequest,
         context: FusedContext,
     ) -> TokenStream:
+        binding = HandoffBinding.of(handoff, token_ids)
         try:
-            self.handoff.write(handoff.handoff_id, as_storage(context, self.kv_dtype))
+            self.handoff.write(binding, as_storage(context, self.kv_dtype))
         except (OSError, SafetensorError) as err:  # e.g. a full tmpfs: the replica computes it
             logger.warning(
                 "cannot hand fused KV over through %s (%s); vLLM computes the prompt",
@@ -128,8 +137,10 @@ class VLLMServerDecoder(FusedKVDecoder):
         return self._stream(token_ids, params, extra, None)
 
     def close(self) -> None:
-        """Close the HTTP connections."""
+        """Close the HTTP connections and stop sweeping."""
         self._client.close()
+        if self.sweeper is not None:
+            self.sweeper.stop()
 
     def _stream(
         self,
@@ -235,29 +246,53 @@ def start_vllm_server(
 
     Raises:
         BackendError: A replica does not answer ``GET /v1/models``.
-        ConfigError: A replica accepts shorter prompts than ``max_context_tokens``.
+        ConfigError: A replica accepts shorter prompts than ``max_context_tokens``, or the
+            hand-over has no key or is not private.
     """
-    handoff = open_handoff(engine_config.vllm_handoff, engine_config.vllm_server_timeout_s)
-    removed = handoff.remove_stale(max_age_s=engine_config.vllm_server_timeout_s)
-    if removed:
-        logger.info("removed %d stale KV handoff files from %s", removed, handoff.location)
+    handoff = open_front_end_handoff(engine_config)
+    secret = engine_config.vllm_server_api_key
+    api_key = None if secret is None else secret.get_secret_value()
     replicas = [
-        _replica(url, max_context_tokens, engine_config.vllm_server_timeout_s)
+        _replica(url, max_context_tokens, engine_config.vllm_server_timeout_s, api_key)
         for url in engine_config.vllm_server_urls
     ]
     dtype = getattr(torch, engine_config.dtype)
     model = load_model(checkpoint.path, checkpoint.spec, dtype, engine_config.device)
+    sweeper = HandoffSweeper(handoff, engine_config.vllm_server_timeout_s).start()
     decoder = VLLMServerDecoder(
-        replicas, handoff, eos_token_ids, dtype, engine_config.vllm_server_timeout_s
+        replicas,
+        handoff,
+        eos_token_ids,
+        dtype,
+        engine_config.vllm_server_timeout_s,
+        sweeper,
+        api_key,
     )
     return model, decoder
 
 
-def _replica(url: str, max_context_tokens: int, timeout_s: float) -> Replica:
-    """Ask the replica at ``url`` what it serves."""
+def _auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _replica(url: str, max_context_tokens: int, timeout_s: float, api_key: str | None) -> Replica:
+    """Ask the replica at ``url`` what it serves.
+
+    Raises:
+        BackendError: It does not answer, or refuses the API key.
+        ConfigError: It accepts shorter prompts than ``max_context_tokens``.
+    """
     url = url.rstrip("/")
     try:
-        reply = httpx.get(f"{url}/v1/models", timeout=min(timeout_s, 30.0))
+        reply = httpx.get(
+            f"{url}/v1/models", timeout=min(timeout_s, 30.0), headers=_auth_headers(api_key)
+        )
+        if reply.status_code == 401:
+            raise BackendError(
+                f"the vLLM server at {url} refused {'the' if api_key else 'a request without an'} "
+                "API key (401); set $VLLM_API_KEY (engine.vllm_server_api_key) to the key its "
+                "`vllm serve --api-key` (or $VLLM_API_KEY) requires"
+            )
         reply.raise_for_status()
         (served, *_) = reply.json()["data"]
     except (httpx.HTTPError, KeyError, ValueError) as err:

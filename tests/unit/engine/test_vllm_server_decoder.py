@@ -8,6 +8,7 @@ import torch
 
 from adarag.engine.vllm.fused_decoder import TokenStream
 from adarag.engine.vllm.handoff_files import HandoffFiles
+from adarag.engine.vllm.handoff_format import HandoffSigner
 from adarag.engine.vllm.server_decoder import (
     Replica,
     ServerReport,
@@ -16,10 +17,13 @@ from adarag.engine.vllm.server_decoder import (
 )
 from adarag.errors import BackendError
 
+SIGNER = HandoffSigner(b"a-hand-over-key-of-32-bytes-long")
+
 
 def _decoder(tmp_path, count: int) -> VLLMServerDecoder:
     replicas = [Replica(f"http://127.0.0.1:{8000 + i}", "m") for i in range(count)]
-    return VLLMServerDecoder(replicas, HandoffFiles(tmp_path), frozenset({2}), torch.float32, 5.0)
+    handoff = HandoffFiles(tmp_path, SIGNER)
+    return VLLMServerDecoder(replicas, handoff, frozenset({2}), torch.float32, 5.0)
 
 
 def test_requests_go_to_the_replica_with_fewest_open_streams(tmp_path):
@@ -95,7 +99,7 @@ def test_the_first_token_comes_from_the_prefill_before_anything_is_handed_over(
     def stream(token_ids, params, extra, handoff_id):
         (request,) = extra["kv_transfer_params"].values()
         sent.append((list(token_ids), params.max_new_tokens, request, handoff_id))
-        assert HandoffFiles(tmp_path).path(handoff_id).exists()  # written before the request
+        assert decoder.handoff.path(handoff_id).exists()  # written before the request
         return TokenStream((t for t in (6, 4)), ServerReport(num_cached_tokens=3))
 
     monkeypatch.setattr(decoder, "_stream", stream)
@@ -108,6 +112,9 @@ def test_the_first_token_comes_from_the_prefill_before_anything_is_handed_over(
     assert prompt == [7, 8, 9, 5] and max_new_tokens == 3
     assert request == {"handoff_id": handoff_id, "num_context_tokens": 3}
     assert tokens.num_cached_tokens == 3
+    # the gate's count: the whole prompt was handed over, once the answer went past its first token
+    assert decoder.num_handed_over(_prefilled(5)[0], 3) == 3
+    assert decoder.num_handed_over(_prefilled(5)[0], 1) == 0
     decoder.close()
 
 
