@@ -173,9 +173,11 @@ class KnowledgeBase:
             raise
 
     @classmethod
-    def from_config(cls, config: AdaRagConfig, *, create: bool = True) -> KnowledgeBase:
+    def from_config(
+        cls, config: AdaRagConfig, *, create: bool = True, splitter: Any = None
+    ) -> KnowledgeBase:
         """The knowledge base of ``config.retrieval`` under ``config.home``."""
-        return cls(config.retrieval, config.home, create=create)
+        return cls(config.retrieval, config.home, create=create, splitter=splitter)
 
     def _check_exists(self, client: Any) -> None:
         """Raise :class:`KnowledgeBaseError` naming the collections there are, if ours is not."""
