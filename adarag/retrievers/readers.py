@@ -2,9 +2,9 @@
 
 - **PDF** (pypdf): one document per page with text (``page`` in its chunks' metadata); a page
   without a text layer (a scan) gives none.
-- **Word** ``.docx`` (python-docx): paragraphs and tables in order; ``Heading N`` and ``Title``
-  paragraphs become markdown headings, list paragraphs ``- `` items, a table row its cells
-  joined by `` | ``. The core properties' title is the document's title.
+- **Word** ``.docx`` (python-docx): paragraphs and tables in order; ``Heading N`` paragraphs
+  become markdown headings, list paragraphs ``- `` items, a table row its cells joined by
+  `` | ``. The document's title is its core properties' title, else its ``Title`` paragraph.
 - **HTML** (beautifulsoup4 with lxml): the page's text without markup
   (:mod:`adarag.retrievers.html_text`), its ``<title>`` the document's title.
 - **CSV** / **TSV** (the standard library): one document per row, each cell preceded by its
@@ -18,6 +18,7 @@ layer holds are removed.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import re
@@ -33,6 +34,7 @@ from adarag.retrievers.sources import SourceDocument
 DocumentReader = Callable[[Path, bytes, int | None], list[SourceDocument]]
 """Reads a file's bytes (its path for messages, the byte limit) into documents."""
 
+_UNICODE_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 _HEADING_STYLE = re.compile(r"heading ([1-6])", re.IGNORECASE)
 
@@ -99,14 +101,17 @@ def read_docx(path: Path, data: bytes, max_bytes: int | None) -> list[SourceDocu
         raise MissingDependencyError("python-docx", "documents") from err
     _check_unpacked_size(path, data, max_bytes)
     lines: list[str] = []
+    titles: list[str] = []
     try:
         document = docx.Document(io.BytesIO(data))
         for block in document.iter_inner_content():
             if isinstance(block, Table):
                 lines.extend(_table_lines(block))
+            elif block.style is not None and block.style.name == "Title":
+                titles.append(block.text)
             else:
                 lines.append(_paragraph_line(block))
-        title = document.core_properties.title
+        title = document.core_properties.title or " ".join(titles)
     except Exception as err:  # a damaged file fails anywhere inside the parser
         raise _unreadable(path, "a Word (.docx) document", err) from err
     text = _cleaned("\n".join(line for line in lines if line.strip()))
@@ -119,6 +124,8 @@ def read_html(path: Path, data: bytes, max_bytes: int | None) -> list[SourceDocu
         from bs4.dammit import UnicodeDammit
     except ImportError as err:
         raise MissingDependencyError("beautifulsoup4", "documents") from err
+    if not data.startswith(_UNICODE_BOMS):  # only UTF-16 and UTF-32 text holds NUL bytes
+        check_no_nul(data.decode("latin-1"), path)
     markup = UnicodeDammit(data, is_html=True).unicode_markup
     if markup is None:
         raise InputError(f"{path}: its character encoding is not recognised; save it as UTF-8")
@@ -180,8 +187,6 @@ def _paragraph_line(paragraph: Any) -> str:
     heading = _HEADING_STYLE.fullmatch(style)
     if text and heading:
         return f"{'#' * int(heading.group(1))} {text}"
-    if text and style == "Title":
-        return f"# {text}"
     if text and style.startswith("List"):
         return f"- {text}"
     return text
