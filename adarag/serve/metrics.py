@@ -30,12 +30,13 @@ from adarag.pipeline import CacheReport
 from adarag.schema import QueryTrace
 
 Outcome = Literal["ok", "invalid", "rejected", "timeout", "unavailable", "error", "cancelled"]
-"""How a request ended: answered, bad input (400), queue full (429), past its deadline (504),
-shutting down or a backend down (503), a server failure (500), or the client went away."""
+"""How a request ended: answered, bad input (400, or 409: an empty knowledge base), queue full
+(429), past its deadline (504), shutting down or a backend down (503), a server failure (500),
+or the client went away."""
 
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
-_OUTCOMES = {400: "invalid", 429: "rejected", 503: "unavailable", 504: "timeout"}
+_OUTCOMES = {400: "invalid", 409: "invalid", 429: "rejected", 503: "unavailable", 504: "timeout"}
 
 
 def outcome_of(status: int) -> Outcome:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from adarag.config import ServeConfig
-from adarag.errors import AdaRagError, BackendError, ConfigError, InputError
+from adarag.errors import AdaRagError, BackendError, ConfigError, InputError, KnowledgeBaseError
 from adarag.pipeline import AdaRAG, AnswerStream
 from adarag.schema import Answer, GenerationParams
 from adarag.serve.errors import APIError, internal_error, invalid_request
@@ -23,9 +23,11 @@ StartAnswer = Callable[[], AnswerStream]
 
 
 def api_error(err: AdaRagError) -> APIError:
-    """An adarag error as an HTTP error: bad input 400, an unreachable backend 503, else 500."""
+    """An adarag error as HTTP: bad input 400, an empty knowledge base 409, no backend 503."""
     if isinstance(err, InputError | ConfigError):
         return invalid_request(str(err))
+    if isinstance(err, KnowledgeBaseError):
+        return APIError(409, str(err), error_type="invalid_request_error", code="knowledge_base")
     if isinstance(err, BackendError):
         return APIError(503, str(err), error_type="server_error", code="backend_unavailable")
     return APIError(500, str(err), error_type="server_error", code=type(err).__name__)
