@@ -11,8 +11,9 @@ from adarag.pipeline.stream import AnswerStream
 from adarag.schema import Answer, Chunk
 
 
-def stream_answer(stream: AnswerStream, out: TextIO = sys.stdout) -> Answer:
-    """Print deltas as they arrive; return the whole answer."""
+def stream_answer(stream: AnswerStream, out: TextIO | None = None) -> Answer:
+    """Print deltas as they arrive (to ``sys.stdout`` as it is at the call); return the answer."""
+    out = out or sys.stdout
     for delta in stream:
         out.write(delta)
         out.flush()
@@ -38,7 +39,7 @@ def describe(answer: Answer) -> list[str]:
 
 
 def _label(chunk: Chunk) -> str:
-    """Score, then where the chunk is from: file, chunk number in the file, title, heading.
+    """Score, then where the chunk is from: file, chunk number, page or row, title, heading.
 
     The file is shown relative to the working directory when under it; the chunk id when
     nothing else is known.
@@ -49,6 +50,9 @@ def _label(chunk: Chunk) -> str:
         parts.append(_shown_path(str(metadata["source"])))
     if isinstance(metadata.get("chunk_idx"), int) and metadata.get("file_num_chunks"):
         parts.append(f"chunk {metadata['chunk_idx'] + 1}/{metadata['file_num_chunks']}")
+    for place in ("page", "row"):  # a PDF's page, a CSV file's row
+        if isinstance(metadata.get(place), int):
+            parts.append(f"{place} {metadata[place]}")
     if metadata.get("title"):
         parts.append(repr(str(metadata["title"])))
     if metadata.get("heading"):
