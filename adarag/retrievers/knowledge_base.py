@@ -271,7 +271,7 @@ class KnowledgeBase:
         if strict and scanned.skipped:
             raise InputError(
                 f"{len(scanned.skipped)} file(s) in the folders given are not read: "
-                f"{describe_skipped(scanned.skipped)}; move them out, or leave strict (--strict) off"
+                f"{describe_skipped(scanned.skipped)}; move them out, or turn strict (--strict) off"
             )
         sources = [self.read(path) for path in scanned.files]
         report = self.ingest_sources(sources, tokenizer=tokenizer, on_progress=on_progress)

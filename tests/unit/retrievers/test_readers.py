@@ -97,11 +97,8 @@ def test_html_is_text_without_markup_scripts_styles_comments_or_hidden_parts(tmp
 
 def test_html_in_a_declared_charset_is_decoded_and_nul_is_refused(tmp_path):
     latin = tmp_path / "latin.htm"
-    latin.write_bytes(
-        '<html><head><meta charset="iso-8859-1"></head><body><p>café crème</p></body></html>'.encode(
-            "latin-1"
-        )
-    )
+    page = '<html><head><meta charset="iso-8859-1"></head><body><p>café crème</p></body></html>'
+    latin.write_bytes(page.encode("latin-1"))
     assert read_source_file(latin).documents[0].text == "café crème"
     binary = tmp_path / "nul.html"
     binary.write_bytes(b"<p>a\x00b</p>")
