@@ -158,7 +158,8 @@ async function loadDocuments() {
     const item = element("li", "document");
     item.dataset.fileId = file.id;
     item.dataset.state = file.adarag ? file.adarag.state : file.status;
-    const chunks = file.adarag ? `${file.adarag.num_chunks} chunks, ` : "";
+    const count = file.adarag ? file.adarag.num_chunks : undefined;
+    const chunks = count === undefined ? "" : `${count} chunk${count === 1 ? "" : "s"}, `;
     item.append(element("span", "", `${file.filename} (${chunks}${item.dataset.state})`));
     const remove = element("button", "", "delete");
     remove.type = "button";
@@ -196,7 +197,8 @@ async function upload(file) {
     await loadDocuments();
   }
   if (sent.status === "error") throw new Error(`${sent.filename}: ${sent.status_details}`);
-  setStatus(`${sent.filename} is ready (${sent.adarag.num_chunks} chunks)`);
+  const count = sent.adarag.num_chunks;
+  setStatus(`${sent.filename} is ready (${count} chunk${count === 1 ? "" : "s"})`);
   await loadDocuments();
 }
 
