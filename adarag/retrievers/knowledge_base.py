@@ -369,6 +369,10 @@ class KnowledgeBase:
         )
         return dict(counts)
 
+    def count_source(self, source: str) -> int:
+        """Chunks stored of ``source``."""
+        return len(self.collection.get(where={"source": source}, include=[])["ids"])
+
     def remove_source(self, source: str) -> int:
         """Remove every chunk of ``source`` (as :meth:`sources` names it); returns how many.
 

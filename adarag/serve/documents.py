@@ -151,6 +151,10 @@ class DocumentLibrary:
 
     def find(self, wanted_id: str) -> DocumentInfo | None:
         """The document listed under ``wanted_id``, or None."""
+        with self._lock:  # one being added: found without listing the knowledge base
+            key = next((key for key in self._progress if file_id(key) == wanted_id), None)
+        if key is not None:
+            return self._info(key, None)
         return next((info for info in self.documents() if info.file_id == wanted_id), None)
 
     def delete(self, wanted_id: str) -> DocumentInfo | None:
@@ -204,7 +208,7 @@ class DocumentLibrary:
 
     def _info(self, key: str, num_chunks: int | None) -> DocumentInfo | None:
         if num_chunks is None:
-            num_chunks = self.kb.sources().get(key, 0)
+            num_chunks = self.kb.count_source(key)
         with self._lock:
             progress = dataclasses.replace(self._progress[key]) if key in self._progress else None
         path = Path(key)
