@@ -1,5 +1,8 @@
 """A source file's chunks as the knowledge base stores them: text, content-hashed id, metadata.
 
+A converted file's (HTML, Word) headings are plain lines in its chunks; each chunk records its
+heading path in its metadata.
+
 Each chunk's id hashes its file, document key, occurrence and text, so a chunk whose text is
 unchanged keeps its id (and its KV) when its file is ingested again. Every chunk records its
 file's SHA-256, its file's chunk count and the splitter that cut it, from which the knowledge
@@ -16,7 +19,7 @@ from adarag.config import RetrievalConfig
 from adarag.retrievers.chunking import TokenSpans, passage_text
 from adarag.retrievers.external_splitter import ExternalSplitter
 from adarag.retrievers.sources import SourceDocument, SourceFile
-from adarag.retrievers.splitting import split_document
+from adarag.retrievers.splitting import atx_heading, split_document
 from adarag.schema import Chunk
 
 
@@ -30,7 +33,8 @@ def plan_chunks(
     pieces: list[tuple[SourceDocument, str, str | None]] = []  # (document, text, heading)
     for document in source.documents:
         for heading, text in _split(document, source, config, spans, splitter):
-            pieces.append((document, passage_text(text, document.title), heading))
+            shown = _unmarked(text) if source.converted else text
+            pieces.append((document, passage_text(shown, document.title), heading))
     name = splitter.name if splitter is not None else config.splitter
     counts: Counter[tuple[str, str]] = Counter()
     chunks = []
@@ -77,6 +81,15 @@ def _split(
         overlap,
         has_headings=source.has_headings,
     )
+
+
+def _unmarked(text: str) -> str:
+    """``text`` with each heading line as its plain title: ``## Install`` becomes ``Install``."""
+    lines = []
+    for line in text.split("\n"):
+        heading = atx_heading(line)
+        lines.append(heading[1] if heading is not None else line)
+    return "\n".join(lines)
 
 
 def content_chunk_id(source: str, key: str, occurrence: int, text: str) -> str:

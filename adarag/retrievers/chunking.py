@@ -75,7 +75,7 @@ def read_source_file(
                 _check_line_lengths(read_document.text, path, max_line_chars)
         if not read:
             logger.warning("%s holds no text (a scanned PDF needs text recognition first)", path)
-        return SourceFile(path, digest, tuple(read), has_headings)
+        return SourceFile(path, digest, tuple(read), has_headings, converted=True)
     content = decode_text(data, path)
     if max_line_chars is not None:
         _check_line_lengths(content, path, max_line_chars)

@@ -38,9 +38,12 @@ class SourceFile:
         documents: What it holds, in order.
         has_headings: Its documents mark sections with markdown headings (a markdown file, or
             an HTML or Word file converted), which the ``markdown`` splitter cuts at.
+        converted: Its documents were converted from another format (PDF, Word, HTML, CSV):
+            the heading marks are not the file's, so chunks show each heading as a plain line.
     """
 
     path: Path
     sha256: str
     documents: tuple[SourceDocument, ...]
     has_headings: bool = False
+    converted: bool = False

@@ -26,7 +26,7 @@ from adarag.serve.knowledge_routes import add_knowledge_routes
 from adarag.serve.limits import RequestLimits
 from adarag.serve.protocol import ChatCompletionRequest, CompletionRequest, RagQueryRequest
 from adarag.serve.responses import Completion, rag_answer
-from adarag.serve.service import EngineService, StartAnswer, api_error
+from adarag.serve.service import EngineService, StartAnswer, api_error, route_name
 
 logger = logging.getLogger(__name__)
 
@@ -160,8 +160,7 @@ async def _respond(
 ) -> Any:
     """The whole completion as JSON, or its stream of events."""
     if not body.stream:
-        route = "chat" if completion.kind == "chat" else "completions"
-        return completion.whole(await service.answer(start, route), params)
+        return completion.whole(await service.answer(start, route_name(completion)), params)
     completion.include_usage = body.include_usage
     events, finish = await service.stream(start, params, completion)
     return EventStreamResponse(events, finish)

@@ -128,7 +128,7 @@ class EngineService:
         Raises:
             APIError: 429 queue full, 503 shutting down, 504 timed out, 400 bad input.
         """
-        route = _route(completion)
+        route = route_name(completion)
         try:
             slot, deadline = await self._admit()
         except APIError as err:
@@ -189,7 +189,7 @@ class EngineService:
             yield sse_event(internal_error(err).body())
             yield DONE
         finally:
-            self.metrics.count(_route(completion), outcome)
+            self.metrics.count(route_name(completion), outcome)
             finish()
 
     async def _admit(self) -> tuple[Slot, float]:
@@ -217,6 +217,6 @@ class EngineService:
         }
 
 
-def _route(completion: Completion) -> str:
+def route_name(completion: Completion) -> str:
     """The route of a completion, as the request metrics name it."""
     return "chat" if completion.kind == "chat" else "completions"
