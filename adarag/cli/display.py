@@ -50,7 +50,7 @@ def describe(answer: Answer) -> list[str]:
 
 
 def _label(chunk: Chunk) -> str:
-    """Score, then where the chunk is from: file, chunk number in the file, title, heading.
+    """Score, then where the chunk is from: file, chunk number, page or row, title, heading.
 
     The file is shown relative to the working directory when under it; the chunk id when
     nothing else is known.
@@ -61,6 +61,9 @@ def _label(chunk: Chunk) -> str:
         parts.append(_shown_path(str(metadata["source"])))
     if isinstance(metadata.get("chunk_idx"), int) and metadata.get("file_num_chunks"):
         parts.append(f"chunk {metadata['chunk_idx'] + 1}/{metadata['file_num_chunks']}")
+    for place in ("page", "row"):  # a PDF's page, a CSV file's row
+        if isinstance(metadata.get(place), int):
+            parts.append(f"{place} {metadata[place]}")
     if metadata.get("title"):
         parts.append(repr(str(metadata["title"])))
     if metadata.get("heading"):

@@ -15,20 +15,35 @@ from adarag.cli.options import (
     add_model_arguments,
     build_config,
     check_input_paths,
+    external_splitter,
 )
 from adarag.errors import CacheError
 from adarag.retrievers import IngestReport, KnowledgeBase
+from adarag.retrievers.paths import describe_skipped
 from adarag.schema import Chunk
 
 if TYPE_CHECKING:
     from adarag.pipeline import AdaRAG
 
-HELP = "add text/markdown files or JSONL passages to the Chroma knowledge base, warming their KV"
+HELP = (
+    "add documents (text, markdown, JSONL passages, PDF, HTML, Word .docx, CSV) to the Chroma "
+    "knowledge base, warming their KV"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
-    parser.add_argument("paths", nargs="+", help="text/markdown files, JSONL passages, or folders")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        help="files or folders: .txt .md .rst .jsonl .pdf .html .htm .docx .csv .tsv (a folder's "
+        "other files are named as skipped)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse to ingest anything when a folder holds a file that is not read",
+    )
     parser.add_argument("--no-warm", action="store_true", help="skip precomputing chunk KV")
     parser.add_argument(
         "--prune",
@@ -45,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
     check_input_paths(args.paths)  # a mistyped path is refused before torch and the models load
     from adarag.pipeline import AdaRAG
 
+    splitter = external_splitter(args)
     rag = AdaRAG(config)
-    with KnowledgeBase.from_config(config) as kb:
-        ingest_and_warm(rag, kb, args.paths, warm=not args.no_warm)
+    with KnowledgeBase.from_config(config, splitter=splitter) as kb:
+        ingest_and_warm(rag, kb, args.paths, warm=not args.no_warm, strict=args.strict)
         if args.prune:
             pruned = kb.prune_missing_sources()
             print(
@@ -60,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def ingest_and_warm(
-    rag: AdaRAG, kb: KnowledgeBase, paths: Iterable[str | Path], *, warm: bool = True
+    rag: AdaRAG,
+    kb: KnowledgeBase,
+    paths: Iterable[str | Path],
+    *,
+    warm: bool = True,
+    strict: bool = False,
 ) -> IngestReport:
     """Ingest ``paths`` into ``kb`` with a progress bar, then warm the added chunks' KV."""
     started = time.perf_counter()
@@ -70,7 +91,7 @@ def ingest_and_warm(
             bar.total = total
             bar.update(done - bar.n)
 
-        report = kb.ingest(paths, tokenizer=rag.tokenizer, on_progress=on_progress)
+        report = kb.ingest(paths, tokenizer=rag.tokenizer, on_progress=on_progress, strict=strict)
     print(
         f"ingested {report.num_files} file(s), {report.num_files_unchanged} unchanged: "
         f"{len(report.added)} chunks added, {report.num_chunks_kept} kept, "
@@ -78,6 +99,8 @@ def ingest_and_warm(
         f"collection {kb.config.collection!r} holds {kb.count()} chunks"
         + (f" ({kb.directory})" if kb.directory else "")
     )
+    if report.skipped:
+        print(f"skipped {len(report.skipped)} file(s): {describe_skipped(report.skipped)}")
     if warm and report.sources:
         # every chunk of these files, not only the added ones: a run stopped after the chunks
         # were stored but before their KV was (a crash, ^C) is completed here

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -62,7 +63,7 @@ def check_input_paths(paths: Iterable[str | Path], option: str | None = None) ->
 
     Raises:
         InputError: A path does not exist, is not a regular file or folder, or a folder holds no
-            text, markdown or JSONL file.
+            file ingest reads.
     """
     try:
         expand_paths(paths)
@@ -97,9 +98,17 @@ def add_knowledge_base_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--splitter",
-        choices=("tokens", "sentences", "markdown"),
-        help="how ingest cuts documents: token windows, whole sentences, or markdown sections "
-        "then sentences (default: markdown)",
+        type=splitter_choice,
+        help="how ingest cuts documents: 'tokens' (windows), 'sentences', 'markdown' (sections "
+        "then sentences; the default), or a LlamaIndex node parser or LangChain text splitter "
+        "as MODULE:CLASS, e.g. llama_index.core.node_parser:SentenceSplitter",
+    )
+    parser.add_argument(
+        "--splitter-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an argument of a MODULE:CLASS --splitter (repeat for several; VALUE read as JSON "
+        "when it parses), e.g. chunk_size=256",
     )
     parser.add_argument("--top-k", type=positive_int, help="chunks retrieved per question")
     parser.add_argument(
@@ -109,6 +118,54 @@ def add_knowledge_base_arguments(parser: argparse.ArgumentParser) -> None:
         help="retrieve only chunks with this metadata (repeat for several; VALUE read as JSON "
         "when it parses, e.g. chunk_idx=0, else as text)",
     )
+
+
+BUILT_IN_SPLITTERS = ("tokens", "sentences", "markdown")
+
+
+def splitter_choice(text: str) -> str:
+    """An argparse type: a built-in splitter's name, or ``MODULE:CLASS``."""
+    module, sep, name = text.partition(":")
+    if text in BUILT_IN_SPLITTERS or (sep and module and name):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"expected tokens, sentences, markdown or MODULE:CLASS (e.g. "
+        f"llama_index.core.node_parser:SentenceSplitter), got {text!r}"
+    )
+
+
+def external_splitter(args: argparse.Namespace) -> Any:
+    """The ``MODULE:CLASS`` splitter of ``--splitter``, made with ``--splitter-option``; else None.
+
+    Raises:
+        InputError: The module or class cannot be imported, or options come without such a
+            splitter.
+    """
+    given = getattr(args, "splitter", None)
+    options = dict(
+        _metadata_pair(item, "--splitter-option")
+        for item in getattr(args, "splitter_option", None) or ()
+    )
+    if given is None or given in BUILT_IN_SPLITTERS:
+        if options:
+            raise InputError("--splitter-option applies to a --splitter given as MODULE:CLASS")
+        return None
+    module_name, _, name = given.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as err:
+        raise InputError(
+            f"--splitter {given}: cannot import {name} from {module_name} ({err}); install the "
+            "package that provides it, or check the spelling"
+        ) from err
+    if not isinstance(found, type):
+        if options:
+            raise InputError(f"--splitter {given} is not a class; it takes no --splitter-option")
+        return found
+    try:
+        return found(**options)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"--splitter {given} with {options}: {err}") from err
 
 
 _RETRIEVAL_ARGUMENTS = {
@@ -152,7 +209,10 @@ def build_config(
         from_flags["engine.num_threads"] = "--threads"
     retrieval: dict[str, Any] = dict(overrides.pop("retrieval", {}))
     for option, field in _RETRIEVAL_ARGUMENTS.items():
-        if getattr(args, option, None) is not None:
+        value = getattr(args, option, None)
+        if option == "splitter" and value not in BUILT_IN_SPLITTERS:
+            continue  # MODULE:CLASS: passed to the knowledge base (external_splitter)
+        if value is not None:
             retrieval[field] = getattr(args, option)
             from_flags[f"retrieval.{field}"] = "--" + option.replace("_", "-")
     if getattr(args, "where", None):
@@ -176,7 +236,7 @@ def _name_options(message: str, flags: dict[str, str]) -> str:
     return message
 
 
-def _metadata_pair(item: str) -> tuple[str, Any]:
+def _metadata_pair(item: str, option: str = "--where") -> tuple[str, Any]:
     """``KEY=VALUE`` as (key, value), the value parsed as JSON when it parses.
 
     Raises:
@@ -184,7 +244,7 @@ def _metadata_pair(item: str) -> tuple[str, Any]:
     """
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
-        raise InputError(f"--where takes KEY=VALUE, got {item!r} (e.g. --where title=Lothair)")
+        raise InputError(f"{option} takes KEY=VALUE, got {item!r} (e.g. {option} key=value)")
     try:
         return key.strip(), json.loads(value)
     except json.JSONDecodeError:
@@ -198,14 +258,14 @@ def _stored_source(value: Any) -> Any:
     return value
 
 
-def open_knowledge_base(config: AdaRagConfig) -> KnowledgeBase:
-    """The configured knowledge base, for reading (never created).
+def open_knowledge_base(config: AdaRagConfig, splitter: Any = None) -> KnowledgeBase:
+    """The configured knowledge base, for reading (never created); ``splitter`` cuts what it adds.
 
     Raises:
         KnowledgeBaseError: There is no such collection, it is empty, or no chunk passes the
             metadata filter (``--where``).
     """
-    kb = KnowledgeBase.from_config(config, create=False)
+    kb = KnowledgeBase.from_config(config, create=False, splitter=splitter)
     if kb.count() == 0:
         kb.close()
         raise KnowledgeBaseError(

@@ -11,6 +11,7 @@ from adarag.cli.options import (
     add_knowledge_base_arguments,
     add_model_arguments,
     build_config,
+    external_splitter,
     non_negative_int,
     open_knowledge_base,
     positive_int,
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     from adarag.serve import AdaRagServer, create_app
 
     logging.getLogger("adarag").setLevel(logging.INFO)
-    with open_knowledge_base(config) as kb:
+    with open_knowledge_base(config, external_splitter(args)) as kb:  # it cuts documents sent
         rag = AdaRAG(config, retriever=kb)
         app = create_app(rag, config.serve, api_key=api_key)
         server = AdaRagServer(app, config.serve, log_level=args.log_level)

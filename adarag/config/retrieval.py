@@ -40,9 +40,11 @@ class RetrievalConfig(_Frozen):
         default="markdown",
         description="How ingest cuts documents into chunks of at most chunk_tokens model tokens: "
         "'tokens' (windows cut between words), 'sentences' (whole sentences; only a sentence "
-        "over the budget is cut), or 'markdown' (a .md file section by section at its "
-        "headings, each chunk recording its heading path; other files as 'sentences'). A file "
-        "ingested with another splitter is re-split on the next ingest.",
+        "over the budget is cut), or 'markdown' (a markdown, HTML or Word file section by "
+        "section at its headings, each chunk recording its heading path; other files as "
+        "'sentences'). A LlamaIndex or LangChain splitter is given to KnowledgeBase(splitter=...) "
+        "or as `adarag ingest --splitter MODULE:CLASS` instead. A file ingested with another "
+        "splitter is re-split on the next ingest.",
     )
     collection: str = Field(
         default="adarag",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+from typing import Any
 
-from adarag.config.base import _Frozen
+from pydantic import Field, field_validator
+
+from adarag.config.base import _check_path, _Frozen
 
 
 class ServeConfig(_Frozen):
@@ -108,3 +111,20 @@ class ServeConfig(_Frozen):
         description="Seconds a request's body may take to arrive once its headers have; past "
         "it the request is refused with 408 and the connection closed.",
     )
+    documents_directory: Path | None = Field(
+        default=None,
+        description="Where documents added over HTTP (POST /v1/files) are kept, one file per "
+        "name, each ingested into the knowledge base from there; None: <home>/documents.",
+    )
+    max_upload_bytes: int = Field(
+        default=64 * 1024**2,
+        ge=1024,
+        le=4 * 1024**3,
+        description="Largest request body POST /v1/files reads (a document upload); a larger "
+        "one is refused with 413 before it is read. Other routes keep max_request_body_bytes.",
+    )
+
+    @field_validator("documents_directory", mode="before")
+    @classmethod
+    def _check_documents_directory(cls, value: Any) -> Any:
+        return _check_path(value, "documents_directory")

@@ -1,7 +1,8 @@
 """Reading source files into documents, and splitting documents into token-sized chunks.
 
-A source file is a text or markdown file (one document) or a JSONL file of passages (one
-document per passage: ``{"text", "title"?, "id"?}``, or a QA record with ``passages: [...]``).
+A source file is a text or markdown file (one document), a JSONL file of passages (one
+document per passage: ``{"text", "title"?, "id"?}``, or a QA record with ``passages: [...]``),
+or a PDF, HTML, Word or CSV file (:mod:`adarag.retrievers.readers`).
 Chunks are windows of ``chunk_tokens`` model tokens with ``overlap_tokens`` shared between
 neighbours, cut at token boundaries of the original text.
 """
@@ -16,157 +17,35 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from adarag.errors import InputError
+from adarag.retrievers.paths import path_kind, scan_paths
+from adarag.retrievers.readers import READERS, decode_text
+from adarag.retrievers.sources import MARKDOWN_SUFFIXES, SourceDocument, SourceFile
 from adarag.schema import Chunk
 
 logger = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = frozenset({".txt", ".md", ".markdown", ".rst", ".text"})
 JSONL_SUFFIXES = frozenset({".jsonl"})
+READABLE_SUFFIXES = TEXT_SUFFIXES | JSONL_SUFFIXES | frozenset(READERS)
+"""The suffixes of the files ingest takes from a folder."""
+_FIX = "pass text, markdown, JSONL, PDF, HTML, Word (.docx) or CSV files"
 
 TokenSpans = Callable[[str], Sequence[tuple[int, int]]]
 """Character ``(start, end)`` of each model token of a text, in order."""
 
 
-@dataclass(frozen=True)
-class SourceDocument:
-    """One document of a source file.
-
-    Attributes:
-        text: The document's body.
-        key: Unique within its file: ``""`` for a text file, the passage id for JSONL.
-        title: A title line put before each of its chunks, or None.
-    """
-
-    text: str
-    key: str
-    title: str | None = None
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """A file to ingest: its resolved path, content hash and documents."""
-
-    path: Path
-    sha256: str
-    documents: tuple[SourceDocument, ...]
-
-
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
-    """Files named by ``paths``, directories expanded to their text, markdown and JSONL files.
-
-    Inside a directory, only regular files (or links to them within the directory) with those
-    suffixes are taken; FIFOs, devices, sockets, broken or looping links, and links that lead out
-    of the directory (a warning names them) are skipped: a folder's content is what is inside
-    it. A file named twice (also through a link or a ``..`` path) is taken once.
+    """The files ``paths`` name, folders expanded to the files ingest reads (see :mod:`.paths`).
 
     Raises:
         InputError: A path does not exist, is a link loop or a broken link, is not a regular
-            file or directory (a FIFO, a device, a socket), or a directory holds no such file.
+            file or folder (a FIFO, a device, a socket), or a folder holds no file to read.
     """
-    files: list[Path] = []
-    for raw in paths:
-        path = Path(raw).expanduser()
-        kind = _path_kind(path)
-        if kind == "directory":
-            try:
-                found = sorted(
-                    p
-                    for p in path.rglob("*")
-                    if p.suffix.lower() in TEXT_SUFFIXES | JSONL_SUFFIXES
-                    and _path_kind(p) == "file"
-                )
-            except OSError as err:
-                raise InputError(
-                    f"cannot list directory {path}: {err.strerror or err}; check its permissions"
-                ) from err
-            inside = _inside(found, path)
-            if found and not inside:
-                raise InputError(
-                    f"directory {path} holds only links leading outside it, which are not "
-                    "followed; pass their targets (or the folder they are in) instead"
-                )
-            found = inside
-            if not found:
-                raise InputError(
-                    f"directory {path} holds no .txt, .md or .jsonl files; pass a folder of "
-                    "text, markdown or JSONL files"
-                )
-            files.extend(found)
-        elif kind == "file":
-            files.append(path)
-        else:
-            raise InputError(f"{_shown(path)} {kind}; pass text, markdown or JSONL files")
-    resolved: list[Path] = []
-    for file in files:
-        try:
-            resolved.append(file.resolve(strict=True))
-        except (OSError, RuntimeError) as err:  # RuntimeError: a link loop (Python < 3.13)
-            raise InputError(f"cannot resolve {file}: {err}; pass the file itself") from err
-    return list(dict.fromkeys(resolved))
-
-
-def _inside(files: list[Path], directory: Path) -> list[Path]:
-    """The ``files`` that resolve inside ``directory``; the others are skipped with a warning."""
-    root = directory.resolve()
-    kept, outside = [], []
-    for file in files:
-        try:
-            file.resolve(strict=True).relative_to(root)
-        except ValueError:
-            outside.append(file)
-            continue
-        except (OSError, RuntimeError):
-            pass  # a broken or looping link: reported when it is resolved
-        kept.append(file)
-    if outside:
-        logger.warning(
-            "skipped %d link(s) in %s leading outside it (e.g. %s); pass their targets "
-            "explicitly to ingest them",
-            len(outside),
-            directory,
-            _shown(outside[0]),
-        )
-    return kept
-
-
-def _shown(path: Path) -> str:
-    """``path`` for a message: a very long one is shortened in the middle."""
-    text = str(path)
-    return text if len(text) <= 240 else f"{text[:120]}...{text[-80:]}"
-
-
-def _path_kind(path: Path) -> str:
-    """``"file"``, ``"directory"``, or why the path is neither (the rest of a sentence)."""
-    try:
-        mode = path.stat().st_mode
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            return "is a symbolic link loop"
-        if err.errno in (errno.ENOENT, errno.ENOTDIR):
-            if path.is_symlink():
-                return "is a broken symbolic link"
-            return "does not exist"
-        if err.errno == errno.ENAMETOOLONG:
-            return "is too long a path"
-        return f"cannot be read ({err.strerror or err})"
-    except ValueError:  # an embedded NUL character
-        return "is not a valid path (it holds a NUL character)"
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISFIFO(mode):
-        return "is a FIFO (named pipe), not a regular file"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "is a device, not a regular file"
-    if stat.S_ISSOCK(mode):
-        return "is a socket, not a regular file"
-    return "is not a regular file"
+    return list(scan_paths(paths, READABLE_SUFFIXES).files)
 
 
 def read_source_file(
@@ -186,21 +65,20 @@ def read_source_file(
             passage.
     """
     data = _read_regular_file(path, max_file_bytes)
-    try:
-        content = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InputError(
-            f"{path} is not UTF-8 text (bad byte at offset {err.start}); pass text, markdown or "
-            "JSONL files"
-        ) from err
-    if "\x00" in content:
-        raise InputError(
-            f"{path} looks binary (it holds a NUL byte at offset {data.index(0)}); pass text, "
-            "markdown or JSONL files"
-        )
+    digest = hashlib.sha256(data).hexdigest()
+    suffix = path.suffix.lower()
+    if suffix in READERS:
+        reader, has_headings = READERS[suffix]
+        read = reader(path, data, max_file_bytes)
+        if max_line_chars is not None:
+            for read_document in read:
+                _check_line_lengths(read_document.text, path, max_line_chars)
+        if not read:
+            logger.warning("%s holds no text (a scanned PDF needs text recognition first)", path)
+        return SourceFile(path, digest, tuple(read), has_headings, converted=True)
+    content = decode_text(data, path)
     if max_line_chars is not None:
         _check_line_lengths(content, path, max_line_chars)
-    digest = hashlib.sha256(data).hexdigest()
     if path.suffix.lower() in JSONL_SUFFIXES:
         documents: list[SourceDocument] = []
         # Only "\n" ends a JSONL line: str.splitlines() would also split at U+2028 and other
@@ -216,7 +94,7 @@ def read_source_file(
                     ) from None
         return SourceFile(path, digest, tuple(documents))
     document = SourceDocument(content, key="") if content.strip() else None
-    return SourceFile(path, digest, (document,) if document else ())
+    return SourceFile(path, digest, (document,) if document else (), suffix in MARKDOWN_SUFFIXES)
 
 
 def _check_line_lengths(content: str, path: Path, max_line_chars: int) -> None:
@@ -245,20 +123,18 @@ def _read_regular_file(path: Path, max_bytes: int | None = None) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:
-        kind = _path_kind(path)
+        kind = path_kind(path)
         why = kind if kind not in ("file", "directory") else f"cannot be read ({err.strerror})"
         if err.errno == errno.EACCES:
             why = "cannot be read (permission denied); check its permissions"
-        raise InputError(f"{path} {why}; pass text, markdown or JSONL files") from err
+        raise InputError(f"{path} {why}; {_FIX}") from err
     except ValueError as err:  # an embedded NUL character
-        raise InputError(
-            f"{path!r} is not a valid path (it holds a NUL); pass text, markdown or JSONL files"
-        ) from err
+        raise InputError(f"{path!r} is not a valid path (it holds a NUL); {_FIX}") from err
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-            raise InputError(f"{path} is {kind}; pass text, markdown or JSONL files")
+            raise InputError(f"{path} is {kind}; {_FIX}")
         too_large = InputError(
             f"{path} is larger than retrieval.max_file_bytes={max_bytes}; split it into smaller "
             "files, or raise the setting"
@@ -272,9 +148,7 @@ def _read_regular_file(path: Path, max_bytes: int | None = None) -> bytes:
             raise too_large  # it grew while it was read
         return data
     except OSError as err:
-        raise InputError(
-            f"cannot read {path}: {err.strerror or err}; pass text, markdown or JSONL files"
-        ) from err
+        raise InputError(f"cannot read {path}: {err.strerror or err}; {_FIX}") from err
     finally:
         if fd >= 0:
             os.close(fd)
@@ -294,7 +168,11 @@ def read_passages(paths: Iterable[str | Path]) -> list[Chunk]:
     chunks = []
     for path in expand_paths(paths):
         for document in read_source_file(path).documents:
-            metadata: dict[str, Any] = {"source": str(path), "document_key": document.key}
+            metadata: dict[str, Any] = {
+                "source": str(path),
+                "document_key": document.key,
+                **document.metadata,
+            }
             if document.title:
                 metadata["title"] = document.title
             chunk_id = f"{path}#{document.key}" if document.key else str(path)

@@ -107,6 +107,12 @@ class SentenceEmbedder:
         """The normalised embedding of a query."""
         return self.embed_documents([text])[0]
 
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        """Tokens the model embeds of ``texts`` (special tokens in, past its length cut off)."""
+        encoded = self._model.tokenizer(list(texts), add_special_tokens=True)
+        limit = self._model.max_seq_length
+        return sum(min(len(ids), limit) for ids in encoded["input_ids"])
+
 
 class ChromaFunctionEmbedder:
     """A chromadb ``EmbeddingFunction`` (or any callable texts -> vectors) as an :class:`Embedder`.

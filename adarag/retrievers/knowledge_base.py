@@ -9,7 +9,7 @@ failure midway never loses what the knowledge base held.
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import logging
 import os
 from collections import Counter
@@ -29,15 +29,12 @@ from adarag.retrievers.chroma import (
     open_client,
     open_server_client,
 )
-from adarag.retrievers.chunking import (
-    SourceFile,
-    expand_paths,
-    passage_text,
-    read_source_file,
-    tokenizer_spans,
-)
+from adarag.retrievers.chunk_plan import content_chunk_id, plan_chunks
+from adarag.retrievers.chunking import READABLE_SUFFIXES, read_source_file, tokenizer_spans
 from adarag.retrievers.embedding import Embedder, SentenceEmbedder, as_embedder
-from adarag.retrievers.splitting import split_document
+from adarag.retrievers.external_splitter import ExternalSplitter
+from adarag.retrievers.paths import SkippedFile, describe_skipped, scan_paths
+from adarag.retrievers.sources import SourceFile
 from adarag.schema import Chunk
 
 logger = logging.getLogger(__name__)
@@ -60,6 +57,7 @@ class IngestReport:
         num_chunks_removed: Stale chunks of changed files that were removed.
         added: Chunks added (embedded and stored); their KV is what needs warming.
         sources: The files read, as the knowledge base names them (``source`` metadata).
+        skipped: The files of the folders given that were not read, each with the reason.
     """
 
     num_files: int
@@ -68,6 +66,7 @@ class IngestReport:
     num_chunks_removed: int
     added: tuple[Chunk, ...]
     sources: tuple[str, ...] = ()
+    skipped: tuple[SkippedFile, ...] = ()
 
 
 class KnowledgeBase:
@@ -87,8 +86,12 @@ class KnowledgeBase:
 
     Ingest (unchanged files are skipped), then warm the new chunks' KV:
         >>> rag = AdaRAG(config, retriever=kb)
-        >>> report = kb.ingest(["notes.md", "passages.jsonl"], tokenizer=rag.tokenizer)
+        >>> report = kb.ingest(["notes.md", "manual.pdf", "docs/"], tokenizer=rag.tokenizer)
         >>> rag.warm(report.added)
+
+    Split with a LlamaIndex node parser or a LangChain text splitter:
+        >>> from llama_index.core.node_parser import SentenceSplitter
+        >>> kb = KnowledgeBase(config.retrieval, config.home, splitter=SentenceSplitter())
 
     Query:
         >>> rag.query("What do the notes say about X?").chunks
@@ -103,10 +106,14 @@ class KnowledgeBase:
             ``EmbeddingFunction``); ``config.embedding_model`` when None.
         create: Create the collection when it does not exist (ingestion); False for a reader,
             which then gets a clear error instead of a new empty collection.
+        splitter: How ingest cuts documents: a LlamaIndex ``NodeParser``, a LangChain
+            ``TextSplitter`` or a function from a text to its pieces, applied to each section
+            (see :class:`~adarag.retrievers.external_splitter.ExternalSplitter`); None: the
+            built-in ``config.splitter``.
 
     Raises:
         ConfigError: Neither ``home``, ``config.chroma_directory``, ``config.chroma_url`` nor
-            ``client`` is given.
+            ``client`` is given, or ``splitter`` is not a splitter.
         KnowledgeBaseError: Another process holds the directory, no server answers at
             ``config.chroma_url``, the collection was built with another embedding model, or
             (``create=False``) it does not exist.
@@ -120,8 +127,10 @@ class KnowledgeBase:
         client: Any = None,
         embedder: Embedder | Callable[..., Any] | None = None,
         create: bool = True,
+        splitter: Any = None,
     ) -> None:
         self.config = config
+        self.splitter = ExternalSplitter(splitter) if splitter is not None else None
         self.embedder: Embedder = (
             as_embedder(embedder)
             if embedder is not None
@@ -164,9 +173,11 @@ class KnowledgeBase:
             raise
 
     @classmethod
-    def from_config(cls, config: AdaRagConfig, *, create: bool = True) -> KnowledgeBase:
+    def from_config(
+        cls, config: AdaRagConfig, *, create: bool = True, splitter: Any = None
+    ) -> KnowledgeBase:
         """The knowledge base of ``config.retrieval`` under ``config.home``."""
-        return cls(config.retrieval, config.home, create=create)
+        return cls(config.retrieval, config.home, create=create, splitter=splitter)
 
     def _check_exists(self, client: Any) -> None:
         """Raise :class:`KnowledgeBaseError` naming the collections there are, if ours is not."""
@@ -192,6 +203,11 @@ class KnowledgeBase:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    @property
+    def splitter_name(self) -> str:
+        """The splitter ingest cuts with, as each chunk records it (``splitter`` metadata)."""
+        return self.splitter.name if self.splitter is not None else self.config.splitter
 
     # --- reading
 
@@ -232,34 +248,62 @@ class KnowledgeBase:
         *,
         tokenizer: Any,
         on_progress: ProgressCallback | None = None,
+        strict: bool = False,
     ) -> IngestReport:
         """Chunk, embed and store files; skip the ones stored unchanged.
 
         Args:
-            paths: Text or markdown files, JSONL files of passages, or directories of them.
+            paths: Files or folders: text, markdown, JSONL passages, PDF, HTML, Word (.docx)
+                and CSV files (:mod:`adarag.retrievers.readers`). A folder's other files are
+                left out and named in :attr:`IngestReport.skipped`.
             tokenizer: The model's Hugging Face fast tokenizer (``AdaRAG.tokenizer``): chunk
                 sizes are counted in its tokens.
             on_progress: Called as chunks are embedded.
+            strict: Refuse to ingest anything when a folder holds a file that is not read.
 
         Raises:
             InputError: A path is missing, not UTF-8 (its content or its name), larger than
-                ``max_file_bytes`` or with a line over ``max_line_chars``, or a JSONL line is not
-                a passage. Every path is read before anything is written.
+                ``max_file_bytes`` or with a line over ``max_line_chars``, a document cannot be
+                parsed, a JSONL line is not a passage, or (``strict``) a folder holds a file
+                that is not read. Every path is read before anything is written.
         """
-        files = expand_paths(paths)
-        for path in files:
-            _check_file_name(path)
-        sources = [
-            read_source_file(
-                path,
-                max_file_bytes=self.config.max_file_bytes,
-                max_line_chars=self.config.max_line_chars,
+        scanned = scan_paths(paths, READABLE_SUFFIXES)
+        if strict and scanned.skipped:
+            raise InputError(
+                f"{len(scanned.skipped)} file(s) in the folders given are not read: "
+                f"{describe_skipped(scanned.skipped)}; move them out, or turn strict (--strict) off"
             )
-            for path in files
-        ]
+        sources = [self.read(path) for path in scanned.files]
+        report = self.ingest_sources(sources, tokenizer=tokenizer, on_progress=on_progress)
+        return dataclasses.replace(report, skipped=scanned.skipped)
+
+    def read(self, path: Path) -> SourceFile:
+        """One file read into documents, under the configured limits (nothing is stored).
+
+        Raises:
+            InputError: As :meth:`ingest` says of one file.
+        """
+        _check_file_name(path)
+        return read_source_file(
+            path,
+            max_file_bytes=self.config.max_file_bytes,
+            max_line_chars=self.config.max_line_chars,
+        )
+
+    def ingest_sources(
+        self,
+        sources: Sequence[SourceFile],
+        *,
+        tokenizer: Any,
+        on_progress: ProgressCallback | None = None,
+    ) -> IngestReport:
+        """Chunk, embed and store files already read (:meth:`read`); skip unchanged ones."""
         changed = [source for source in sources if not self._holds(source)]
         spans = tokenizer_spans(tokenizer)
-        planned = {source.path: self._chunk_file(source, spans) for source in changed}
+        planned = {
+            source.path: plan_chunks(source, self.config, spans, self.splitter)
+            for source in changed
+        }
         new_chunks: list[Chunk] = []
         kept: dict[Path, list[str]] = {}
         stale: list[str] = []
@@ -317,6 +361,29 @@ class KnowledgeBase:
             logger.info("pruned %d chunks of %s (the file no longer exists)", len(ids), source)
         return {source: len(ids) for source, ids in gone.items()}
 
+    def sources(self) -> dict[str, int]:
+        """Each ``source`` the stored chunks name (a file's path), with its number of chunks."""
+        stored = self.collection.get(include=["metadatas"])
+        counts: Counter[str] = Counter(
+            str((metadata or {}).get("source", "")) for metadata in stored["metadatas"]
+        )
+        return dict(counts)
+
+    def count_source(self, source: str) -> int:
+        """Chunks stored of ``source``."""
+        return len(self.collection.get(where={"source": source}, include=[])["ids"])
+
+    def remove_source(self, source: str) -> int:
+        """Remove every chunk of ``source`` (as :meth:`sources` names it); returns how many.
+
+        Its KV stays in the KV store until evicted; it is never retrieved again.
+        """
+        ids = self.collection.get(where={"source": source}, include=[])["ids"]
+        for batch in _batches(ids):
+            self.collection.delete(ids=batch)
+        logger.info("removed %d chunks of %s", len(ids), source)
+        return len(ids)
+
     def add_chunks(self, chunks: Sequence[Chunk], source: str = "memory") -> list[Chunk]:
         """Store chunks given as text (ids from their content); returns the ones not yet stored.
 
@@ -331,7 +398,9 @@ class KnowledgeBase:
         with_ids = []
         for chunk in chunks:
             counts[chunk.text] += 1
-            chunk_id = chunk.chunk_id or _chunk_id(source, "", counts[chunk.text], chunk.text)
+            chunk_id = chunk.chunk_id or content_chunk_id(
+                source, "", counts[chunk.text], chunk.text
+            )
             metadata = {"source": source, **chunk.metadata}
             with_ids.append(Chunk(chunk.text, chunk_id, None, metadata))
         found = self.collection.get(ids=[str(c.chunk_id) for c in with_ids], include=[])
@@ -355,43 +424,10 @@ class KnowledgeBase:
         expected = metadatas[0].get("file_num_chunks")
         same_version = all(
             m.get("file_sha256") == source.sha256
-            and m.get("splitter", "tokens") == self.config.splitter  # else re-split it
+            and m.get("splitter", "tokens") == self.splitter_name  # else re-split it
             for m in metadatas
         )
         return same_version and expected == len(metadatas)
-
-    def _chunk_file(self, source: SourceFile, spans: Any) -> list[Chunk]:
-        config = self.config
-        pieces: list[tuple[str, str, str | None, str | None]] = []  # (key, text, title, heading)
-        for document in source.documents:
-            budget = config.chunk_tokens
-            if document.title:
-                budget = max(budget - len(spans(document.title + "\n")), 16)
-            overlap = min(config.chunk_overlap_tokens, budget - 1)
-            for heading, text in split_document(
-                document.text, source.path, config.splitter, spans, budget, overlap
-            ):
-                full = passage_text(text, document.title)
-                pieces.append((document.key, full, document.title, heading))
-        counts: Counter[tuple[str, str]] = Counter()
-        chunks = []
-        for chunk_idx, (key, text, title, heading) in enumerate(pieces):
-            counts[(key, text)] += 1
-            metadata: dict[str, Any] = {
-                "source": str(source.path),
-                "file_sha256": source.sha256,
-                "file_num_chunks": len(pieces),
-                "chunk_idx": chunk_idx,
-                "document_key": key,
-                "splitter": config.splitter,
-            }
-            if title:
-                metadata["title"] = title
-            if heading:
-                metadata["heading"] = heading
-            chunk_id = _chunk_id(str(source.path), key, counts[(key, text)], text)
-            chunks.append(Chunk(text, chunk_id=chunk_id, metadata=metadata))
-        return chunks
 
     def _add(self, chunks: Sequence[Chunk], on_progress: ProgressCallback | None) -> None:
         batch_size = self.config.embedding_batch_size
@@ -440,8 +476,3 @@ def _check_chunk_text(text: object, idx: int) -> None:
             f"chunk {idx} holds a lone surrogate U+{ord(text[err.start]):04X} at character "
             f"{err.start}, which is not valid Unicode; remove it"
         ) from None
-
-
-def _chunk_id(source: str, key: str, occurrence: int, text: str) -> str:
-    digest = hashlib.sha256(f"{source}\x00{key}\x00{occurrence}\x00{text}".encode())
-    return digest.hexdigest()[:32]

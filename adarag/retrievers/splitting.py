@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Literal
 
 from adarag.retrievers.chunking import TokenSpans, split_by_tokens
+from adarag.retrievers.sources import MARKDOWN_SUFFIXES
 
-MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
 MAX_HEADING_CHARS = 200
 """A longer heading is shortened in the heading path every chunk of its section records."""
 
@@ -42,19 +42,22 @@ def split_document(
     token_spans: TokenSpans,
     chunk_tokens: int,
     overlap_tokens: int,
+    *,
+    has_headings: bool = False,
 ) -> list[tuple[str | None, str]]:
     """A document's chunks as ``(heading path or None, text)``, by ``splitter``.
 
     ``"tokens"``: token windows cut between words (:func:`split_by_tokens`); ``"sentences"``:
     whole sentences (:func:`split_sentences`); ``"markdown"``: a markdown file (``.md``,
-    ``.markdown``) section by section at its headings, any other file as ``"sentences"``.
+    ``.markdown``, or ``has_headings``: an HTML or Word file converted) section by section at
+    its headings, any other file as ``"sentences"``.
     """
     if splitter == "tokens":
         return [
             (None, piece)
             for piece in split_by_tokens(text, token_spans, chunk_tokens, overlap_tokens)
         ]
-    if splitter == "markdown" and path.suffix.lower() in MARKDOWN_SUFFIXES:
+    if splitter == "markdown" and (has_headings or path.suffix.lower() in MARKDOWN_SUFFIXES):
         sections = markdown_sections(text)
     else:
         sections = [Section(None, text)]

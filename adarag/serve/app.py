@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -21,10 +22,11 @@ from adarag.pipeline import AdaRAG
 from adarag.schema import GenerationParams
 from adarag.serve.errors import APIError, invalid_request, model_not_found, unauthorized
 from adarag.serve.http_errors import add_http_error_handler
+from adarag.serve.knowledge_routes import add_knowledge_routes
 from adarag.serve.limits import RequestLimits
 from adarag.serve.protocol import ChatCompletionRequest, CompletionRequest, RagQueryRequest
 from adarag.serve.responses import Completion, rag_answer
-from adarag.serve.service import EngineService, StartAnswer, api_error
+from adarag.serve.service import EngineService, StartAnswer, api_error, route_name
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,10 @@ def create_app(
 ) -> FastAPI:
     """The OpenAI-compatible application over ``rag`` (its retriever is the knowledge base).
 
+    Besides OpenAI's chat, completions and models routes and ``/v1/rag/query``: documents
+    added, listed and deleted at ``/v1/files`` (when the retriever is a knowledge base),
+    ``/v1/embeddings``, Prometheus ``/metrics`` and the chat page at ``/``.
+
     Args:
         rag: The pipeline; the model loads when the application starts.
         config: Server settings; ``rag.config.serve`` when None.
@@ -64,13 +70,17 @@ def create_app(
         await service.start()
         logger.info("serving %s", service.model_id)
         yield
+        if library is not None:
+            await asyncio.to_thread(library.close)  # no warming after the cache is flushed
         await service.stop()
 
     app = FastAPI(title="adarag", summary="OpenAI-compatible RAG server", lifespan=lifespan)
     app.state.service = service
     app.add_middleware(RequestLimits, config=config, api_key=api_key)
     _add_error_handlers(app)
-    app.include_router(_routes(service, _key_check(api_key)))
+    check_key = _key_check(api_key)
+    app.include_router(_routes(service, check_key))
+    library = add_knowledge_routes(app, service, config, check_key)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -150,7 +160,7 @@ async def _respond(
 ) -> Any:
     """The whole completion as JSON, or its stream of events."""
     if not body.stream:
-        return completion.whole(await service.answer(start), params)
+        return completion.whole(await service.answer(start, route_name(completion)), params)
     completion.include_usage = body.include_usage
     events, finish = await service.stream(start, params, completion)
     return EventStreamResponse(events, finish)

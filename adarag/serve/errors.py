@@ -81,12 +81,14 @@ def internal_error(err: BaseException) -> APIError:
     return APIError(500, f"internal error: {type(err).__name__}", error_type="server_error")
 
 
-def payload_too_large(limit_bytes: int, size: str) -> APIError:
-    """413: the body is over ``serve.max_request_body_bytes``."""
+def payload_too_large(
+    limit_bytes: int, size: str, setting: str = "serve.max_request_body_bytes"
+) -> APIError:
+    """413: the body is over ``setting`` (``serve.max_request_body_bytes`` by default)."""
     return APIError(
         413,
         f"the request body is {size}, over the server's limit of {limit_bytes} bytes "
-        "(serve.max_request_body_bytes); send less context or raise the limit",
+        f"({setting}); send less or raise the limit",
         error_type="invalid_request_error",
         code="request_too_large",
     )

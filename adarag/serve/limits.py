@@ -5,10 +5,12 @@
 1. headers over ``serve.max_request_header_bytes`` (431);
 2. a missing or wrong API key, on every path but ``/health`` (401), before any of the body is
    read, so a client without the key cannot make the server read or parse anything;
-3. a ``Content-Length`` over ``serve.max_request_body_bytes`` (413), before any of the body is
-   read; then it reads the body, refusing it once more bytes than that have arrived (413) or
-   when it has not all arrived within ``serve.body_read_timeout_s`` (408);
-4. JSON nested deeper than ``serve.max_json_depth`` (400), counted without parsing.
+3. a ``Content-Length`` over ``serve.max_request_body_bytes`` (``serve.max_upload_bytes`` for
+   a document upload, ``POST /v1/files``) (413), before any of the body is read; then it reads
+   the body, refusing it once more bytes than that have arrived (413) or when it has not all
+   arrived within ``serve.body_read_timeout_s`` (408);
+4. JSON nested deeper than ``serve.max_json_depth`` (400), counted without parsing (a
+   ``multipart/form-data`` upload is not JSON and is not counted).
 
 A refusal that leaves part of the body unread closes the connection, so the rest of the body is
 not read either. A request that passes reaches the application with its body read, and its
@@ -37,8 +39,10 @@ from adarag.serve.errors import (
     unauthorized,
 )
 
-OPEN_PATHS = frozenset({"/health"})
-"""Paths served without the API key."""
+OPEN_PATHS = frozenset({"/health", "/", "/chat.js", "/chat.css"})
+"""Paths served without the API key: the health check and the chat page (which asks for it)."""
+UPLOAD_PATH = "/v1/files"
+"""Documents are posted here; their bodies may reach ``serve.max_upload_bytes``."""
 
 # A JSON string, its closing quote optional: one pass, never a rescan (linear on any input).
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
@@ -71,7 +75,9 @@ class RequestLimits:
         try:
             self._check_headers(scope)
             body = await self._read_body(scope, receive)
-            check_json_depth(body, self.config.max_json_depth)
+            content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+            if not content_type.lower().startswith(b"multipart/form-data"):
+                check_json_depth(body, self.config.max_json_depth)
         except _ClientGone:
             return
         except APIError as err:
@@ -92,9 +98,12 @@ class RequestLimits:
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self.config.max_request_body_bytes
+        setting = "serve.max_request_body_bytes"
+        if scope["path"] == UPLOAD_PATH and scope["method"] == "POST":
+            limit, setting = self.config.max_upload_bytes, "serve.max_upload_bytes"
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise payload_too_large(limit, f"{int(declared)} bytes (its Content-Length)")
+            raise payload_too_large(limit, f"{int(declared)} bytes (its Content-Length)", setting)
         parts: list[bytes] = []
         size_bytes = 0
         try:
@@ -106,7 +115,7 @@ class RequestLimits:
                     part = message.get("body", b"")
                     size_bytes += len(part)
                     if size_bytes > limit:
-                        raise payload_too_large(limit, f"over {limit} bytes")
+                        raise payload_too_large(limit, f"over {limit} bytes", setting)
                     parts.append(part)
                     if not message.get("more_body", False):
                         return b"".join(parts)

@@ -52,12 +52,17 @@ def source(chunk: Chunk, *, with_text: bool) -> dict[str, Any]:
 
 
 def trace_summary(chunks: Sequence[Chunk], trace: QueryTrace) -> dict[str, Any]:
-    """What the ``adarag`` field of an OpenAI response holds: sources and the main figures."""
+    """What the ``adarag`` field of an OpenAI response holds: sources and the main figures.
+
+    ``tiers``: the cache tier each chunk's KV came from, in the prompt's order (``miss``:
+    computed in full).
+    """
     return {
         "sources": [source(chunk, with_text=False) for chunk in chunks],
         "stop_reason": trace.stop_reason,
         "ttft_s": trace.ttft_s,
         "num_chunks_used": trace.num_chunks_used,
+        "tiers": list(trace.steps[-1].tiers) if trace.steps else [],
     }
 
 

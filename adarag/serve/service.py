@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from adarag.config import ServeConfig
-from adarag.errors import AdaRagError, BackendError, ConfigError, InputError
+from adarag.errors import AdaRagError, BackendError, ConfigError, InputError, KnowledgeBaseError
 from adarag.pipeline import AdaRAG, AnswerStream
 from adarag.schema import Answer, GenerationParams
 from adarag.serve.errors import APIError, internal_error, invalid_request
+from adarag.serve.metrics import Outcome, ServerMetrics, outcome_of
 from adarag.serve.responses import DONE, Completion, sse_event
 from adarag.serve.scheduler import EngineSlots, EngineWorker, Slot
 
@@ -22,9 +23,11 @@ StartAnswer = Callable[[], AnswerStream]
 
 
 def api_error(err: AdaRagError) -> APIError:
-    """An adarag error as an HTTP error: bad input 400, an unreachable backend 503, else 500."""
+    """An adarag error as HTTP: bad input 400, an empty knowledge base 409, no backend 503."""
     if isinstance(err, InputError | ConfigError):
         return invalid_request(str(err))
+    if isinstance(err, KnowledgeBaseError):
+        return APIError(409, str(err), error_type="invalid_request_error", code="knowledge_base")
     if isinstance(err, BackendError):
         return APIError(503, str(err), error_type="server_error", code="backend_unavailable")
     return APIError(500, str(err), error_type="server_error", code=type(err).__name__)
@@ -45,6 +48,9 @@ class EngineService:
         self.model_id = model_id
         self.slots = EngineSlots(config.max_active_requests, config.max_queued_requests)
         self.worker = EngineWorker(config.max_active_requests, config.request_timeout_s)
+        self.metrics = ServerMetrics(
+            lambda: self.slots.num_active, lambda: self.slots.num_queued, rag.cache_stats
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
@@ -78,22 +84,37 @@ class EngineService:
         await asyncio.to_thread(self.rag.close)
         logger.info("KV cache flushed")
 
-    async def answer(self, start: StartAnswer) -> Answer:
+    async def answer(self, start: StartAnswer, route: str = "rag_query") -> Answer:
         """The whole answer of ``start``'s stream, within the request's deadline.
+
+        Args:
+            start: Retrieves and prefills.
+            route: The route, as the request metrics name it.
 
         Raises:
             APIError: 429 queue full, 503 shutting down, 504 timed out, 400 bad input.
         """
-        slot, deadline = await self._admit()
+        outcome: Outcome = "cancelled"
         try:
-            stream = await self._start(slot, deadline, start)
+            slot, deadline = await self._admit()
             try:
-                answer = await self.worker.call(slot, deadline, "answering", stream.answer)
+                stream = await self._start(slot, deadline, start)
+                try:
+                    answer = await self.worker.call(slot, deadline, "answering", stream.answer)
+                finally:
+                    self.worker.close_stream(slot, stream)  # nothing to do once it has ended
+                outcome = "ok"
+                return answer
             finally:
-                self.worker.close_stream(slot, stream)  # nothing to do once it has ended
-            return answer
+                slot.release()
+        except APIError as err:
+            outcome = outcome_of(err.status)
+            raise
+        except Exception:
+            outcome = "error"
+            raise
         finally:
-            slot.release()
+            self.metrics.count(route, outcome)
 
     async def stream(
         self, start: StartAnswer, params: GenerationParams, completion: Completion
@@ -107,11 +128,19 @@ class EngineService:
         Raises:
             APIError: 429 queue full, 503 shutting down, 504 timed out, 400 bad input.
         """
-        slot, deadline = await self._admit()
+        route = route_name(completion)
+        try:
+            slot, deadline = await self._admit()
+        except APIError as err:
+            self.metrics.count(route, outcome_of(err.status))
+            raise
         try:
             stream = await self._start(slot, deadline, start)
-        except BaseException:
+        except BaseException as err:
             slot.release()
+            self.metrics.count(
+                route, outcome_of(err.status) if isinstance(err, APIError) else "error"
+            )
             raise
 
         def finish() -> None:
@@ -134,6 +163,7 @@ class EngineService:
         The client going away (or the server's grace period running out) cancels the task:
         the stream is then closed in a worker thread and its slot freed once it is.
         """
+        outcome: Outcome = "cancelled"
         try:
             yield completion.first_chunk(stream.chunks, stream.trace)
             while True:
@@ -143,18 +173,23 @@ class EngineService:
                 yield completion.delta_chunk(delta)
             for event in completion.last_chunks(stream.answer(), params):
                 yield event
+            outcome = "ok"
         except APIError as err:
             logger.info("stream ended early: %s", err.message)
+            outcome = outcome_of(err.status)
             yield sse_event(err.body())
             yield DONE
         except AdaRagError as err:
+            outcome = outcome_of(api_error(err).status)
             yield sse_event(api_error(err).body())
             yield DONE
         except Exception as err:  # a bug must still end the stream as the client expects
             logger.exception("stream failed")
+            outcome = "error"
             yield sse_event(internal_error(err).body())
             yield DONE
         finally:
+            self.metrics.count(route_name(completion), outcome)
             finish()
 
     async def _admit(self) -> tuple[Slot, float]:
@@ -164,9 +199,11 @@ class EngineService:
 
     async def _start(self, slot: Slot, deadline: float, start: StartAnswer) -> AnswerStream:
         try:
-            return await self.worker.call(slot, deadline, "before its first token", start)
+            stream = await self.worker.call(slot, deadline, "before its first token", start)
         except AdaRagError as err:
             raise api_error(err) from err
+        self.metrics.observe_prefill(stream.trace)
+        return stream
 
     def health(self) -> dict[str, Any]:
         """The server's state and load."""
@@ -178,3 +215,8 @@ class EngineService:
             # None, or why chunk KV is not written to disk (answers are still served)
             "kv_disk_problem": self.rag.cache_disk_problem,
         }
+
+
+def route_name(completion: Completion) -> str:
+    """The route of a completion, as the request metrics name it."""
+    return "chat" if completion.kind == "chat" else "completions"

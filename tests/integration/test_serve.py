@@ -268,7 +268,7 @@ def test_unknown_routes_and_methods_get_openai_errors_and_models_can_be_retrieve
         client.models.retrieve("gpt-4o")
     assert caught.value.body["code"] == "model_not_found" and served in caught.value.message
     headers = {"Authorization": f"Bearer {API_KEY}"}
-    missing = httpx.post(f"{server.base_url}/embeddings", json={}, headers=headers)
+    missing = httpx.post(f"{server.base_url}/audio/speech", json={}, headers=headers)
     assert missing.status_code == 404 and set(missing.json()) == {"error"}
     assert missing.json()["error"]["code"] == "not_found"
     assert "/v1/chat/completions" in missing.json()["error"]["message"]

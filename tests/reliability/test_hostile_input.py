@@ -439,7 +439,7 @@ HOSTILE_FILES: dict[str, tuple[Callable[[Path], list[Any]], str]] = {
     "missing path": (lambda root: [root / "missing.md"], "does not exist"),
     "path with a NUL character": (lambda root: [f"{root}/a\x00b.md"], "not a valid path"),
     "path too long": (lambda root: [root / ("x" * 5000 + ".md")], "too long"),
-    "directory with nothing ingestible": (_nothing_ingestible, "holds no .txt, .md or .jsonl"),
+    "directory with nothing ingestible": (_nothing_ingestible, "holds no file ingest reads"),
     "good new file then a bad one": (_good_then_bad, "is not UTF-8 text"),
     "JSONL line that is not JSON": (
         lambda root: [_write(root / "bad.jsonl", b'{"text": "ok"}\n{"text": oops}\n')],

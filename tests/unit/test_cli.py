@@ -159,11 +159,30 @@ def test_a_missing_ingest_path_is_refused_at_once_without_loading_torch(tmp_path
     )
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "adarag ingest: error: no_such_file.md does not exist; pass text, markdown or JSONL files"
+        "adarag ingest: error: no_such_file.md does not exist; pass files or folders of documents"
     ]
     # refused before torch (and so any model) loads; its time is measured, not asserted
     assert result.stdout.strip() == "torch not loaded"
     assert not (tmp_path / "home").exists()  # nothing was created either
+
+
+def test_a_splitter_given_as_module_and_class_is_made_with_its_options():
+    pytest.importorskip("llama_index.core")
+    from adarag.cli.options import external_splitter
+
+    args = _parse(
+        ["--splitter", "llama_index.core.node_parser:SentenceSplitter"]
+        + ["--splitter-option", "chunk_size=64", "--splitter-option", "chunk_overlap=8"]
+    )
+    splitter = external_splitter(args)
+    assert (type(splitter).__name__, splitter.chunk_size, splitter.chunk_overlap) == (
+        "SentenceSplitter",
+        64,
+        8,
+    )
+    assert build_config(args).retrieval.splitter == "markdown"  # the built-in stays the default
+    assert external_splitter(_parse(["--splitter", "sentences"])) is None
+    assert build_config(_parse(["--splitter", "sentences"])).retrieval.splitter == "sentences"
 
 
 @pytest.mark.parametrize(
@@ -178,3 +197,25 @@ def test_input_path_options_are_checked_before_a_model_loads(argv, message, caps
 
     assert main([*argv, "--model", str(tmp_path / "no-model-here")]) == 2
     assert message in capsys.readouterr().err  # not the missing model, which is loaded later
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--splitter", "no_such_module:Splitter"], "cannot import Splitter from no_such_module"),
+        (["--splitter", "tokens", "--splitter-option", "chunk_size=8"], "applies to a --splitter"),
+        (["--splitter", "os.path:join", "--splitter-option", "a=1"], "is not a class"),
+    ],
+)
+def test_a_splitter_that_cannot_be_made_is_a_clear_error(argv, message):
+    from adarag.cli.options import external_splitter
+
+    with pytest.raises(InputError, match=message):
+        external_splitter(_parse(argv))
+
+
+def test_a_splitter_that_is_neither_built_in_nor_module_and_class_is_refused(capsys):
+    with pytest.raises(SystemExit) as exited:
+        _parse(["--splitter", "paragraphs"])
+    assert exited.value.code == 2
+    assert "expected tokens, sentences, markdown or MODULE:CLASS" in capsys.readouterr().err

@@ -1,0 +1,262 @@
+"""Documents added over HTTP: kept as files, ingested and warmed in the background.
+
+A document is read (parsed) when it arrives, so one that cannot be read is refused at once and
+never replaces what is stored under its name. It is then kept in the documents directory under
+its name (sending the same name again replaces the document; its unchanged chunks keep their ids
+and KV) and queued: one background thread embeds and stores its chunks, then warms their KV one
+chunk at a time under the engine lock, so answers keep being served meanwhile. The embedded
+Chroma belongs to the server process, so the server makes these writes itself.
+
+Every document the knowledge base holds is listed, also those ``adarag ingest`` added, under an
+id hashed from its source. Deleting one removes its chunks, and its file when it was sent over
+HTTP (a file ingested from elsewhere stays where it is). Progress is kept in memory: after a
+restart every stored document is listed as processed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Any, Literal
+
+from adarag.errors import InputError
+from adarag.files import unlink_quietly
+from adarag.pipeline import AdaRAG
+from adarag.retrievers import KnowledgeBase
+from adarag.retrievers.chunking import READABLE_SUFFIXES
+from adarag.retrievers.sources import SourceFile
+
+logger = logging.getLogger(__name__)
+
+State = Literal["queued", "embedding", "warming", "ready", "failed"]
+"""Where a document is: waiting, its chunks being embedded and stored, their KV being computed,
+answerable with its KV cached, or failed (its error says why)."""
+
+_OPENAI_STATUS = {"ready": "processed", "failed": "error"}
+MAX_NAME_BYTES = 255
+
+
+def file_id(source: str) -> str:
+    """The id a document is listed under: a hash of its source (the stored file's path)."""
+    return "file-" + hashlib.sha256(source.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class DocumentInfo:
+    """One document as listed: its id, file name, size, state and number of stored chunks."""
+
+    file_id: str
+    filename: str
+    source: str
+    num_bytes: int
+    created_at: int
+    purpose: str
+    state: State
+    num_chunks: int
+    error: str | None = None
+
+    def as_openai(self) -> dict[str, Any]:
+        """OpenAI's file object, with adarag's progress in ``adarag``."""
+        return {
+            "id": self.file_id,
+            "object": "file",
+            "bytes": self.num_bytes,
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": _OPENAI_STATUS.get(self.state, "uploaded"),
+            "status_details": self.error,
+            "adarag": {"state": self.state, "num_chunks": self.num_chunks, "error": self.error},
+        }
+
+
+@dataclass
+class _Progress:
+    state: State
+    generation: int
+    purpose: str
+    created_at: int
+    error: str | None = None
+
+
+class DocumentLibrary:
+    """The documents of a served knowledge base: added, listed and deleted over HTTP.
+
+    Args:
+        rag: The pipeline whose tokenizer cuts the chunks and whose engine warms their KV.
+        kb: The knowledge base the documents go to (``rag``'s retriever).
+        directory: Where documents sent over HTTP are kept.
+    """
+
+    def __init__(self, rag: AdaRAG, kb: KnowledgeBase, directory: Path) -> None:
+        self.rag = rag
+        self.kb = kb
+        self.directory = directory
+        self._progress: dict[str, _Progress] = {}
+        self._generations: dict[str, int] = {}
+        self._lock = threading.Lock()  # guards the two dicts above
+        self._write_lock = threading.Lock()  # one writer of the knowledge base at a time
+        self._closing = threading.Event()
+        self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adarag-documents")
+
+    def add(self, filename: str, data: bytes, purpose: str) -> DocumentInfo:
+        """Read a document, keep it under its name and queue its ingestion (blocking).
+
+        Raises:
+            InputError: The name is not a plain file name of a type ingest reads, or the
+                content cannot be read as that type; nothing is kept or changed then.
+        """
+        name = checked_name(filename)
+        staging = self.directory / ".incoming" / uuid.uuid4().hex
+        staging.mkdir(parents=True)
+        try:
+            staged = staging / name
+            staged.write_bytes(data)
+            try:
+                source = self.kb.read(staged)
+            except InputError as err:
+                raise InputError(str(err).replace(str(staged), name)) from None
+            target = self.directory / name
+            os.replace(staged, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        source = dataclasses.replace(source, path=target.resolve())
+        key = str(source.path)
+        with self._lock:
+            generation = self._generations.get(key, 0) + 1
+            self._generations[key] = generation
+            self._progress[key] = _Progress("queued", generation, purpose, int(time.time()))
+        self._jobs.submit(self._ingest, source, generation)
+        logger.info("queued %s (%d bytes) for ingestion", name, len(data))
+        found = self._info(key, None)
+        assert found is not None, f"{key} vanished while it was added"
+        return found
+
+    def documents(self) -> list[DocumentInfo]:
+        """Every document: the stored ones and those still being added, by file name."""
+        counts = self.kb.sources()
+        with self._lock:
+            keys = set(counts) | set(self._progress)
+        found = (self._info(key, counts.get(key, 0)) for key in keys if key)
+        return sorted((info for info in found if info), key=lambda i: (i.filename, i.file_id))
+
+    def find(self, wanted_id: str) -> DocumentInfo | None:
+        """The document listed under ``wanted_id``, or None."""
+        with self._lock:  # one being added: found without listing the knowledge base
+            key = next((key for key in self._progress if file_id(key) == wanted_id), None)
+        if key is not None:
+            return self._info(key, None)
+        return next((info for info in self.documents() if info.file_id == wanted_id), None)
+
+    def delete(self, wanted_id: str) -> DocumentInfo | None:
+        """Remove a document's chunks (and its file, if sent over HTTP); None if unknown."""
+        info = self.find(wanted_id)
+        if info is None:
+            return None
+        with self._write_lock:
+            with self._lock:  # a queued or running ingestion of it stops
+                self._generations[info.source] = self._generations.get(info.source, 0) + 1
+                self._progress.pop(info.source, None)
+            self.kb.remove_source(info.source)
+            if self._is_sent(info.source):
+                unlink_quietly(Path(info.source))
+        logger.info("deleted %s (%d chunks)", info.filename, info.num_chunks)
+        return info
+
+    def close(self) -> None:
+        """Stop the background work: a warming stops after its chunk, queued work is dropped."""
+        self._closing.set()
+        self._jobs.shutdown(wait=True, cancel_futures=True)
+
+    def _ingest(self, source: SourceFile, generation: int) -> None:
+        key = str(source.path)
+        try:
+            with self._write_lock:
+                if not self._set(key, generation, "embedding"):
+                    return  # deleted or replaced while it waited
+                self.kb.ingest_sources([source], tokenizer=self.rag.tokenizer)
+                chunks = self.kb.chunks(sources=[key])
+            if not self._set(key, generation, "warming"):
+                return
+            for chunk in chunks:
+                if self._closing.is_set() or not self._set(key, generation, "warming"):
+                    return
+                self.rag.warm([chunk])
+            self._set(key, generation, "ready")
+            logger.info("%s is ready: %d chunks stored and warmed", source.path.name, len(chunks))
+        except Exception as err:  # the job's failure is the document's state; the server goes on
+            logger.exception("adding %s failed", source.path.name)
+            self._set(key, generation, "failed", f"{type(err).__name__}: {err}")
+
+    def _set(self, key: str, generation: int, state: State, error: str | None = None) -> bool:
+        """Move a document's progress on; False when a newer upload or a delete superseded it."""
+        with self._lock:
+            progress = self._progress.get(key)
+            if progress is None or progress.generation != generation:
+                return False
+            progress.state, progress.error = state, error
+            return True
+
+    def _info(self, key: str, num_chunks: int | None) -> DocumentInfo | None:
+        if num_chunks is None:
+            num_chunks = self.kb.count_source(key)
+        with self._lock:
+            progress = dataclasses.replace(self._progress[key]) if key in self._progress else None
+        path = Path(key)
+        try:
+            stat = path.stat() if path.is_absolute() else None
+        except OSError:
+            stat = None
+        if progress is None and not num_chunks:
+            return None
+        return DocumentInfo(
+            file_id=file_id(key),
+            filename=PurePath(key).name,
+            source=key,
+            num_bytes=stat.st_size if stat else 0,
+            created_at=progress.created_at if progress else int(stat.st_mtime) if stat else 0,
+            purpose=progress.purpose if progress else "knowledge_base",
+            state=progress.state if progress else "ready",
+            num_chunks=num_chunks,
+            error=progress.error if progress else None,
+        )
+
+    def _is_sent(self, source: str) -> bool:
+        """Whether ``source`` is a file this library keeps (sent over HTTP)."""
+        return Path(source).parent == self.directory.resolve()
+
+
+def checked_name(filename: str) -> str:
+    """A sent file's name as it is kept: its last path part, checked.
+
+    Raises:
+        InputError: It is empty, hidden, too long, holds control characters, is not valid
+            UTF-8, or is not of a type ingest reads.
+    """
+    name = filename.replace("\\", "/").rsplit("/", 1)[-1].strip()
+    if not name or name.startswith(".") or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InputError(
+            f"the file name {filename!r} is not usable; send a plain name such as 'manual.pdf'"
+        )
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InputError(f"the file name {filename!r} is not valid UTF-8; rename it") from None
+    if size > MAX_NAME_BYTES:
+        raise InputError(f"the file name is {size} bytes long; send one of at most 255")
+    suffix = PurePath(name).suffix.lower()
+    if suffix not in READABLE_SUFFIXES:
+        raise InputError(
+            f"{name}: unsupported type {suffix or '(no suffix)'}; send one of "
+            f"{', '.join(sorted(READABLE_SUFFIXES))}"
+        )
+    return name
