@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -37,14 +38,12 @@ def describe(answer: Answer) -> list[str]:
     last = trace.steps[-1] if trace.steps else None
     if last is not None and last.rungs:
         climb = " -> ".join(f"{ratio:g}" for ratio in last.rungs)
-        probability = last.agreement_probability
-        lines.append(
-            f"   routing: {'routed ' + climb if last.routed else 'kept at ' + climb}"
-            f" | P(agrees with full) {probability:.2f} | entropy over reused KV "
-            f"{last.reused_entropy:.2f} nats"
-            if probability is not None and last.reused_entropy is not None
-            else f"   routing: {climb}"
-        )
+        parts = [f"routed {climb}" if last.routed else f"kept at {climb}"]
+        if last.agreement_probability is not None:
+            parts.append(f"P(agrees with full) {last.agreement_probability:.2f}")
+        if last.reused_entropy is not None and not math.isnan(last.reused_entropy):
+            parts.append(f"entropy over reused KV {last.reused_entropy:.2f} nats")
+        lines.append("   routing: " + " | ".join(parts))
     lines.extend(f"   source {idx}: {_label(chunk)}" for idx, chunk in enumerate(answer.chunks, 1))
     return lines
 

@@ -86,6 +86,17 @@ class RungTrace:
     climbed: bool
 
 
+def uncertainty_trace(entropy: float, base: float, raised: float | None) -> tuple[RungTrace, ...]:
+    """What uncertainty routing did, as rungs: the base one, then ``raised`` when it routed up.
+
+    Only the entropy over the reused KV is measured (the other features are NaN) and no
+    agreement probability is computed.
+    """
+    features = tuple(entropy if name == "entropy_reused" else math.nan for name in ROUTING_FEATURES)
+    first = RungTrace(base, features, None, raised is not None)
+    return (first,) if raised is None else (first, RungTrace(raised, features, None, False))
+
+
 def routing_features(
     logits: torch.Tensor,
     reused_logits: torch.Tensor,

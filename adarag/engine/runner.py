@@ -20,7 +20,7 @@ from adarag.engine.batch import ForwardBatch, PrefillOutput
 from adarag.engine.focus import FocusTracker
 from adarag.engine.kv_cache import KVCache
 from adarag.engine.rope import apply_rope, rope_cos_sin, rope_inv_freq
-from adarag.engine.routing import RungTrace, routing_features, score_mass
+from adarag.engine.routing import RungTrace, routing_features, score_mass, uncertainty_trace
 from adarag.engine.selection import (
     RecomputePlan,
     key_attention_mass,
@@ -122,7 +122,7 @@ class Runner:
                     cos_sin = _drop_unfocused(stream, cos_sin, plan, focused)
                     focus = None
         layer_hidden = torch.stack(stream.last_hidden)
-        routing: tuple[RungTrace, ...] = ()
+        routing = stream.uncertainty
         if batch.ladder is not None and stream.scores is not None:
             layer_hidden, recomputed, routing = self._climb(
                 batch, plan, kv, stream, layer_hidden, recomputed
@@ -220,8 +220,12 @@ class Runner:
             stream.reused_logits = logits
             if threshold is not None and logits is not None:
                 _, entropy = lens_signals_from_logits(logits[None])  # nats
-                if float(entropy) > threshold:
+                base = max(plan.ratios)
+                routed = float(entropy) > threshold
+                if routed:
                     plan = plan.raised(selection.uncertain_ratio)
+                raised = max(plan.ratios) if routed else None
+                stream.uncertainty = uncertainty_trace(float(entropy), base, raised)
         weights = None
         if selection.chunk_allocation == "query":
             assert query_mass is not None

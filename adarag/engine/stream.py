@@ -14,6 +14,7 @@ import torch
 
 from adarag.engine.batch import ForwardBatch
 from adarag.engine.kv_cache import KVCache
+from adarag.engine.routing import RungTrace
 from adarag.engine.selection import RecomputePlan
 
 
@@ -29,6 +30,7 @@ class _Stream:
     candidate_features: torch.Tensor | None = None  # [n_candidates, raw columns], when asked
     scores: torch.Tensor | None = None  # [n_candidates] the rule's scores (the ladder reuses them)
     reused_logits: torch.Tensor | None = None  # [vocab] the query pass's, over the reused KV
+    uncertainty: tuple[RungTrace, ...] = ()  # what uncertainty routing did, when it is on
 
 
 def _rescale_reused(kv: KVCache, batch: ForwardBatch) -> None:

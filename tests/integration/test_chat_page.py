@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from adarag.retrievers import KnowledgeBase
-from tests.documents import MD_FACT, PDF_FACT, pdf_bytes
-from tests.reliability.http_server import Served, serving
+from tests.documents import PDF_FACT, pdf_bytes
+from tests.documents_server import markdown_knowledge_server
+from tests.reliability.http_server import Served
 
 pytestmark = pytest.mark.integration
 API_KEY = "page-key"
@@ -75,20 +75,10 @@ def browser(tmp_path) -> Iterator:
 
 @pytest.fixture()
 def page_server(shared_rag, tmp_path) -> Iterator[Served]:
-    rag = shared_rag.with_config(
-        cache={"store": {"directory": str(tmp_path / "kv")}}, augment={"enabled": False}
-    )
-    retrieval = rag.config.retrieval.model_copy(
-        update={"chroma_directory": tmp_path / "chroma", "collection": "page", "top_k": 3}
-    )
-    storage = tmp_path / "storage.md"
-    storage.write_text(f"# Storage\n\n{MD_FACT}\n")
-    with KnowledgeBase(retrieval) as kb:
-        rag.warm(kb.ingest([storage], tokenizer=rag.tokenizer).added)
-        rag.retriever = kb
-        documents = tmp_path / "documents"
-        with serving(rag, API_KEY, documents_directory=documents, default_max_tokens=24) as served:
-            yield served
+    with markdown_knowledge_server(
+        shared_rag, tmp_path, "page", API_KEY, default_max_tokens=24
+    ) as (served, _):
+        yield served
 
 
 def _ask(browser, question: str, wait):

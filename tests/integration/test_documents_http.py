@@ -13,8 +13,9 @@ import openai
 import pytest
 
 from adarag.retrievers import KnowledgeBase
-from tests.documents import DOCX_FACT, MD_FACT, PDF_FACT, pdf_bytes
-from tests.reliability.http_server import Served, serving
+from tests.documents import DOCX_FACT, PDF_FACT, pdf_bytes
+from tests.documents_server import markdown_knowledge_server
+from tests.reliability.http_server import Served
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("pypdf")
@@ -26,19 +27,8 @@ API_KEY = "documents-key"
 def knowledge(shared_rag, tmp_path_factory) -> Iterator[tuple[Served, KnowledgeBase]]:
     """A server over a knowledge base of its own holding one markdown file."""
     root = tmp_path_factory.mktemp("documents-http")
-    rag = shared_rag.with_config(
-        cache={"store": {"directory": str(root / "kv")}}, augment={"enabled": False}
-    )
-    retrieval = rag.config.retrieval.model_copy(
-        update={"chroma_directory": root / "chroma", "collection": "documents", "top_k": 3}
-    )
-    storage = root / "storage.md"
-    storage.write_text(f"# Storage\n\n{MD_FACT}\n")
-    with KnowledgeBase(retrieval) as kb:
-        kb.ingest([storage], tokenizer=rag.tokenizer)
-        rag.retriever = kb
-        with serving(rag, API_KEY, documents_directory=root / "documents") as served:
-            yield served, kb
+    with markdown_knowledge_server(shared_rag, root, "documents", API_KEY) as found:
+        yield found
 
 
 def client_of(served: Served) -> openai.OpenAI:

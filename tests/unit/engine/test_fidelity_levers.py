@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from adarag.config import RecomputeConfig
+from adarag.engine.routing import ROUTING_FEATURES
 from adarag.engine.selection import allocate, layer_budget_factor
 from adarag.errors import InputError
 from adarag.kernels import lens_signals_from_logits
@@ -142,6 +143,12 @@ def test_uncertainty_routing_raises_the_ratio_of_an_uncertain_request(generator,
     to_six = routed(uncertainty * 0.99, 0.6)
     assert torch.equal(to_six.recomputed_positions, at_six.recomputed_positions)
     assert to_six.num_recomputed_tokens > plain.num_recomputed_tokens
+    # the trace says what routing did, with the entropy it read
+    entropy_at = ROUTING_FEATURES.index("entropy_reused")
+    assert [(r.ratio, r.climbed) for r in confident.routing] == [(0.3, False)]
+    assert [(r.ratio, r.climbed) for r in to_six.routing] == [(0.3, True), (0.6, False)]
+    assert confident.routing[0].features[entropy_at] == pytest.approx(uncertainty, rel=1e-4)
+    assert plain.routing == ()
 
 
 def test_output_oracle_recomputes_the_positions_scored_highest(generator):
