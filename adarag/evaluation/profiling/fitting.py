@@ -171,10 +171,20 @@ def with_isotonic(model: FittedModel, x: np.ndarray, y: np.ndarray) -> FittedMod
     return replace(model, calibration_x=fitted.x, calibration_y=fitted.y)
 
 
+def source_of(dataset: str) -> str:
+    """The data set's source: variants of one set (``2wikimqa-gold``) share its questions."""
+    return dataset.split("-", 1)[0]
+
+
 def fold_names(datasets: Sequence[str], folds: int = 4) -> list[str]:
-    """Each question's fold: its data set when there are several, else one of ``folds``."""
-    if len(set(datasets)) > 1:
-        return list(datasets)
+    """Each question's fold: its data set's source when there are several, else one of ``folds``.
+
+    Variants of one data set (``2wikimqa``, ``2wikimqa-gold``, ``2wikimqa-short``) ask the same
+    questions, so they are held out together.
+    """
+    sources = [source_of(dataset) for dataset in datasets]
+    if len(set(sources)) > 1:
+        return sources
     return [f"fold {idx % folds}" for idx in range(len(datasets))]
 
 

@@ -11,6 +11,7 @@ from adarag.evaluation.profiling.fitting import (
     auroc,
     fit_logistic,
     fit_mlp,
+    fold_names,
     leave_one_group_out,
     with_isotonic,
 )
@@ -93,3 +94,13 @@ def test_a_fitted_model_survives_its_dict_and_rejects_a_broken_one():
     broken = model.to_dict() | {"weights": [1.0]}
     with pytest.raises(ValueError, match="weights"):
         FittedModel.from_dict(broken)
+
+
+def test_variants_of_one_data_set_are_held_out_together():
+    datasets = ["musique", "2wikimqa", "2wikimqa-gold", "hotpotqa", "2wikimqa-short"]
+    assert fold_names(datasets) == ["musique", "2wikimqa", "2wikimqa", "hotpotqa", "2wikimqa"]
+    assert fold_names(["2wikimqa", "2wikimqa-gold", "2wikimqa"], folds=2) == [
+        "fold 0",
+        "fold 1",
+        "fold 0",
+    ]
