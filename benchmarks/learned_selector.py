@@ -191,7 +191,7 @@ def features(args: argparse.Namespace) -> None:
         "(`adarag calibrate --selector`). Means over questions with 95% bootstrap intervals; "
         "'recall' is the share of the oracle's chosen set a scorer picks at the same budget, "
         "'oracle gain carried' the share of the oracle set's first-order loss reduction its set "
-        "holds. Command: `python benchmarks/learned_selector.py --records DIR`.",
+        "holds. Command: `python benchmarks/learned_selector.py features --records DIR`.",
         "",
         "## Each feature family as a scorer",
         "",
