@@ -29,7 +29,7 @@ from pathlib import Path, PurePath
 from typing import Any, Literal
 
 from adarag.errors import InputError
-from adarag.files import unlink_quietly
+from adarag.files import make_private_directories, unlink_quietly
 from adarag.pipeline import AdaRAG
 from adarag.retrievers import KnowledgeBase
 from adarag.retrievers.chunking import READABLE_SUFFIXES
@@ -117,7 +117,7 @@ class DocumentLibrary:
         """
         name = checked_name(filename)
         staging = self.directory / ".incoming" / uuid.uuid4().hex
-        staging.mkdir(parents=True)
+        make_private_directories(staging)
         try:
             staged = staging / name
             staged.write_bytes(data)

@@ -6,6 +6,7 @@ then embedded, stored and warmed in the background; answers cite it until it is 
 
 from __future__ import annotations
 
+import stat
 import time
 
 import pytest
@@ -57,6 +58,7 @@ def test_a_sent_file_is_stored_warmed_cited_and_forgotten_when_deleted(served):
     done = wait_until_processed(client, body["id"])
     assert done["status"] == "processed" and done["adarag"]["num_chunks"] == 2  # two pages
     assert (directory / "gate-manual.pdf").read_bytes()[:5] == b"%PDF-"
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700  # other users cannot list it
     chunks = kb.chunks(sources=[str((directory / "gate-manual.pdf").resolve())])
     assert {chunk.metadata["page"] for chunk in chunks} == {1, 2}
     assert all(rag.cache.has_independent(rag.prompts.chunk_ids(c.text)) for c in chunks)
