@@ -221,9 +221,13 @@ def build_config(
             for key, value in (_metadata_pair(item) for item in args.where)
         }
     try:
-        return AdaRagConfig.build(base, engine=engine, retrieval=retrieval, **overrides)
+        config = AdaRagConfig.build(base, engine=engine, retrieval=retrieval, **overrides)
     except ConfigError as err:
         raise ConfigError(_name_options(str(err), from_flags)) from err
+    # key files are read now, so one open to other users is refused before any model loads
+    config.cache.store.signing_key_bytes()
+    config.engine.handoff_key_bytes()
+    return config
 
 
 def _name_options(message: str, flags: dict[str, str]) -> str:
