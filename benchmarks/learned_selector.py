@@ -35,6 +35,7 @@ from fidelity_tables import by_dataset
 from adarag.evaluation.fidelity import FidelityRow, paired_rules, read_rows, summarize
 from adarag.evaluation.intervals import bootstrap_interval, paired_difference
 from adarag.evaluation.machine import describe_machine, machine
+from adarag.evaluation.profiling.fitting import source_of
 from adarag.evaluation.profiling.selector_fit import (
     feature_scores,
     fit_selector,
@@ -148,11 +149,6 @@ def held_out_table(records: Sequence[SelectorRecord], group_of: Callable[[str], 
     return lines
 
 
-def source(dataset: str) -> str:
-    """The data set's source (the three 2WikiMQA sets share their questions)."""
-    return "2wikimqa (all three)" if dataset.startswith("2wikimqa") else dataset
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="stage", required=True)
@@ -203,7 +199,7 @@ def features(args: argparse.Namespace) -> None:
         "",
         "## The same, one source held out (the 2WikiMQA sets together)",
         "",
-        *held_out_table(records, source),
+        *held_out_table(records, source_of),
         "",
     ]
     args.output.mkdir(parents=True, exist_ok=True)
