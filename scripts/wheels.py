@@ -10,6 +10,7 @@ runs ``adarag --version`` and imports the three packages from there.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,9 @@ def install_and_run(wheels: list[Path], scratch: Path) -> str:
 
 def _run(command: list[str], cwd: Path = ROOT) -> str:
     _say("$ " + " ".join(command))
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    # the caller's PYTHONPATH would show a source tree (and its egg-info) to the fresh venv's pip
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=environment)
     if result.returncode != 0:
         sys.exit(f"failed ({result.returncode}): {' '.join(command)}\n{result.stderr[-4000:]}")
     return result.stdout.strip()
