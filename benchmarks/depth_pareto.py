@@ -247,7 +247,7 @@ def report(args: argparse.Namespace) -> None:
     """Tables and plots from every recorded question."""
     from depth_report import write_report
 
-    write_report(OUTPUT, args.calibration)
+    write_report(OUTPUT, args.calibration, PROBE_RECORDS)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+import adarag.profiles
 from adarag.evaluation.depth import (
     DepthQuestion,
     Outcome,
@@ -27,13 +28,21 @@ from adarag.evaluation.depth import (
     signal,
     signal_auroc,
     stable,
+    stops_at,
 )
 from adarag.evaluation.intervals import bootstrap_interval, paired_difference
 from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.plots import pyplot
+from adarag.evaluation.profiling.depth_probe import (
+    first_confident,
+    load_depth_records,
+    step_probabilities,
+)
+from adarag.profiles import ModelProfile
 
 MAX_K = 12
 DEFAULT_K = 6
+PACKAGED_PROFILES = Path(adarag.profiles.__file__).parent
 GAPS = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.15)
 TAUS = [round(float(tau), 2) for tau in np.linspace(0.05, 0.95, 19)]
 FAMILIES: dict[str, list[Rule]] = {
@@ -56,8 +65,31 @@ def load(model_dir: Path) -> dict[str, list[dict]]:
     }
 
 
-def write_report(output: Path, calibration: int) -> None:
-    """``output/README.md``, ``output/summary.json`` and one plot per model."""
+def probe_rule(model: str, dataset: str, qids: Sequence[str], records: Path) -> Rule | None:
+    """The model's packaged depth probe replayed on its records of ``qids``, if it has both."""
+    path = PACKAGED_PROFILES / f"{model}.json"
+    if not path.exists():
+        return None
+    probe = ModelProfile.from_json(path.read_text(), str(path)).depth_probe
+    found = {r.qid: r for r in load_depth_records(records / model, [dataset])} if probe else {}
+    if probe is None or not set(qids) <= set(found):
+        return None
+    stops = {
+        qid: first_confident(
+            step_probabilities(probe.model, found[qid]), probe.threshold, probe.min_steps
+        )
+        for qid in qids
+    }
+    name = f"depth probe P ≥ {probe.threshold:.2f} from {probe.min_steps} (`calibrate --depth`)"
+    return stops_at(stops, probe.min_steps, name)
+
+
+def write_report(output: Path, calibration: int, probe_records: Path) -> None:
+    """``output/README.md``, ``output/summary.json`` and one plot per model.
+
+    A model whose packaged profile holds a depth probe, with probe records of every report
+    question under ``probe_records/<model>``, gets the probe's row too.
+    """
     lines = [
         "# Adaptive depth against fixed top-k over real retrieval",
         "",
@@ -96,7 +128,8 @@ def write_report(output: Path, calibration: int) -> None:
                 continue
             questions = [DepthQuestion.from_record(row) for row in held]
             fixed_outcomes = [Outcome.of(fixed(k), questions, prices) for k in range(1, MAX_K + 1)]
-            rules = [*chosen.values(), oracle()]
+            probe = probe_rule(model_dir.name, dataset, [q.qid for q in questions], probe_records)
+            rules = [*chosen.values(), *([probe] if probe else []), oracle()]
             outcomes = [Outcome.of(rule, questions, prices) for rule in rules]
             lines += _fixed_table(dataset, held, fixed_outcomes)
             lines += _rule_table(outcomes, fixed_outcomes)

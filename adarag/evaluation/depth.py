@@ -14,7 +14,7 @@ exactly; its time is priced from fits measured in the same run:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,6 +193,20 @@ def _same(q: DepthQuestion, a: int, b: int) -> bool:
         return normalize_answer(q.steps[depth - 1].answer).split()[:STABILITY_TOKENS]
 
     return head(a) == head(b)
+
+
+def stops_at(stops: Mapping[str, int], floor: int, name: str) -> Rule:
+    """Steps of one chunk from ``floor`` to each question's stop in ``stops`` (by qid).
+
+    For a rule decided elsewhere from the steps' own features, e.g. the depth probe replayed
+    over its records (:mod:`adarag.evaluation.profiling.depth_probe`).
+    """
+
+    def schedule(q: DepthQuestion) -> list[int]:
+        stop = min(stops[q.qid], q.max_depth)
+        return list(range(min(floor, stop), stop + 1))
+
+    return Rule(name, schedule)
 
 
 def oracle() -> Rule:

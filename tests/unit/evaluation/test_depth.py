@@ -20,6 +20,7 @@ from adarag.evaluation.depth import (
     signal,
     signal_auroc,
     stable,
+    stops_at,
 )
 
 CHUNK, QUESTION, SYSTEM = 100, 20, 30
@@ -80,6 +81,15 @@ def test_stability_stops_at_the_first_repeated_answer():
     assert stable(4).schedule(q) == [3, 4]
     assert stable(2, stride=2).schedule(q) == [1, 3, 5, 6]
     assert stable(5).schedule(q) == [4, 5, 6]
+
+
+def test_a_decided_stop_prefills_one_chunk_at_a_time_from_the_floor():
+    q = question([0.0, 0.5, 1.0, 0.0])
+    assert stops_at({"q": 3}, 1, "probe").schedule(q) == [1, 2, 3]
+    assert stops_at({"q": 3}, 2, "probe").schedule(q) == [2, 3]
+    assert stops_at({"q": 1}, 2, "probe").schedule(q) == [1]
+    assert stops_at({"q": 9}, 1, "probe").schedule(q) == [1, 2, 3, 4]
+    assert Outcome.of(stops_at({"q": 3}, 1, "probe"), [q], PRICES).f1 == (100.0,)
 
 
 def test_gap_prior_stops_before_the_first_large_score_drop():
