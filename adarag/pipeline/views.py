@@ -42,10 +42,6 @@ class ResourceViews:
         """The configuration."""
         return self._resources.config
 
-    @config.setter
-    def config(self, config: AdaRagConfig) -> None:
-        self._resources.config = config
-
     @property
     def _engine_lock(self) -> threading.RLock:
         """The lock serialising engine work (shared by ``AdaRAG.with_config``)."""
