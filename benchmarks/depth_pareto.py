@@ -17,8 +17,9 @@ stream at three layers, the lens signals, the retrieval scores) go to
 ``<cache>/depth-probe/<model>/<dataset>/`` (large; out of the repository).
 
 ``--split calibration`` retrieves and runs other questions of each set, none of the report's:
-the depth probe is fitted on them (``adarag calibrate --depth --records
-<cache>/depth-probe/<model>``); their JSON lines go to ``<cache>/depth-calibration/``.
+the depth probe is fitted on them (``adarag calibrate --depth --dataset 2wikimqa hotpotqa
+musique --records <cache>/depth-probe-calibration/<model>``); their JSON lines go to
+``<cache>/depth-calibration/``.
 
 ``report``: fixed top-k for k = 1..12, the adaptive rules (thresholds chosen on the calibration
 questions, figures on the report questions) and the per-question oracle depth; tables and plots
@@ -60,7 +61,7 @@ CACHE = Path(os.environ.get("ADARAG_BENCH_CACHE", Path.home() / ".cache" / "adar
 # questions per data set: the first CALIBRATION choose the rules' thresholds, the rest report
 OFFSETS = {"2wikimqa": 100, "hotpotqa": 100, "musique": 40}
 REPORTED = 45  # questions from each offset: 5 calibrate the hand-made rules, 40 report
-PROBE_RECORDS = CACHE / "depth-probe"
+PROBE_RECORDS = {"report": CACHE / "depth-probe", "calibration": CACHE / "depth-probe-calibration"}
 
 
 def split_rows(rows: list[dict], dataset: str, split: str, count: int) -> list[dict]:
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> None:
     rag = hard_tier_pipeline(args.model, args.threads)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     layers = probe_layers(rag.generator.spec.num_layers)
-    probes = PROBE_RECORDS / args.model_dir
+    probes = PROBE_RECORDS[args.split] / args.model_dir
     rag.answer_each_step("warm-up?", ["A short passage."], params)
     index, count = (int(part) for part in args.shard.split("/"))
     for index_in_set, item in enumerate(items):
@@ -247,7 +248,7 @@ def report(args: argparse.Namespace) -> None:
     """Tables and plots from every recorded question."""
     from depth_report import write_report
 
-    write_report(OUTPUT, args.calibration, PROBE_RECORDS)
+    write_report(OUTPUT, args.calibration, PROBE_RECORDS["report"])
 
 
 def main() -> None:
