@@ -277,8 +277,9 @@ def print_depth_report(result: ProbeCalibration, records_dir: Path) -> None:
         print(f"  {family:<8} {value:.3f}")
     chosen = result.chosen
     print(
-        f"stop rule: P >= {probe.threshold:.2f} from {probe.min_steps} chunk(s); held out: gold "
-        f"F1 {chosen.f1:.1f} at {chosen.depth:.2f} chunks ({chosen.tokens:.0f} prompt tokens), "
+        f"stop rule: P >= {probe.threshold:.2f} from {probe.min_steps} chunk(s), L2 "
+        f"{result.penalty:g}; held out: gold F1 {chosen.f1:.1f} at {chosen.depth:.2f} chunks "
+        f"({chosen.tokens:.0f} prompt tokens), "
         f"{chosen.gain:+.1f} against fixed top-k at the same tokens (the oracle depth: "
         f"{result.oracle.gain:+.1f})"
     )

@@ -5,8 +5,8 @@ when there are several, else four folds of questions):
 
 - each feature family's AUROC for "no later depth answers better", with probabilities from
   probes fitted without the question's fold (cross-fitting);
-- the threshold and floor of the ``probe`` stop rule: those whose stops, replayed over the
-  cross-fitted probabilities, gain the most gold F1 over fixed top-k at the same mean prompt
+- the penalty, threshold and floor of the ``probe`` stop rule: those whose stops, replayed over
+  the cross-fitted probabilities, gain the most gold F1 over fixed top-k at the same mean prompt
   tokens;
 - the probe itself, fitted on every question.
 """
@@ -31,6 +31,8 @@ from adarag.profiles.learned import DepthProbe
 FAMILIES = ("hidden", "signals", "all")
 THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
 FLOORS = (1, 2, 3)
+PENALTIES = (0.05, 0.5, 5.0)
+"""L2 penalties tried (per standardised weight): the residual stream has hundreds of features."""
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,12 @@ class ProbeCalibration:
     Attributes:
         probe: The fitted probe with its threshold and floor.
         family_auroc: Per feature family, the cross-fitted AUROC of "no later depth answers
-            better" over every step.
+            better" over every step (the best over the penalties tried).
         chosen: The chosen rule replayed on cross-fitted probabilities.
         per_fold: The chosen rule per fold (held out).
         oracle: The per-question oracle depth replayed (the headroom).
         num_questions: Questions fitted on.
+        penalty: The L2 penalty chosen.
     """
 
     probe: DepthProbe
@@ -97,6 +100,7 @@ class ProbeCalibration:
     per_fold: tuple[tuple[str, int, StopOutcome], ...]
     oracle: StopOutcome
     num_questions: int
+    penalty: float
 
 
 def oracle_depths(records: Sequence[DepthRecord]) -> list[int]:
@@ -105,27 +109,32 @@ def oracle_depths(records: Sequence[DepthRecord]) -> list[int]:
 
 
 def calibrate_probe(
-    records: Sequence[DepthRecord], family: str = "all", l2: float = 0.05
+    records: Sequence[DepthRecord],
+    family: str = "all",
+    penalties: Sequence[float] = PENALTIES,
 ) -> ProbeCalibration:
-    """Fit the probe on ``records`` and choose its threshold and floor (see the module)."""
+    """Fit the probe on ``records`` and choose its penalty, threshold and floor (see the module)."""
     folds = fold_names([record.dataset for record in records])
     width = records[0].hidden.shape[1]
     labels = np.concatenate([r.labels() for r in records])
-    aurocs = []
-    for name in FAMILIES:
-        probabilities = cross_fitted(records, folds, probe_features(width, name), l2)
-        aurocs.append((name, auroc(np.concatenate(probabilities), labels)))
     features = probe_features(width, family)
-    probabilities = cross_fitted(records, folds, features, l2)
-    best: tuple[float, int, StopOutcome] | None = None
-    for floor in FLOORS:
-        for threshold in THRESHOLDS:
-            depths = [first_confident(p, threshold, floor) for p in probabilities]
-            result = outcome(records, depths)
-            if best is None or result.gain > best[2].gain:
-                best = (float(threshold), floor, result)
+    best: tuple[float, float, int, StopOutcome, list[np.ndarray]] | None = None
+    aurocs: dict[str, float] = {}
+    for l2 in penalties:
+        by_family = {
+            name: cross_fitted(records, folds, probe_features(width, name), l2) for name in FAMILIES
+        }
+        for name, found in by_family.items():
+            aurocs[name] = max(aurocs.get(name, 0.0), auroc(np.concatenate(found), labels))
+        probabilities = by_family[family]
+        for floor in FLOORS:
+            for threshold in THRESHOLDS:
+                depths = [first_confident(p, threshold, floor) for p in probabilities]
+                result = outcome(records, depths)
+                if best is None or result.gain > best[3].gain:
+                    best = (l2, float(threshold), floor, result, probabilities)
     assert best is not None
-    threshold, floor, chosen = best
+    l2, threshold, floor, chosen, probabilities = best
     per_fold = []
     for fold in dict.fromkeys(folds):
         rows = [idx for idx, f in enumerate(folds) if f == fold]
@@ -134,9 +143,10 @@ def calibrate_probe(
     model = fit_probe(records, features, l2)
     return ProbeCalibration(
         DepthProbe(model, threshold, floor, records[0].layers),
-        tuple(aurocs),
+        tuple(aurocs.items()),
         chosen,
         tuple(per_fold),
         outcome(records, oracle_depths(records)),
         len(records),
+        l2,
     )

@@ -8,7 +8,8 @@ are one safetensors file per question (the residual streams in float16), so runs
 
 The label of step k is whether no later step answers better (gold F1 at k at least every later
 step's): a probe that stops at its first confident step then stops where the answer is already
-as good as it will get. :func:`fit_probe` fits a regularised logistic model; the threshold is
+as good as it will get. :func:`fit_probe` fits a regularised logistic model on the questions
+whose gold F1 depends on the depth (:func:`is_informative`); the threshold is
 chosen by replaying the rule against fixed top-k at equal prompt tokens (see
 ``benchmarks/depth_report.py`` and :mod:`adarag.evaluation.depth`).
 """
@@ -186,10 +187,21 @@ def probe_features(width: int, family: str = "all") -> tuple[str, ...]:
     return families[family]
 
 
+def is_informative(record: DepthRecord) -> bool:
+    """Whether depth changes the question's gold F1 (else every depth answers as well)."""
+    return bool(record.f1.max() > record.f1.min())
+
+
 def fit_probe(
     records: Sequence[DepthRecord], features: Sequence[str], l2: float = 0.05
 ) -> FittedModel:
-    """A logistic probe of "no later step answers better", each question weighing the same."""
+    """A logistic probe of "no later step answers better", each question weighing the same.
+
+    It learns from the questions whose gold F1 depends on the depth: a question answered alike
+    at every depth labels every step positive and says nothing about where to stop (without
+    any informative question, it learns from them all).
+    """
+    records = [record for record in records if is_informative(record)] or list(records)
     x = np.concatenate([record.rows(features) for record in records])
     y = np.concatenate([record.labels() for record in records])
     weights = np.concatenate([np.full(len(r.f1), 1.0 / len(r.f1)) for r in records])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -10,6 +12,8 @@ from adarag.evaluation.profiling.depth_calibration import calibrate_probe, outco
 from adarag.evaluation.profiling.depth_probe import (
     DepthRecord,
     first_confident,
+    fit_probe,
+    is_informative,
     load_depth_records,
     save_depth_record,
 )
@@ -54,14 +58,28 @@ def test_first_confident_respects_the_floor_and_falls_back_to_the_last_step():
 
 def test_a_probe_that_can_see_the_answer_beats_fixed_top_k():
     records = _records()
-    result = calibrate_probe(records, family="hidden", l2=1e-3)
+    result = calibrate_probe(records, family="hidden", penalties=(1e-3, 1.0))
     assert dict(result.family_auroc)["hidden"] > 0.9
     assert result.chosen.gain > 0 and result.oracle.gain >= result.chosen.gain - 1e-9
     assert {fold for fold, _, _ in result.per_fold} == {"a", "b"}
     assert result.probe.layers == (1,) and 0 < result.probe.threshold < 1
+    assert result.penalty in (1e-3, 1.0)
     # answering at each question's oracle depth beats the fixed depth with its tokens
     fixed_three = outcome(records, [3] * len(records))
     assert abs(fixed_three.gain) < 1e-9
+
+
+def test_questions_answered_alike_at_every_depth_do_not_shape_the_probe():
+    records = _records()
+    flat = [
+        replace(r, qid=f"flat-{i}", f1=np.zeros_like(r.f1), hidden=-r.hidden)
+        for i, r in enumerate(records)
+    ]
+    features = ("hidden_0", "hidden_1")
+    alone = fit_probe(records, features)
+    assert not is_informative(flat[0]) and is_informative(records[1])
+    assert fit_probe(records + flat, features) == alone
+    assert fit_probe(flat, features) != alone  # nothing informative: it learns from them all
 
 
 def test_records_round_trip(tmp_path):
