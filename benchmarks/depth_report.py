@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 
 import adarag.profiles
+from adarag.augment.probe import SIGNALS
 from adarag.evaluation.depth import (
     DepthQuestion,
     Outcome,
     Prices,
     Rule,
+    auroc,
     choose,
     fixed,
     fixed_at_tokens,
@@ -34,11 +36,13 @@ from adarag.evaluation.intervals import bootstrap_interval, paired_difference
 from adarag.evaluation.machine import describe_machine, machine
 from adarag.evaluation.plots import pyplot
 from adarag.evaluation.profiling.depth_probe import (
+    DepthRecord,
     first_confident,
     load_depth_records,
     step_probabilities,
 )
 from adarag.profiles import ModelProfile
+from adarag.profiles.learned import DepthProbe
 
 MAX_K = 12
 DEFAULT_K = 6
@@ -65,8 +69,10 @@ def load(model_dir: Path) -> dict[str, list[dict]]:
     }
 
 
-def probe_rule(model: str, dataset: str, qids: Sequence[str], records: Path) -> Rule | None:
-    """The model's packaged depth probe replayed on its records of ``qids``, if it has both."""
+def probed(
+    model: str, dataset: str, qids: Sequence[str], records: Path
+) -> tuple[DepthProbe, list[DepthRecord]] | None:
+    """The model's packaged depth probe and its records of ``qids``, if it has both."""
     path = PACKAGED_PROFILES / f"{model}.json"
     if not path.exists():
         return None
@@ -74,14 +80,26 @@ def probe_rule(model: str, dataset: str, qids: Sequence[str], records: Path) -> 
     found = {r.qid: r for r in load_depth_records(records / model, [dataset])} if probe else {}
     if probe is None or not set(qids) <= set(found):
         return None
+    return probe, [found[qid] for qid in qids]
+
+
+def probe_rule(probe: DepthProbe, records: Sequence[DepthRecord]) -> Rule:
+    """The ``probe`` stop rule replayed on ``records``."""
     stops = {
-        qid: first_confident(
-            step_probabilities(probe.model, found[qid]), probe.threshold, probe.min_steps
-        )
-        for qid in qids
+        r.qid: first_confident(step_probabilities(probe.model, r), probe.threshold, probe.min_steps)
+        for r in records
     }
     name = f"depth probe P ≥ {probe.threshold:.2f} from {probe.min_steps} (`calibrate --depth`)"
     return stops_at(stops, probe.min_steps, name)
+
+
+def _feature_row(dataset: str, probe: DepthProbe, records: Sequence[DepthRecord]) -> str:
+    """AUROC of the probe and of each of its signals for its label, over every step."""
+    labels = np.concatenate([r.labels() for r in records])
+    scores = [np.concatenate([step_probabilities(probe.model, r) for r in records])]
+    scores += [np.concatenate([r.signals[:, i] for r in records]) for i in range(len(SIGNALS))]
+    cells = " | ".join(f"{auroc(list(map(float, x)), list(labels > 0.5)):.2f}" for x in scores)
+    return f"| {dataset} | {len(labels)} | {100 * labels.mean():.0f}% | {cells} |"
 
 
 def write_report(output: Path, calibration: int, probe_records: Path) -> None:
@@ -121,21 +139,25 @@ def write_report(output: Path, calibration: int, probe_records: Path) -> None:
         lines += _model_header(model_dir.name, prices, len(tuning))
         summary[model_dir.name] = {"prices": _prices(prices), "sets": {}}
         panels = {}
-        signals = []
+        signals: list[str] = []
+        features: list[str] = []
         for dataset, rows in sets.items():
             held = [row for row in rows if row["index"] >= calibration]
             if not held:
                 continue
             questions = [DepthQuestion.from_record(row) for row in held]
             fixed_outcomes = [Outcome.of(fixed(k), questions, prices) for k in range(1, MAX_K + 1)]
-            probe = probe_rule(model_dir.name, dataset, [q.qid for q in questions], probe_records)
-            rules = [*chosen.values(), *([probe] if probe else []), oracle()]
+            found = probed(model_dir.name, dataset, [q.qid for q in questions], probe_records)
+            extra = [probe_rule(*found)] if found else []
+            rules = [*chosen.values(), *extra, oracle()]
             outcomes = [Outcome.of(rule, questions, prices) for rule in rules]
             lines += _fixed_table(dataset, held, fixed_outcomes)
             lines += _rule_table(outcomes, fixed_outcomes)
             summary[model_dir.name]["sets"][dataset] = _set_summary(fixed_outcomes, outcomes)
             panels[dataset] = (fixed_outcomes, outcomes)
             signals.append(_signal_row(dataset, questions))
+            if found:
+                features.append(_feature_row(dataset, *found))
         lines += [
             "How well each step's signal ranks the steps whose answer reaches gold F1 0.5 "
             "(AUROC over every step of the report questions; 0.5 is chance):",
@@ -145,6 +167,17 @@ def write_report(output: Path, calibration: int, probe_records: Path) -> None:
             *signals,
             "",
         ]
+        if features:
+            lines += [
+                "How well the depth probe and each of its signals rank the steps no later step "
+                "answers better than (its label; AUROC over every step of the report questions, "
+                "0.5 is chance, below 0.5 ranks them last):",
+                "",
+                f"| set | steps | label true | probe | {' | '.join(SIGNALS)} |",
+                "|---|---|---|---|" + "---|" * len(SIGNALS),
+                *features,
+                "",
+            ]
         plot = _plot(model_dir.name, panels, output / f"{model_dir.name}_pareto.png")
         lines += [f"![F1 against prompt tokens]({plot.name})", ""]
     (output / "README.md").write_text("\n".join(lines) + "\n")
