@@ -132,27 +132,15 @@ def retrieve(args: argparse.Namespace) -> None:
 def hard_tier_pipeline(
     model: str, threads: int, storage_dtype: str = "float32", **augment: object
 ) -> AdaRAG:
-    """A pipeline whose only tier is the hard one, its store in memory.
+    """A pipeline of ``model`` whose only tier is the hard one, its store in memory.
 
-    Augmentation step k then finds chunks 1..k-1 as the previous step computed them and
-    computes chunk k and the question; with a float32 store its answer is static top-k's.
+    Step k's answer is then static top-k's with a float32 store (``exact_steps``).
     """
     from adarag import AdaRAG, AdaRagConfig
+    from adarag.evaluation.profiling.depth_probe import exact_steps
 
-    config = AdaRagConfig.build(
-        engine={"model": model, "num_threads": threads},
-        augment=augment,
-        cache={
-            "soft": {"enabled": False},
-            "independent": {"enabled": False},
-            "store": {
-                "storage_dtype": storage_dtype,
-                "admission": "always",
-                "disk_capacity_bytes": 0,
-            },
-        },
-    )
-    return AdaRAG(config)
+    config = AdaRagConfig.build(engine={"model": model, "num_threads": threads})
+    return AdaRAG(exact_steps(config, storage_dtype, **augment))
 
 
 def run(args: argparse.Namespace) -> None:

@@ -12,6 +12,7 @@ from adarag.data import calibration_questions
 from adarag.errors import InputError
 from adarag.evaluation.profiling.depth_calibration import ProbeCalibration, calibrate_probe
 from adarag.evaluation.profiling.depth_probe import (
+    exact_steps,
     has_depth_record,
     load_depth_records,
     probe_layers,
@@ -205,7 +206,7 @@ def run_depth(args: argparse.Namespace, config: AdaRagConfig) -> int:
             "--depth --dataset fits on depth records: pass --records with the directory "
             "`python benchmarks/depth_pareto.py run --split calibration` wrote them to"
         )
-    rag = AdaRAG(config)
+    rag = AdaRAG(exact_steps(config))
     output = profile_path(args, rag)
     records_dir = args.records or _records_dir(rag, output) / "depth"
     if not args.dataset:

@@ -29,12 +29,37 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from adarag.augment.probe import SIGNALS, hidden_names, probe_values
+from adarag.config import AdaRagConfig
 from adarag.errors import InputError
 from adarag.evaluation.metrics import best_f1
 from adarag.evaluation.profiling.fitting import fit_logistic
 from adarag.fitted import FittedModel
 from adarag.pipeline import AdaRAG
 from adarag.schema import Chunk, GenerationParams, StepTrace
+
+
+def exact_steps(
+    config: AdaRagConfig, storage_dtype: str = "float32", **augment: object
+) -> AdaRagConfig:
+    """``config`` with the hard tier only, its store in memory: what records are measured with.
+
+    Augmentation step k then finds chunks 1..k-1 as the previous step computed them and computes
+    chunk k and the question; with a float32 store its answer is static top-k's, which the
+    records' labels assume.
+    """
+    return AdaRagConfig.build(
+        config,
+        augment=augment,
+        cache={
+            "soft": {"enabled": False},
+            "independent": {"enabled": False},
+            "store": {
+                "storage_dtype": storage_dtype,
+                "admission": "always",
+                "disk_capacity_bytes": 0,
+            },
+        },
+    )
 
 
 def probe_layers(num_layers: int) -> tuple[int, ...]:
