@@ -37,6 +37,9 @@ from adarag.fitted import FittedModel
 from adarag.pipeline import AdaRAG
 from adarag.schema import Chunk, GenerationParams, StepTrace
 
+RECORDING_STORE_BYTES = 1024**3
+"""The memory tier of a recording pipeline: one question's steps need far less; no disk tier."""
+
 
 def exact_steps(
     config: AdaRagConfig, storage_dtype: str = "float32", **augment: object
@@ -56,6 +59,7 @@ def exact_steps(
             "store": {
                 "storage_dtype": storage_dtype,
                 "admission": "always",
+                "memory_capacity_bytes": RECORDING_STORE_BYTES,
                 "disk_capacity_bytes": 0,
             },
         },
