@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import tempfile
 from pathlib import Path
 
 from adarag.config import AdaRagConfig
@@ -246,14 +247,24 @@ def _record_bundled_depth(
     pool = list(dict.fromkeys(chunk for _, item in questions for chunk in item.chunks))
     layers = probe_layers(rag.generator.spec.num_layers)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    config = RetrievalConfig(collection="calibration", chroma_directory=records_dir / "chroma")
     index, count = shard
-    with KnowledgeBase(config) as kb:
-        if kb.count() < len(pool):
-            kb.add_chunks([Chunk(text) for text in pool], source="calibration")
-        for number, (dataset, item) in enumerate(questions):
-            if number % count != index or has_depth_record(records_dir, dataset, item.qid):
-                continue
+    todo = [
+        (number, dataset, item)
+        for number, (dataset, item) in enumerate(questions)
+        if number % count == index and not has_depth_record(records_dir, dataset, item.qid)
+    ]
+    if not todo:
+        return all(has_depth_record(records_dir, d, item.qid) for d, item in questions)
+    # each process embeds the pool into a Chroma of its own (a Chroma directory is one
+    # process's), so shards run side by side
+    with (
+        tempfile.TemporaryDirectory(prefix="adarag-depth-") as chroma,
+        KnowledgeBase(
+            RetrievalConfig(collection="calibration", chroma_directory=Path(chroma))
+        ) as kb,
+    ):
+        kb.add_chunks([Chunk(text) for text in pool], source="calibration")
+        for number, dataset, item in todo:
             chunks = kb.retrieve(item.question, DEPTH_K)
             record, _ = record_depth(
                 rag, dataset, item.qid, item.question, chunks, item.answers, params, layers
