@@ -286,7 +286,7 @@ def print_depth_report(result: ProbeCalibration, records_dir: Path) -> None:
     )
     print("AUROC of 'no later depth answers better', each question's fold held out:")
     for family, value in result.family_auroc:
-        print(f"  {family:<8} {value:.3f}")
+        print(f"  {family:<8} {value:.3f}" if value == value else f"  {family:<8} - (one class)")
     chosen = result.chosen
     print(
         f"stop rule: P >= {probe.threshold:.2f} from {probe.min_steps} chunk(s), L2 "

@@ -125,7 +125,8 @@ def calibrate_probe(
             name: cross_fitted(records, folds, probe_features(width, name), l2) for name in FAMILIES
         }
         for name, found in by_family.items():
-            aurocs[name] = max(aurocs.get(name, 0.0), auroc(np.concatenate(found), labels))
+            value, previous = auroc(np.concatenate(found), labels), aurocs.get(name, np.nan)
+            aurocs[name] = value if np.isnan(previous) or value > previous else previous
         probabilities = by_family[family]
         for floor in FLOORS:
             for threshold in THRESHOLDS:

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from adarag import AdaRAG
-from adarag.cli import main
+from adarag.cli import calibrate_learned, main
 from adarag.config import AdaRagConfig, RecomputeConfig
+from adarag.evaluation.profiling.depth_probe import probe_layers
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.profiles import ModelProfile
 
@@ -134,3 +135,55 @@ def test_a_model_without_a_fitted_selector_says_so_once(tiny_checkpoints, tiny_c
     messages = [r.getMessage() for r in caplog.records if r.name == "adarag.pipeline.learned"]
     assert sum("no fitted selector" in m for m in messages) == 1
     assert sum("no routing ladder" in m for m in messages) == 1
+
+
+def _bundled_rows() -> list[dict]:
+    """Short bundled-shaped questions (the tiny model's context is 512 characters)."""
+    return [
+        {
+            "dataset": dataset,
+            "qid": f"{dataset}-{i}",
+            "question": f"where is p{i}?",
+            "answers": [TOWNS[i]],
+            "chunks": [f"p{i} is in {TOWNS[(i + j) % 6]}." for j in range(3)],
+        }
+        for dataset in ("musique", "hotpotqa", "2wikimqa-gold")
+        for i in range(4)
+    ]
+
+
+def test_depth_records_in_shards_then_fits_a_probe_the_stop_rule_reads(
+    tiny_checkpoints, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(calibrate_learned, "calibration_questions", _bundled_rows)
+    monkeypatch.setattr(calibrate_learned, "DEPTH_K", 4)
+    settings = {
+        "home": str(tmp_path / "home"),
+        "engine": {"model": str(tiny_checkpoints["llama"])},
+        "augment": {"num_lens_layers": 2},
+    }
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(settings))
+    records = tmp_path / "records"
+    argv = ["--config", str(config_path), "calibrate", "--depth", "--questions", "3"]
+    argv += ["--max-new-tokens", "2", "--records", str(records)]
+    # the shards run one after the other here, each over a Chroma of its own; the profile goes
+    # to the home, which then reads it
+    assert main([*argv, "--shard", "0/2"]) == 0
+    assert "shard 0/2 recorded" in capsys.readouterr().out
+    assert main([*argv, "--shard", "1/2"]) == 0
+    recorded = sorted(records.glob("*/*.safetensors"))
+    assert len(recorded) == 9  # three per set
+    printed = capsys.readouterr().out  # the last shard completed the records and fitted
+    assert "AUROC" in printed and "stop rule: P >=" in printed
+    assert main(argv) == 0  # everything recorded: it only fits again
+    assert sorted(records.glob("*/*.safetensors")) == recorded
+
+    settings["augment"]["stop_rule"] = "probe"
+    rag = AdaRAG(AdaRagConfig.build(**settings))
+    probe = rag.profile.depth_probe
+    assert probe is not None and probe.layers == probe_layers(rag.generator.spec.num_layers)
+    chunks = [f"p{i} is in {t}." for i, t in enumerate(TOWNS)]
+    trace = rag.query("where is p2?", chunks=chunks).trace
+    assert trace.stop_reason in ("confident", "exhausted")
+    assert max(1, probe.min_steps) <= len(trace.steps) <= len(chunks)
