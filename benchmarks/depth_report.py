@@ -98,7 +98,8 @@ def _feature_row(dataset: str, probe: DepthProbe, records: Sequence[DepthRecord]
     labels = np.concatenate([r.labels() for r in records])
     scores = [np.concatenate([step_probabilities(probe.model, r) for r in records])]
     scores += [np.concatenate([r.signals[:, i] for r in records]) for i in range(len(SIGNALS))]
-    cells = " | ".join(f"{auroc(list(map(float, x)), list(labels > 0.5)):.2f}" for x in scores)
+    values = [auroc(list(map(float, x)), list(labels > 0.5)) for x in scores]
+    cells = " | ".join("-" if value is None else f"{value:.2f}" for value in values)
     return f"| {dataset} | {len(labels)} | {100 * labels.mean():.0f}% | {cells} |"
 
 
