@@ -7,6 +7,7 @@ same mean prompt tokens; every figure in the tables is on the remaining (report)
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -69,14 +70,20 @@ def load(model_dir: Path) -> dict[str, list[dict]]:
     }
 
 
+@functools.cache
+def packaged_probe(model: str) -> DepthProbe | None:
+    """The depth probe of the model's packaged profile, if any."""
+    path = PACKAGED_PROFILES / f"{model}.json"
+    if not path.exists():
+        return None
+    return ModelProfile.from_json(path.read_text(), str(path)).depth_probe
+
+
 def probed(
     model: str, dataset: str, qids: Sequence[str], records: Path
 ) -> tuple[DepthProbe, list[DepthRecord]] | None:
     """The model's packaged depth probe and its records of ``qids``, if it has both."""
-    path = PACKAGED_PROFILES / f"{model}.json"
-    if not path.exists():
-        return None
-    probe = ModelProfile.from_json(path.read_text(), str(path)).depth_probe
+    probe = packaged_probe(model)
     found = {r.qid: r for r in load_depth_records(records / model, [dataset])} if probe else {}
     if probe is None or not set(qids) <= set(found):
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import math
 import tempfile
 from pathlib import Path
 
@@ -253,26 +254,25 @@ def _record_bundled_depth(
         for number, (dataset, item) in enumerate(questions)
         if number % count == index and not has_depth_record(records_dir, dataset, item.qid)
     ]
-    if not todo:
-        return all(has_depth_record(records_dir, d, item.qid) for d, item in questions)
-    # each process embeds the pool into a Chroma of its own (a Chroma directory is one
-    # process's), so shards run side by side
-    with (
-        tempfile.TemporaryDirectory(prefix="adarag-depth-") as chroma,
-        KnowledgeBase(
-            RetrievalConfig(collection="calibration", chroma_directory=Path(chroma))
-        ) as kb,
-    ):
-        kb.add_chunks([Chunk(text) for text in pool], source="calibration")
-        for number, dataset, item in todo:
-            chunks = kb.retrieve(item.question, DEPTH_K)
-            record, _ = record_depth(
-                rag, dataset, item.qid, item.question, chunks, item.answers, params, layers
-            )
-            save_depth_record(records_dir, record)
-            logger.info(
-                "recorded depth of %s %s (%d/%d)", dataset, item.qid, number + 1, len(questions)
-            )
+    if todo:  # else nothing to embed
+        # each process embeds the pool into a Chroma of its own (a Chroma directory is one
+        # process's), so shards run side by side
+        with (
+            tempfile.TemporaryDirectory(prefix="adarag-depth-") as chroma,
+            KnowledgeBase(
+                RetrievalConfig(collection="calibration", chroma_directory=Path(chroma))
+            ) as kb,
+        ):
+            kb.add_chunks([Chunk(text) for text in pool], source="calibration")
+            for number, dataset, item in todo:
+                chunks = kb.retrieve(item.question, DEPTH_K)
+                record, _ = record_depth(
+                    rag, dataset, item.qid, item.question, chunks, item.answers, params, layers
+                )
+                save_depth_record(records_dir, record)
+                logger.info(
+                    "recorded depth of %s %s (%d/%d)", dataset, item.qid, number + 1, len(questions)
+                )
     return all(has_depth_record(records_dir, d, item.qid) for d, item in questions)
 
 
@@ -286,7 +286,7 @@ def print_depth_report(result: ProbeCalibration, records_dir: Path) -> None:
     )
     print("AUROC of 'no later depth answers better', each question's fold held out:")
     for family, value in result.family_auroc:
-        print(f"  {family:<8} {value:.3f}" if value == value else f"  {family:<8} - (one class)")
+        print(f"  {family:<8} " + ("- (one class)" if math.isnan(value) else f"{value:.3f}"))
     chosen = result.chosen
     print(
         f"stop rule: P >= {probe.threshold:.2f} from {probe.min_steps} chunk(s), L2 "

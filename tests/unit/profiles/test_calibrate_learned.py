@@ -45,8 +45,8 @@ def _write_data(directory):
         (directory / f"{name}_dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-@pytest.fixture()
-def calibrated(tiny_checkpoints, tmp_path):
+def _tiny_settings(tiny_checkpoints, tmp_path):
+    """The tiny model's settings with a home of its own, and the config file holding them."""
     settings = {
         "home": str(tmp_path / "home"),
         "engine": {"model": str(tiny_checkpoints["llama"])},
@@ -54,6 +54,12 @@ def calibrated(tiny_checkpoints, tmp_path):
     }
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(settings))
+    return settings, config_path
+
+
+@pytest.fixture()
+def calibrated(tiny_checkpoints, tmp_path):
+    settings, config_path = _tiny_settings(tiny_checkpoints, tmp_path)
     data = tmp_path / "data"
     _write_data(data)
     output = tmp_path / "profile.json"
@@ -157,13 +163,7 @@ def test_depth_records_in_shards_then_fits_a_probe_the_stop_rule_reads(
 ):
     monkeypatch.setattr(calibrate_learned, "calibration_questions", _bundled_rows)
     monkeypatch.setattr(calibrate_learned, "DEPTH_K", 4)
-    settings = {
-        "home": str(tmp_path / "home"),
-        "engine": {"model": str(tiny_checkpoints["llama"])},
-        "augment": {"num_lens_layers": 2},
-    }
-    config_path = tmp_path / "config.json"
-    config_path.write_text(json.dumps(settings))
+    settings, config_path = _tiny_settings(tiny_checkpoints, tmp_path)
     records = tmp_path / "records"
     argv = ["--config", str(config_path), "calibrate", "--depth", "--questions", "3"]
     argv += ["--max-new-tokens", "2", "--records", str(records)]
