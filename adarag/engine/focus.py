@@ -16,6 +16,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from adarag.engine.stream import drop_unfocused
+
+if TYPE_CHECKING:
+    import torch
+
+    from adarag.engine.batch import ForwardBatch
+    from adarag.engine.kv_cache import KVCache
+    from adarag.engine.layer_stack import CosSin, LayerStack
+    from adarag.engine.selection import RecomputePlan
+    from adarag.engine.stream import Stream
 
 
 def focused_chunks(cumulative: Sequence[float]) -> frozenset[int]:
@@ -60,3 +72,47 @@ class FocusTracker:
         if len(recent) == self.window and all(found == recent[-1] for found in recent):
             return recent[-1]
         return None
+
+
+class ChunkFocus:
+    """Cache-Craft's focused-chunk early stop inside a fused prefill's layer loop.
+
+    Before each layer the query suffix's queries are projected (:meth:`queries`); after it,
+    their attention per chunk feeds a :class:`FocusTracker` (:meth:`update`). Once the focused
+    set is stable, the recomputed tokens of the other cached chunks leave the stream.
+
+    Args:
+        stack: The model's layers.
+        batch: The prompt (its segments and the selection's ``focus_window``).
+        plan: The prefill's positions.
+    """
+
+    def __init__(self, stack: LayerStack, batch: ForwardBatch, plan: RecomputePlan) -> None:
+        window = batch.selection.focus_window
+        assert window is not None, "no focus window"
+        self._stack = stack
+        self._plan = plan
+        self._tracker = FocusTracker(window, len(batch.segments) - 2)
+        self._cu = stack.cu_segments(batch)
+
+    def queries(self, layer_idx: int, stream: Stream, cos_sin: CosSin) -> torch.Tensor:
+        """Queries [n_query, num_heads, head_dim] of the query suffix (the stream's last rows)."""
+        num_query = self._plan.query.numel()
+        tail = (cos_sin[0][-num_query:], cos_sin[1][-num_query:])
+        q, _, _ = self._stack.project(layer_idx, stream.hidden[-num_query:], tail)
+        return q
+
+    def update(
+        self, layer_idx: int, queries: torch.Tensor, kv: KVCache, stream: Stream, cos_sin: CosSin
+    ) -> tuple[CosSin, bool]:
+        """Add the layer's attention per chunk; the stream's cos/sin, and whether it is final.
+
+        When the focused set has become stable, the stream drops the unfocused chunks' tokens.
+        """
+        positions = self._plan.query.to(self._stack.device)
+        mass = self._stack.segment_mass(layer_idx, queries, positions, kv, self._cu)
+        per_segment = mass.sum(dim=0).mean(dim=0)  # [num_segments]
+        focused = self._tracker.update(per_segment[1:-1].tolist())
+        if focused is None:
+            return cos_sin, False
+        return drop_unfocused(stream, cos_sin, self._plan, focused), True

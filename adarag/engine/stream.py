@@ -1,8 +1,8 @@
-"""The residual stream a :class:`~adarag.engine.runner.Runner` forward carries, and its helpers.
+"""The residual stream a forward carries up the layers, and its helpers.
 
-``_Stream`` holds the hidden states of the tokens being computed and what the layer loop records;
-the helpers rescale reused chunk KV, read a stream's per-token segment attention and drop the
-tokens of unfocused chunks.
+:class:`Stream` holds the hidden states of the tokens being computed and what the layer loop
+records; the helpers rescale reused chunk KV, read a stream's attention statistics (per token
+and per segment) and drop the tokens of unfocused chunks.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from adarag.engine.selection import RecomputePlan
 
 
 @dataclass
-class _Stream:
+class Stream:
     """Residual stream of the tokens being computed, and what the loop records."""
 
     hidden: torch.Tensor  # [n, hidden_size]
@@ -33,7 +33,7 @@ class _Stream:
     uncertainty: tuple[RungTrace, ...] = ()  # what uncertainty routing did, when it is on
 
 
-def _rescale_reused(kv: KVCache, batch: ForwardBatch) -> None:
+def rescale_reused(kv: KVCache, batch: ForwardBatch) -> None:
     """APE's rescaling of reused chunk KV: keys divided by the temperature, log(scale) bias.
 
     Applies to cached segments that are not exact and not computed in full; the rows a fused
@@ -60,7 +60,7 @@ def _rescale_reused(kv: KVCache, batch: ForwardBatch) -> None:
             kv.key_bias[:, rows] = math.log(scale)
 
 
-def _token_attention(stream: _Stream) -> torch.Tensor:
+def token_attention(stream: Stream) -> torch.Tensor:
     """[num_layers, num_tokens, num_segments] segment mass of the tokens of the last layer.
 
     Every layer ran those tokens (a stream only loses tokens as it goes up), with rows in
@@ -74,8 +74,8 @@ def _token_attention(stream: _Stream) -> torch.Tensor:
     return torch.stack(layers)
 
 
-def _drop_unfocused(
-    stream: _Stream,
+def drop_unfocused(
+    stream: Stream,
     cos_sin: tuple[torch.Tensor, torch.Tensor],
     plan: RecomputePlan,
     focused: frozenset[int],
@@ -90,3 +90,23 @@ def _drop_unfocused(
     keep = ~torch.isin(stream.positions, dropped)
     stream.hidden, stream.positions = stream.hidden[keep], stream.positions[keep]
     return cos_sin[0][keep], cos_sin[1][keep]
+
+
+def segment_attention_table(stream: Stream, batch: ForwardBatch) -> torch.Tensor:
+    """Per layer, mean attention mass from each query segment to each key segment.
+
+    Returns [num_layers, num_segments, num_segments] (rows: the attending tokens' segment).
+    """
+    bounds = torch.tensor(batch.cu_segments[1:])
+    num_segments = len(batch.segments)
+    layers = []
+    for layer_mass, layer_positions in zip(
+        stream.segment_attention, stream.segment_positions, strict=True
+    ):  # [n_layer_tokens, num_segments]
+        positions = layer_positions.cpu()
+        owner = torch.bucketize(positions, bounds, right=True)
+        table = torch.zeros(num_segments, num_segments)
+        table.index_add_(0, owner, layer_mass.cpu())
+        counts = torch.bincount(owner, minlength=num_segments).clamp(min=1)
+        layers.append(table / counts[:, None])
+    return torch.stack(layers)

@@ -8,6 +8,7 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from adarag.cache.keys import fused_key
+from adarag.engine.query_pass import query_layers
 from adarag.pipeline import AdaRAG
 from adarag.policies import POLICIES
 from adarag.retrievers.memory import MemoryRetriever
@@ -106,12 +107,12 @@ def test_a_fused_hit_replaces_the_independent_one(tiny_checkpoints, tiny_config)
     assert rag.warm(CORPUS) == len(CORPUS)
     assert rag.warm(CORPUS) == 0  # nothing left to compute
     layout = rag.prompts.layout(QUESTION, [CHUNKS[1], CHUNKS[0]])
-    _, hits, _ = rag._augmented().fused_prefill(layout, 0)
+    _, hits, _ = rag.augmentation.fused_prefill(layout, 0)
     assert [hit.tier for hit in hits] == ["fused", "fused"]
     plain = AdaRAG(rag.config.model_copy(update={"home": rag.config.home / "plain"}))
     plain = plain.with_config(cache={"fusion": {"enabled": False}})
     plain.warm(CORPUS)
-    _, hits, _ = plain._augmented().fused_prefill(layout, 0)
+    _, hits, _ = plain.augmentation.fused_prefill(layout, 0)
     assert [hit.tier for hit in hits] == ["independent", "independent"]
 
 
@@ -130,10 +131,10 @@ def test_alternative_path_finds_a_chunk_stored_under_another_prefix(tiny_checkpo
         config = tiny_config(tiny_checkpoints["llama"], cache=cache)
         rag = AdaRAG(config.model_copy(update={"home": config.home / str(enabled)}))
         first = rag.prompts.layout(QUESTION, first_chunks)
-        output, hits, _ = rag._augmented().fused_prefill(first, 0)
-        rag._augmented().write_back(first, output, hits)
+        output, hits, _ = rag.augmentation.fused_prefill(first, 0)
+        rag.augmentation.write_back(first, output, hits)
         second = rag.prompts.layout(QUESTION, second_chunks)
-        _, hits, _ = rag._augmented().fused_prefill(second, 0)
+        _, hits, _ = rag.augmentation.fused_prefill(second, 0)
         tiers[enabled] = [hit.tier for hit in hits]
         if enabled:
             # CHUNKS[1] comes back as computed after EXTRA, CHUNKS[0] in the first prompt
@@ -148,13 +149,8 @@ def test_fusionrag_scores_with_the_final_layer_only(tiny_checkpoints, tiny_confi
     policy = POLICIES["fusionrag"]
     config = tiny_config(tiny_checkpoints["llama"], **policy.overrides)
     rag = AdaRAG(config, retriever=MemoryRetriever([Chunk(text) for text in CORPUS]))
-    runner = rag.generator.runner
     num_layers = rag.generator.spec.num_layers
-
-    class _Batch:
-        selection = config.cache.recompute
-
-    assert runner._query_layers(_Batch()) == (num_layers - 1, num_layers)  # type: ignore[arg-type]
+    assert query_layers(config.cache.recompute, num_layers) == (num_layers - 1, num_layers)
 
 
 @pytest.mark.parametrize("other", ["cacheblend", "adacache-static"])
@@ -167,7 +163,7 @@ def test_fusionrag_computes_something_else_than(other, tiny_checkpoints, tiny_co
         rag = AdaRAG(config, retriever=MemoryRetriever([Chunk(text) for text in CORPUS]))
         rag.warm(CORPUS)
         layout = rag.prompts.layout(QUESTION, layout_chunks)
-        outputs[name] = rag._augmented().fused_prefill(layout, 0)
+        outputs[name] = rag.augmentation.fused_prefill(layout, 0)
     (fusion, fusion_hits, _), (baseline, baseline_hits, _) = outputs["fusionrag"], outputs[other]
     # the first chunk may be an exact (hard) hit: its warm KV is the one-chunk prompt's
     assert [hit.tier for hit in fusion_hits[1:]] == ["fused"] * 2
@@ -190,7 +186,7 @@ def test_a_fused_entry_is_reused_only_with_its_neighbours_in_the_prompt(
         return {hit.text for hit in finder.retrieve(text, 3) if hit.text != text}
 
     def tiers(rag: AdaRAG, chunks: list[str]) -> list[str]:
-        _, hits, _ = rag._augmented().fused_prefill(rag.prompts.layout(QUESTION, chunks), 0)
+        _, hits, _ = rag.augmentation.fused_prefill(rag.prompts.layout(QUESTION, chunks), 0)
         return [hit.tier for hit in hits]
 
     prompts = [[CHUNKS[0], CHUNKS[1]], [CHUNKS[0], CHUNKS[2]], [CHUNKS[0]]]
