@@ -6,7 +6,7 @@ Three stages, each resumable:
 on-disk Chroma (all-MiniLM-L6-v2) once, and every question's top-12 chunks are written with their
 scores to ``<cache>/<dataset>.retrieved.jsonl``.
 
-``run``: per question, every augmentation step k = 1..12 (``AdaRAG.probe_each_step``: step k
+``run``: per question, every augmentation step k = 1..12 (``record_depth``: step k
 reuses steps 1..k-1's exact KV from the hard tier and computes chunk k and the question; no other
 tier, float32 store, so step k's answer is the full-recomputation answer of static top-k) with
 its answer, gold F1, lens confidence, first-token margin, answer stability and wall time; plus
@@ -145,6 +145,7 @@ def hard_tier_pipeline(
 
 def run(args: argparse.Namespace) -> None:
     """Every step of every question (resuming after the questions already written)."""
+    from adarag.evaluation.profiling.calibration import answer_each_step
     from adarag.evaluation.profiling.depth_probe import (
         has_depth_record,
         probe_layers,
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> None:
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     layers = probe_layers(rag.generator.spec.num_layers)
     probes = PROBE_RECORDS[args.split] / args.model_dir
-    rag.answer_each_step("warm-up?", ["A short passage."], params)
+    answer_each_step(rag, rag.layout("warm-up?", ["A short passage."], params), params)
     index, count = (int(part) for part in args.shard.split("/"))
     for index_in_set, item in enumerate(items):
         if index_in_set % count != index:

@@ -32,17 +32,14 @@ VARIANTS = {"new cache per step": False, "previous step's cache": True}
 
 def steps(rag: AdaRAG, question: str, chunks: list[Chunk]) -> list[tuple[int, float, torch.Tensor]]:
     """(processed tokens, seconds, logits) of every step of one question."""
-    augmented = rag._augmented(static_fallback=False)
     layout = rag.layout(question, chunks, GenerationParams(max_new_tokens=16))
-    out, previous = [], None
-    for k in range(1, len(chunks) + 1):
-        started = time.perf_counter()
-        step = augmented._run_step(layout.with_chunks(k), 16, previous, layout.num_tokens)
-        augmented._keep(step)
+    out = []
+    started = time.perf_counter()
+    for step in rag.augmentation.prefill_steps(layout, 16):  # each yielded after its write-back
         out.append(
             (step.result.num_processed_tokens, time.perf_counter() - started, step.output.logits)
         )
-        previous = step
+        started = time.perf_counter()
     return out
 
 

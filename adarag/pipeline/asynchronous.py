@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 
 from adarag.pipeline.prompt import Turn
+from adarag.pipeline.request import Request
 from adarag.pipeline.stream import AnswerStream, AsyncAnswerStream
 from adarag.schema import Answer, Chunk, GenerationParams
 
@@ -18,13 +19,11 @@ class AsyncAnswering:
     """``aquery``, ``astream`` and ``agenerate`` over the synchronous methods of a pipeline.
 
     Attributes:
-        query: Answers a question (``AdaRAG.query``).
-        stream: Prefills and returns a stream of deltas (``AdaRAG.stream``).
+        stream_request: Prefills a request, returns its stream (``AdaRAG.stream_request``).
         generate: Prefills a plain prompt and returns a stream of deltas (``AdaRAG.generate``).
     """
 
-    query: Callable[..., Answer]
-    stream: Callable[..., AnswerStream]
+    stream_request: Callable[[Request], AnswerStream]
     generate: Callable[..., AnswerStream]
 
     async def aquery(
@@ -38,8 +37,7 @@ class AsyncAnswering:
         conversation_chunks: Sequence[Chunk | str] = (),
     ) -> Answer:
         """Async :meth:`query`; the work runs in a worker thread, never on the event loop."""
-        return await asyncio.to_thread(
-            self.query,
+        request = Request.of(
             question,
             chunks=chunks,
             params=params,
@@ -47,6 +45,7 @@ class AsyncAnswering:
             history=history,
             conversation_chunks=conversation_chunks,
         )
+        return await asyncio.to_thread(lambda: self.stream_request(request).answer())
 
     async def astream(
         self,
@@ -59,8 +58,7 @@ class AsyncAnswering:
         conversation_chunks: Sequence[Chunk | str] = (),
     ) -> AsyncAnswerStream:
         """Async :meth:`stream`; prefill and each decode step run in a worker thread."""
-        stream = await asyncio.to_thread(
-            self.stream,
+        request = Request.of(
             question,
             chunks=chunks,
             params=params,
@@ -68,7 +66,7 @@ class AsyncAnswering:
             history=history,
             conversation_chunks=conversation_chunks,
         )
-        return AsyncAnswerStream(stream)
+        return AsyncAnswerStream(await asyncio.to_thread(self.stream_request, request))
 
     async def agenerate(
         self,

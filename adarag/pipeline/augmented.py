@@ -1,20 +1,23 @@
-"""The augmentation loop one request runs, built from a pipeline's resources and config.
+"""The augmentation loop a pipeline's requests run, built once from its resources and config.
 
 A stop rule the model's profile has no fit for (an agreement rule without a calibrated τ, a
 probe never fitted) cannot adapt the depth: the request then answers from the static top-k in
-one step (:func:`is_static_fallback`).
+one step (:func:`is_static_fallback`), and the loop says so once, when it is built.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
 
 from adarag.augment import STOP_RULES
 from adarag.config import AugmentConfig
-from adarag.pipeline.controller import build_controller, fitted_stops
+from adarag.pipeline.controller import build_controller, fitted_stops, static_fallback_message
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.profiles.model_profile import ModelProfile
+
+# the records keep the name of the pipeline's logger
+logger = logging.getLogger("adarag.pipeline.rag")
 
 
 def is_static_fallback(augment: AugmentConfig, profile: ModelProfile) -> bool:
@@ -25,27 +28,28 @@ def is_static_fallback(augment: AugmentConfig, profile: ModelProfile) -> bool:
     return STOP_RULES[augment.stop_rule](augment.min_chunks, fitted) is None
 
 
-def augmented_prefill(
-    resources: Resources, augment: AugmentConfig, layers: Sequence[int] | None = None
-) -> AugmentedPrefill:
-    """The augmentation loop over the pipeline's generator and cache, augmenting per ``augment``.
+def augmented_prefill(resources: Resources) -> AugmentedPrefill:
+    """The augmentation loop over the pipeline's generator and cache, per its ``config.augment``.
 
-    The controller comes from the pipeline's own ``config.augment`` and the model's calibration;
-    ``augment`` may differ from it only in being switched off (the static fallback). ``layers``
-    overrides the residual-stream layers each step reports (calibrating the depth probe).
+    The controller comes from the model's calibration; a stop rule without one switches
+    augmentation off (static top-k), logged here once per pipeline.
     """
-    config, generator = resources.config, resources.generator
-    controller = build_controller(config.augment, generator.spec.num_layers, resources.profile)
+    config, generator, profile = resources.config, resources.generator, resources.profile
+    augment = config.augment
+    if is_static_fallback(augment, profile):
+        # the documented default of both packaged models, not a fault: info, not warning
+        logger.info(static_fallback_message(augment.stop_rule, profile))
+        augment = augment.model_copy(update={"enabled": False})
     return AugmentedPrefill(
         generator,
         resources.cache,
         config.cache,
         augment,
-        controller,
+        build_controller(config.augment, generator.spec.num_layers, profile),
         resources.engine_lock,
         resources.system_kv,
         resources.learned,
-        probe_layers(augment, resources.profile) if layers is None else tuple(layers),
+        probe_layers(config.augment, profile),
     )
 
 

@@ -1,6 +1,7 @@
 """A request's context: the question checked, chunks retrieved and arranged, fitted to the model.
 
-:func:`retrieve` validates a question and ``top_k`` before the retriever is asked;
+:func:`retrieve` validates a question and ``top_k`` before the retriever is asked
+(:func:`top_k_chunks`: a question already checked);
 :func:`request_context` arranges the found chunks (see :mod:`adarag.pipeline.arrange`) and lays
 out as many as fit the model's context, with the order hint; :func:`numbered` gives the chunks
 their citation numbers.
@@ -54,6 +55,15 @@ def retrieve(
     if retriever is None:
         raise ConfigError("no retriever configured; pass retriever=... or chunks=[...]")
     check_question(question)
+    return top_k_chunks(retriever, config, question, top_k)
+
+
+def top_k_chunks(
+    retriever: Retriever | None, config: AdaRagConfig, query: str, top_k: int | None
+) -> list[Chunk]:
+    """The retriever's top-k chunks for a checked ``query`` (``top_k`` checked first)."""
+    if retriever is None:
+        raise ConfigError("no retriever configured; pass retriever=... or chunks=[...]")
     k = config.retrieval.top_k if top_k is None else top_k
     if k < 1:
         raise InputError(f"top_k must be at least 1, got {k}")
@@ -64,7 +74,7 @@ def retrieve(
             f"{max_top_k} chunks (the model's context holds only a few anyway), or raise "
             "retrieval.max_top_k"
         )
-    return list(retriever.retrieve(question, k))
+    return list(retriever.retrieve(query, k))
 
 
 def request_context(

@@ -45,7 +45,7 @@ def build_controller(
     params = ConfidenceParams(kl_weight, calibration.kl_scale, calibration.entropy_scale)
     estimator = LensConfidence(params, augment.estimator)
     rule = STOP_RULES[augment.stop_rule](augment.min_chunks, fitted)
-    if rule is None:  # static top-k (see AdaRAG._augmented)
+    if rule is None:  # static top-k (see augmented.is_static_fallback)
         return AugmentationController(estimator, ThresholdStop(fitted.threshold))
     agreement = (
         fitted.agreement[0] if augment.stop_rule == "agreement" and fitted.agreement else None

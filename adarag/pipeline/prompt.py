@@ -8,6 +8,7 @@ its neighbours.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from functools import cached_property
@@ -38,12 +39,18 @@ def load_tokenizer(path: Path) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
+CHUNK_IDS_CACHED = 4096
+"""Chunk texts whose token ids a prompt builder keeps (least recently used dropped first)."""
+
+
 class PromptBuilder:
     """Turns a question and chunk texts into a :class:`PromptLayout`."""
 
     def __init__(self, tokenizer: Any, config: PromptConfig) -> None:
         self.tokenizer = tokenizer
         self.config = config
+        # a chunk is tokenized once, however many requests (and arrangement lookups) list it
+        self._encode_chunk = functools.lru_cache(maxsize=CHUNK_IDS_CACHED)(self._encode)
 
     @cached_property
     def _template_halves(self) -> tuple[str, str]:
@@ -74,7 +81,7 @@ class PromptBuilder:
             InputError: The text is not a string or holds a lone surrogate.
         """
         check_text(text, "the chunk")
-        return self._encode(text + self.config.chunk_separator)
+        return self._encode_chunk(text + self.config.chunk_separator)
 
     def chunk_label_ids(self, number: int) -> tuple[int, ...]:
         """Token ids of the citation label of passage ``number`` (1-based), e.g. ``[1] ``."""

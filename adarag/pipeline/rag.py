@@ -2,36 +2,30 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from adarag.augment import StepResult
 from adarag.config import AdaRagConfig
 from adarag.engine.generator import Engine
 from adarag.pipeline.asynchronous import AsyncAnswering
-from adarag.pipeline.augmented import augmented_prefill, is_static_fallback
-from adarag.pipeline.context import check_question, retrieve
-from adarag.pipeline.controller import static_fallback_message
+from adarag.pipeline.augmented import augmented_prefill
+from adarag.pipeline.context import retrieve, top_k_chunks
 from adarag.pipeline.decode import decoder, plain_answer
 from adarag.pipeline.prompt import Turn
-from adarag.pipeline.request import prepare_answer
+from adarag.pipeline.request import Request, prepare_answer, standalone_question
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.schedule import schedule_requests
-from adarag.pipeline.standalone import standalone_question
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.pipeline.stream import AnswerStream, DecodeSteps
 from adarag.pipeline.views import ResourceViews
 from adarag.pipeline.warm import warm_chunks
 from adarag.policies import policy_config
 from adarag.retrievers.base import Retriever
-from adarag.schema import Answer, Chunk, GenerationParams, PromptLayout, StepTrace
+from adarag.schema import Answer, Chunk, GenerationParams, PromptLayout
 
 __all__ = ["AdaRAG"]
-
-logger = logging.getLogger(__name__)
 
 
 class AdaRAG(ResourceViews, AsyncAnswering):
@@ -83,7 +77,7 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         built = AdaRagConfig.build(config, **overrides) if overrides else config
         self._resources = Resources(built or AdaRagConfig(), generator, engine_lock)
         self.retriever = retriever
-        self._logged_static = False
+        self._augmentation: AugmentedPrefill | None = None
 
     @classmethod
     def from_policy(
@@ -169,6 +163,19 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         """
         return warm_chunks(self._resources, self.retriever, chunks)
 
+    @property
+    def augmentation(self) -> AugmentedPrefill:
+        """The augmentation loop this pipeline's requests run, built on first use.
+
+        Its controller comes from ``config.augment`` and the model's profile; a stop rule the
+        profile has no fit for answers from the static top-k, said once in the log. Tools and
+        tests run single prefills (``fused_prefill``, ``write_back``), every step
+        (``prefill_steps``, ``each_step``) or whole requests (``run``) through it.
+        """
+        if self._augmentation is None:  # two threads may both build it: the same loop
+            self._augmentation = augmented_prefill(self._resources)
+        return self._augmentation
+
     # --- answering
 
     def query(
@@ -181,15 +188,16 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         history: Sequence[Turn] = (),
         conversation_chunks: Sequence[Chunk | str] = (),
     ) -> Answer:
-        """Answer ``question`` from ``chunks`` (or the retriever's top-k)."""
-        return self.stream(
+        """Answer ``question`` from ``chunks`` (or the retriever's top-k); see :meth:`stream`."""
+        request = Request.of(
             question,
             chunks=chunks,
             params=params,
             top_k=top_k,
             history=history,
             conversation_chunks=conversation_chunks,
-        ).answer()
+        )
+        return self.stream_request(request).answer()
 
     def stream(
         self,
@@ -217,25 +225,30 @@ class AdaRAG(ResourceViews, AsyncAnswering):
                 answer's ``chunks``); with ``chat.deduplicate`` it opens this turn's context and
                 only retrieved chunks not in it are added.
         """
+        request = Request.of(
+            question,
+            chunks=chunks,
+            params=params,
+            top_k=top_k,
+            history=history,
+            conversation_chunks=conversation_chunks,
+        )
+        return self.stream_request(request)
+
+    def stream_request(self, request: Request) -> AnswerStream:
+        """Retrieve and prefill ``request`` now; return a stream of answer text deltas.
+
+        What :meth:`query`, :meth:`stream`, :meth:`aquery` and :meth:`astream` run, each with
+        the :class:`~adarag.pipeline.request.Request` it built (its question checked once).
+        """
         _ = self.generator  # loads the model once, outside the timed request
         started = time.perf_counter()
-        params = params or GenerationParams()
-        check_question(question)
-        if chunks is None:
-            found = self.retrieve(self.standalone_question(question, history), top_k)
-        else:
-            found = [c if isinstance(c, Chunk) else Chunk(c) for c in chunks]
-        prepared = prepare_answer(
-            self._resources,
-            self._augmented,
-            question,
-            found,
-            params,
-            history,
-            conversation_chunks,
-            started,
-        )
-        return AnswerStream(prepared, self._decoder(params))
+        found = request.chunks
+        if found is None:
+            query = self.standalone_question(request.question, request.history)
+            found = tuple(top_k_chunks(self.retriever, self.config, query, request.top_k))
+        prepared = prepare_answer(self._resources, self.augmentation, request, found, started)
+        return AnswerStream(prepared, self._decoder(request.params))
 
     def schedule(self, requests: Sequence[Sequence[Chunk | str]]) -> list[int]:
         """The order to run a batch of requests in, prefix-sharing ones back to back.
@@ -252,40 +265,6 @@ class AdaRAG(ResourceViews, AsyncAnswering):
             Indices into ``requests`` in the order to run them.
         """
         return schedule_requests(self._resources, requests)
-
-    def answer_each_step(
-        self,
-        question: str,
-        chunks: Sequence[Chunk | str],
-        params: GenerationParams | None = None,
-    ) -> list[tuple[StepTrace, str]]:
-        """Run every augmentation step (no early stop) and decode an answer from each.
-
-        For calibration and analysis: step ``i`` is exactly what :meth:`query` would decode from
-        if it stopped there (same tiers, same reuse of steps ``1..i-1``).
-        """
-        params = params or GenerationParams()
-        augmented = self._augmented(static_fallback=False)
-        steps = augmented.each_step(self.layout(question, chunks, params), params)
-        return [(trace, answer) for trace, answer, _ in steps]
-
-    def probe_each_step(
-        self,
-        question: str,
-        chunks: Sequence[Chunk],
-        layers: Sequence[int],
-        params: GenerationParams | None = None,
-    ) -> list[tuple[StepTrace, str, StepResult]]:
-        """Every augmentation step with what it reports to the depth probe.
-
-        For ``adarag calibrate --depth``: as :meth:`answer_each_step`, each step also carrying
-        the last prompt token's residual stream after ``layers`` and the chunks' retrieval
-        scores (:func:`adarag.augment.probe.probe_values` reads them).
-        """
-        params = params or GenerationParams()
-        augmented = augmented_prefill(self._resources, self.config.augment, layers)
-        layout = self.layout(question, chunks, params)
-        return augmented.each_step(layout, params, [chunk.score for chunk in chunks])
 
     def layout(
         self,
@@ -323,22 +302,11 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         generator = self.generator
         started = time.perf_counter()
         params = params or GenerationParams()
-        prepared = plain_answer(generator, self._engine_lock, self.prompts, prompt, params, started)
+        prepared = plain_answer(generator, self.engine_lock, self.prompts, prompt, params, started)
         return AnswerStream(prepared, self._decoder(params))
 
     # --- internals
 
-    def _augmented(self, *, static_fallback: bool = True) -> AugmentedPrefill:
-        """The augmentation loop; an uncalibrated agreement rule falls back to static top-k."""
-        augment = self.config.augment
-        if static_fallback and is_static_fallback(augment, self.profile):
-            if not self._logged_static:
-                self._logged_static = True
-                # the documented default of both packaged models, not a fault: info, not warning
-                logger.info(static_fallback_message(augment.stop_rule, self.profile))
-            augment = augment.model_copy(update={"enabled": False})
-        return augmented_prefill(self._resources, augment)
-
     def _decoder(self, params: GenerationParams) -> DecodeSteps:
         """Decodes a prepared answer with ``params``."""
-        return decoder(self.generator, self._engine_lock, params)
+        return decoder(self.generator, self.engine_lock, params)

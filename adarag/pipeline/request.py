@@ -1,30 +1,126 @@
-"""One request prepared for decoding: its context laid out, its prefills run, its trace noted."""
+"""One request: the value the answering methods build once, and its preparation for decoding.
+
+:class:`Request` is what ``AdaRAG.query`` / ``stream`` / ``aquery`` / ``astream`` take, built
+by :meth:`Request.of`, which checks the question once. :func:`standalone_question` is the text a
+conversation's question is retrieved with; :func:`prepare_answer` lays the context out, runs the
+augmentation loop's prefills and notes the trace.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from adarag.pipeline.context import numbered, request_context
-from adarag.pipeline.prompt import Turn
+from adarag.config import ChatConfig
+from adarag.pipeline.context import check_question, numbered, request_context
+from adarag.pipeline.prompt import Turn, condense_prompt, retrieval_query
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.pipeline.stream import PreparedAnswer, no_context
 from adarag.schema import Chunk, GenerationParams
 
+# the records keep the name of the pipeline's logger
+logger = logging.getLogger("adarag.pipeline.rag")
+
+# chat messages and decoding options -> the model's answer text
+Generate = Callable[[Sequence[Mapping[str, str]], GenerationParams], str]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One question to answer, and how (see ``AdaRAG.stream`` for each field's meaning).
+
+    Attributes:
+        question: What to answer (checked by :meth:`of`).
+        chunks: The context; None retrieves the retriever's top-k.
+        params: Decoding options.
+        top_k: Chunks to retrieve (``retrieval.top_k`` when None).
+        history: Earlier turns of a conversation, oldest first.
+        conversation_chunks: The conversation's context so far, in listed order.
+    """
+
+    question: str
+    chunks: tuple[Chunk, ...] | None = None
+    params: GenerationParams = field(default_factory=GenerationParams)
+    top_k: int | None = None
+    history: tuple[Turn, ...] = ()
+    conversation_chunks: tuple[Chunk | str, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        question: str,
+        *,
+        chunks: Sequence[Chunk | str] | None = None,
+        params: GenerationParams | None = None,
+        top_k: int | None = None,
+        history: Sequence[Turn] = (),
+        conversation_chunks: Sequence[Chunk | str] = (),
+    ) -> Request:
+        """The request, its question checked and its chunks made :class:`Chunk` values.
+
+        Raises:
+            InputError: The question is not text or is empty.
+        """
+        check_question(question)
+        given = None if chunks is None else tuple(_as_chunk(chunk) for chunk in chunks)
+        return cls(
+            question,
+            given,
+            params or GenerationParams(),
+            top_k,
+            tuple(history),
+            tuple(conversation_chunks),
+        )
+
+
+def _as_chunk(chunk: Chunk | str) -> Chunk:
+    return chunk if isinstance(chunk, Chunk) else Chunk(chunk)
+
+
+def standalone_question(
+    config: ChatConfig, question: str, history: Sequence[Turn], generate: Generate
+) -> str:
+    """What ``question`` is retrieved with, after the earlier turns ``history``.
+
+    ``"turns"``: the earlier questions, this one, then the earlier answers
+    (:func:`retrieval_query` with answers), so a follow-up finds what an earlier answer named;
+    ``"concatenate"``: the earlier questions, then this one; ``"condense"``: the model's rewrite
+    of the question and the earlier turns as one standalone question (greedy, at most
+    ``config.max_condense_tokens`` tokens; its first line), or the turns when the rewrite comes
+    out empty. Without history it is ``question`` itself.
+
+    Args:
+        config: The chat settings.
+        question: The new message.
+        history: The earlier turns carried, oldest first.
+        generate: Answers chat messages with the pipeline's model (for ``"condense"``).
+    """
+    if not history or config.standalone_question != "condense":
+        return retrieval_query(
+            question, history, with_answers=config.standalone_question == "turns"
+        )
+    prompt = condense_prompt(config.condense_prompt, question, history)
+    params = GenerationParams(max_new_tokens=config.max_condense_tokens)
+    rewrite = generate([{"role": "user", "content": prompt}], params)
+    lines = [line.strip() for line in rewrite.strip().splitlines() if line.strip()]
+    if not lines:
+        logger.warning("the condensed question came out empty; retrieving with the turns")
+        return retrieval_query(question, history, with_answers=True)
+    return lines[0]
+
 
 def prepare_answer(
     resources: Resources,
-    augmented: Callable[[], AugmentedPrefill],
-    question: str,
+    augmented: AugmentedPrefill,
+    request: Request,
     found: Sequence[Chunk],
-    params: GenerationParams,
-    history: Sequence[Turn],
-    conversation_chunks: Sequence[Chunk | str],
     started: float,
 ) -> PreparedAnswer:
-    """The answer to ``question`` from ``found``, prefilled and ready to decode.
+    """The answer to ``request`` from ``found``, prefilled and ready to decode.
 
     The chunks are arranged and fitted to the model's context; without any chunk the answer is
     the no-context one. The trace records how many chunks were dropped and the order hint, and
@@ -32,20 +128,20 @@ def prepare_answer(
 
     Args:
         resources: The pipeline's resources.
-        augmented: Builds the augmentation loop (called only when there is a context).
-        question: What to answer (checked already).
+        augmented: The pipeline's augmentation loop.
+        request: What to answer.
         found: The retrieved or given chunks, best first.
-        params: Decoding options.
-        history: Earlier turns of the conversation to carry.
-        conversation_chunks: The conversation's context so far, in listed order.
         started: When the request started (``time.perf_counter()``), retrieval included.
     """
     retrieval_s = time.perf_counter() - started
-    context = request_context(resources, question, found, params, history, conversation_chunks)
+    params = request.params
+    context = request_context(
+        resources, request.question, found, params, request.history, request.conversation_chunks
+    )
     if context.layout is None:
         prepared = no_context(retrieval_s)
     else:
-        prepared = augmented().run(context.layout, context.chunks, params, started, retrieval_s)
+        prepared = augmented.run(context.layout, context.chunks, params, started, retrieval_s)
     if context.num_dropped:
         prepared.trace = dataclasses.replace(prepared.trace, num_dropped_chunks=context.num_dropped)
     if resources.config.prompt.citations:

@@ -13,7 +13,7 @@ import functools
 import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from adarag.schema import (
 
 
 @dataclass(frozen=True)
-class _Step:
+class PrefillStep:
     """One prefill of adaptive augmentation and what its write-back needs."""
 
     layout: PromptLayout
@@ -53,7 +53,7 @@ class _Step:
 
     def with_prefix(
         self, prefix: tuple[int, ...], is_stable: bool | None, decode_s: float
-    ) -> _Step:
+    ) -> PrefillStep:
         """The step with its first answer tokens decoded (their cost counted with the lens')."""
         result = dataclasses.replace(
             self.result,
@@ -130,10 +130,10 @@ class AugmentedPrefill:
         if augment and score_gap is not None:
             floor = self._augment_config.min_chunks or 1
             num_chunks = chunks_before_gap([c.score for c in chunks], score_gap, floor)
-        taken: list[tuple[ScoredStep, _Step]] = []
+        taken: list[tuple[ScoredStep, PrefillStep]] = []
         reason: StopReason | None = None
         previous: tuple[int, ...] | None = None
-        last: _Step | None = None
+        last: PrefillStep | None = None
         scores = tuple(chunk.score for chunk in chunks)
         for step_chunks in range(1, num_chunks + 1) if augment else [num_chunks]:
             step = self._run_step(
@@ -142,6 +142,7 @@ class AugmentedPrefill:
                 last,
                 layout.num_tokens,
                 scores,
+                self._probe_layers,
             )
             last = step
             scored = self._controller.score(step_chunks, step.result)
@@ -179,11 +180,24 @@ class AugmentedPrefill:
         layout: PromptLayout,
         params: GenerationParams,
         chunk_scores: Sequence[float | None] = (),
+        probe_layers: Sequence[int] | None = None,
     ) -> list[tuple[StepTrace, str, StepResult]]:
-        """Every step of ``layout``'s chunks (no early stop): trace, answer and what it reported."""
+        """Every step of ``layout``'s chunks (no early stop): trace, answer and what it reported.
+
+        Step ``k`` is exactly what :meth:`run` would decode from if it stopped there (same
+        tiers, same reuse of steps ``1..k-1``); for calibration and analysis.
+
+        Args:
+            layout: The whole prompt.
+            params: Decoding options of each step's answer.
+            chunk_scores: The chunks' retrieval scores (reported to the depth probe).
+            probe_layers: Layers whose residual stream each step reports (the depth probe's
+                records); the stop rule's when None.
+        """
+        layers = self._probe_layers if probe_layers is None else tuple(probe_layers)
         results = []
         previous: tuple[int, ...] | None = None
-        last: _Step | None = None
+        last: PrefillStep | None = None
         num_prefix = self._augment_config.stability_tokens
         for num_chunks in range(1, len(layout.chunk_ids) + 1):
             step = self._run_step(
@@ -192,6 +206,7 @@ class AugmentedPrefill:
                 last,
                 layout.num_tokens,
                 tuple(chunk_scores),
+                layers,
             )
             last = step
             with self._engine_lock:
@@ -214,11 +229,26 @@ class AugmentedPrefill:
             results.append((trace, answer, result))
         return results
 
+    def prefill_steps(self, layout: PromptLayout, max_new_tokens: int) -> Iterator[PrefillStep]:
+        """Prefill every step of ``layout``'s chunks, each kept for the next; no decoding.
+
+        Each step is yielded after its write-back (Algorithm 1, line 18), so the time between
+        two yields is one step's whole cost.
+        """
+        last: PrefillStep | None = None
+        for num_chunks in range(1, len(layout.chunk_ids) + 1):
+            step = self._run_step(
+                layout.with_chunks(num_chunks), max_new_tokens, last, layout.num_tokens
+            )
+            self._keep(step)
+            yield step
+            last = step
+
     def fused_prefill(
         self,
         layout: PromptLayout,
         max_new_tokens: int,
-        previous: _Step | None = None,
+        previous: PrefillStep | None = None,
         min_capacity: int = 0,
     ) -> tuple[PrefillOutput, list[TierHit], float]:
         """Look the cached segments up in the tiers and run the fused prefill; returns its time.
@@ -276,10 +306,11 @@ class AugmentedPrefill:
         self,
         layout: PromptLayout,
         max_new_tokens: int,
-        previous: _Step | None = None,
+        previous: PrefillStep | None = None,
         min_capacity: int = 0,
         chunk_scores: tuple[float | None, ...] = (),
-    ) -> _Step:
+        probe_layers: tuple[int, ...] = (),
+    ) -> PrefillStep:
         """One augmentation step: fused prefill of ``layout``, its lens signals and margin.
 
         With probe layers, the step also reports the last prompt token's residual stream there
@@ -297,14 +328,14 @@ class AugmentedPrefill:
             time.perf_counter() - lens_started,
             margin=float(top2[0] - top2[1]),
         )
-        if self._probe_layers:
-            hidden = output.layer_hidden[list(self._probe_layers)].float().reshape(-1)
+        if probe_layers:
+            hidden = output.layer_hidden[list(probe_layers)].float().reshape(-1)
             result = dataclasses.replace(
                 result, hidden=tuple(hidden.tolist()), chunk_scores=chunk_scores
             )
-        return _Step(layout, output, hits, result)
+        return PrefillStep(layout, output, hits, result)
 
-    def _decode_prefix(self, step: _Step, previous: tuple[int, ...] | None) -> _Step:
+    def _decode_prefix(self, step: PrefillStep, previous: tuple[int, ...] | None) -> PrefillStep:
         """``step`` with its first answer tokens and whether they repeat ``previous``."""
         started = time.perf_counter()
         prefix = self._answer_prefix(step.layout, step.output)
@@ -329,16 +360,18 @@ class AugmentedPrefill:
         stats = _variant_stats(layout, output, hits) if with_variants else None
         self._cache.write_back(segments, hits, fused, stats)
 
-    def _keep(self, step: _Step) -> None:
+    def _keep(self, step: PrefillStep) -> None:
         self.write_back(step.layout, step.output, step.hits)
 
-    def _keep_locked(self, step: _Step) -> None:
+    def _keep_locked(self, step: PrefillStep) -> None:
         """:meth:`_keep` under the engine lock (the answer stream runs it after the answer)."""
         with self._engine_lock:
             self._keep(step)
 
 
-def _resident_rows(layout: PromptLayout, hits: Sequence[TierHit], previous: _Step | None) -> int:
+def _resident_rows(
+    layout: PromptLayout, hits: Sequence[TierHit], previous: PrefillStep | None
+) -> int:
     """Leading rows of ``previous``'s KV that hold ``layout``'s exact KV, at a segment end.
 
     The leading segments both prompts share before their query suffixes: the system prefix, then
@@ -384,7 +417,7 @@ def _variant_stats(
     return stats
 
 
-def _step_trace(scored: ScoredStep, step: _Step, tokenizer: Any) -> StepTrace:
+def _step_trace(scored: ScoredStep, step: PrefillStep, tokenizer: Any) -> StepTrace:
     result = scored.result
     prefix = result.answer_prefix
     routing = step.output.routing

@@ -43,7 +43,7 @@ class ResourceViews:
         return self._resources.config
 
     @property
-    def _engine_lock(self) -> threading.RLock:
+    def engine_lock(self) -> threading.RLock:
         """The lock serialising engine work (shared by ``AdaRAG.with_config``)."""
         return self._resources.engine_lock
 

@@ -40,7 +40,7 @@ def test_cachecraft_answers_a_repeated_prompt_exactly(real_config, record, tmp_p
     assert again.text == first.text
     # reordered: each variant pays its CFO, a different share per chunk
     layout = rag.prompts.layout(record["question"], passages[::-1])
-    output, hits, _ = rag._augmented().fused_prefill(layout, PARAMS.max_new_tokens)
+    output, hits, _ = rag.augmentation.fused_prefill(layout, PARAMS.max_new_tokens)
     ratios = [hit.recompute_ratio for hit in hits]
     assert all(0.0 < ratio < 1.0 for ratio in ratios[1:]) and len(set(ratios)) > 1
     assert output.num_recomputed_tokens < layout.num_tokens

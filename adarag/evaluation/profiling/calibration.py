@@ -16,7 +16,7 @@ from adarag.errors import InputError
 from adarag.evaluation.metrics import best_f1, exact_match, token_f1
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.stream import decode_text
-from adarag.schema import GenerationParams, StepTrace
+from adarag.schema import GenerationParams, PromptLayout, StepTrace
 
 logger = logging.getLogger(__name__)
 
@@ -99,10 +99,21 @@ def record_questions(
         full = generator.prefill(layout, max_new_tokens=params.max_new_tokens)
         tokens = generator.decode_tokens(layout, full, params)
         reference = "".join(decode_text(tokens, generator.tokenizer, params)).strip()
-        steps = rag.answer_each_step(item.question, item.chunks, params)
+        steps = answer_each_step(rag, layout, params)
         recorded.append(_record(steps, reference, item.answers, layout.num_tokens))
         logger.info("recorded %d steps of %r", len(steps), item.question[:50])
     return recorded
+
+
+def answer_each_step(
+    rag: AdaRAG, layout: PromptLayout, params: GenerationParams
+) -> list[tuple[StepTrace, str]]:
+    """Every augmentation step of ``layout`` (no early stop) and the answer decoded from each.
+
+    Step ``k`` is what :meth:`AdaRAG.query` would decode from if it stopped there (same tiers,
+    same reuse of steps ``1..k-1``).
+    """
+    return [(trace, answer) for trace, answer, _ in rag.augmentation.each_step(layout, params)]
 
 
 def _record(

@@ -119,7 +119,9 @@ def record_depth(
     layers: Sequence[int],
 ) -> tuple[DepthRecord, list[tuple[StepTrace, str]]]:
     """Run every step of ``question`` over ``chunks`` (best first); the record and each step."""
-    steps = rag.probe_each_step(question, chunks, layers, params)
+    layout = rag.layout(question, chunks, params)
+    scores = [chunk.score for chunk in chunks]
+    steps = rag.augmentation.each_step(layout, params, scores, layers)
     hidden, signals, f1, answers, tokens = [], [], [], [], []
     for depth, (_, answer, result) in enumerate(steps, 1):
         values = probe_values(result, depth)
@@ -127,7 +129,7 @@ def record_depth(
         signals.append([values[name] for name in SIGNALS])
         f1.append(best_f1(answer, gold))
         answers.append(answer)
-        tokens.append(rag.layout(question, chunks[:depth], params).num_tokens)
+        tokens.append(layout.with_chunks(depth).num_tokens)
     record = DepthRecord(
         dataset,
         qid,

@@ -112,8 +112,8 @@ def craft(tiny_checkpoints, tiny_config):
 
 def _prefill_and_keep(rag, chunks):
     layout = rag.prompts.layout(QUESTION, chunks)
-    output, hits, _ = rag._augmented().fused_prefill(layout, 0)
-    rag._augmented().write_back(layout, output, hits)
+    output, hits, _ = rag.augmentation.fused_prefill(layout, 0)
+    rag.augmentation.write_back(layout, output, hits)
     return layout, output, hits
 
 
@@ -166,7 +166,7 @@ def test_cachecraft_computes_something_else_than_cacheblend(craft, tiny_checkpoi
     blend = AdaRAG(blend_config.model_copy(update={"home": blend_config.home / "blend"}))
     blend.warm(chunks)
     layout = blend.prompts.layout(QUESTION, chunks)
-    blend_output, blend_hits, _ = blend._augmented().fused_prefill(layout, 0)
+    blend_output, blend_hits, _ = blend.augmentation.fused_prefill(layout, 0)
     assert [hit.tier for hit in craft_hits] == ["miss", "variant", "variant", "variant"]
     assert {hit.recompute_ratio for hit in blend_hits} == {0.15}
     assert len({hit.recompute_ratio for hit in craft_hits[1:]}) > 1  # one CFO per variant
@@ -198,7 +198,7 @@ def test_focus_window_stops_recomputing_unfocused_chunks(craft):
     _prefill_and_keep(craft, [CHUNKS[0], CHUNKS[1], CHUNKS[2]])
     chunks = [EXTRA, CHUNKS[0], CHUNKS[2], CHUNKS[1]]
     layout = craft.prompts.layout(QUESTION, chunks)
-    plain, hits, _ = craft._augmented().fused_prefill(layout, 0)
+    plain, hits, _ = craft.augmentation.fused_prefill(layout, 0)
     assert plain.segment_attention is not None and plain.token_attention_positions is not None
     assert torch.equal(plain.token_attention_positions, plain.recomputed_positions)
     # with a window of one layer the set is final after the first layer
@@ -214,7 +214,7 @@ def test_focus_window_stops_recomputing_unfocused_chunks(craft):
     }
     assert dropped, "the prompt must leave a recomputed chunk out of focus"
     windowed = craft.with_config(cache={"recompute": {"focus_window": 1}})
-    output, _, _ = windowed._augmented().fused_prefill(layout, 0)
+    output, _, _ = windowed.augmentation.fused_prefill(layout, 0)
     assert torch.equal(output.recomputed_positions, plain.recomputed_positions)
     final = set(output.token_attention_positions.tolist())
     assert final == set(plain.recomputed_positions.tolist()) - dropped

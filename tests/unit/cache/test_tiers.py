@@ -30,10 +30,10 @@ def _full_logits(rag, layout):
 
 def test_identical_prompt_from_hard_tier_reproduces_full_prefill_logits(rag):
     layout = rag.prompts.layout(QUESTION, CHUNKS)
-    output, hits, _ = rag._augmented().fused_prefill(layout, max_new_tokens=0)
+    output, hits, _ = rag.augmentation.fused_prefill(layout, max_new_tokens=0)
     assert [hit.tier for hit in hits] == ["miss"] * 3
-    rag._augmented().write_back(layout, output, hits)
-    again, hits, _ = rag._augmented().fused_prefill(layout, max_new_tokens=0)
+    rag.augmentation.write_back(layout, output, hits)
+    again, hits, _ = rag.augmentation.fused_prefill(layout, max_new_tokens=0)
     assert [hit.tier for hit in hits] == ["hard"] * 3
     # equal up to fp32 rounding of the query rows (masked blocks vs one causal kernel call)
     torch.testing.assert_close(again.logits, _full_logits(rag, layout), atol=1e-5, rtol=1e-5)
@@ -43,17 +43,17 @@ def test_identical_prompt_from_hard_tier_reproduces_full_prefill_logits(rag):
 def test_tiers_are_chosen_in_order_of_accuracy(rag):
     prompts = rag.prompts
     first = prompts.layout(QUESTION, CHUNKS)
-    output, hits, _ = rag._augmented().fused_prefill(first, 0)
-    rag._augmented().write_back(first, output, hits)
+    output, hits, _ = rag.augmentation.fused_prefill(first, 0)
+    rag.augmentation.write_back(first, output, hits)
     rag.warm([EXTRA])
     # chunk 0 again first (hard); chunk 1 after the same predecessor but a new prefix (soft,
     # there is no sink chunk in the generic profile); EXTRA was only warmed (independent);
     # a new text misses.
     second = prompts.layout(QUESTION, [CHUNKS[0], CHUNKS[1], EXTRA, "an unseen chunk of text."])
-    _, hits, _ = rag._augmented().fused_prefill(second, 0)
+    _, hits, _ = rag.augmentation.fused_prefill(second, 0)
     assert [hit.tier for hit in hits] == ["hard", "hard", "independent", "miss"]
     third = prompts.layout(QUESTION, [EXTRA, CHUNKS[0], CHUNKS[1]])
-    _, hits, _ = rag._augmented().fused_prefill(third, 0)
+    _, hits, _ = rag.augmentation.fused_prefill(third, 0)
     assert [hit.tier for hit in hits] == ["hard", "independent", "soft"]
     ratios = rag.config.cache
     assert [hit.recompute_ratio for hit in hits] == [
@@ -65,8 +65,8 @@ def test_tiers_are_chosen_in_order_of_accuracy(rag):
 
 def test_write_back_stores_hard_and_soft_keys(rag):
     layout = rag.prompts.layout(QUESTION, CHUNKS)
-    output, hits, _ = rag._augmented().fused_prefill(layout, 0)
-    rag._augmented().write_back(layout, output, hits)
+    output, hits, _ = rag.augmentation.fused_prefill(layout, 0)
+    rag.augmentation.write_back(layout, output, hits)
     keys = rag.cache.keys(layout.chunk_ids)
     for idx in range(3):
         assert rag.cache.store.contains(keys.hard[idx])
@@ -77,9 +77,9 @@ def test_write_back_stores_hard_and_soft_keys(rag):
 def test_disabled_tiers_are_skipped(tiny_checkpoints, tiny_config):
     rag = AdaRAG(tiny_config(tiny_checkpoints["llama"], cache={"hard": {"enabled": False}}))
     layout = rag.prompts.layout(QUESTION, CHUNKS)
-    output, hits, _ = rag._augmented().fused_prefill(layout, 0)
-    rag._augmented().write_back(layout, output, hits)
-    _, hits, _ = rag._augmented().fused_prefill(layout, 0)
+    output, hits, _ = rag.augmentation.fused_prefill(layout, 0)
+    rag.augmentation.write_back(layout, output, hits)
+    _, hits, _ = rag.augmentation.fused_prefill(layout, 0)
     assert [hit.tier for hit in hits] == ["soft"] * 3
 
 

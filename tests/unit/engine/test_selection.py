@@ -77,8 +77,8 @@ def test_with_config_pipeline_recomputes_with_its_own_selection_rule(tiny_checkp
     layout = rag.prompts.layout(QUESTION, CHUNKS)
     other = rag.with_config(cache={"recompute": {"selection_policy": "cross_attention"}})
     assert other.generator is rag.generator
-    base_output, base_hits, _ = rag._augmented().fused_prefill(layout, 0)
-    other_output, other_hits, _ = other._augmented().fused_prefill(layout, 0)
+    base_output, base_hits, _ = rag.augmentation.fused_prefill(layout, 0)
+    other_output, other_hits, _ = other.augmentation.fused_prefill(layout, 0)
     # the first chunk's independent KV is also its exact KV after the system prefix (hard)
     expected = ["hard", "independent", "independent"]
     assert [hit.tier for hit in base_hits] == [hit.tier for hit in other_hits] == expected

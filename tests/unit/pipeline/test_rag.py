@@ -238,15 +238,7 @@ def test_a_question_that_is_not_valid_text_is_a_clear_error(make_rag, question):
 
 
 def _each_step(rag):
-    augmented = rag._augmented(static_fallback=False)
-    layout = rag.layout(QUESTION, CHUNKS, PARAMS)
-    steps, previous = [], None
-    for num_chunks in range(1, len(CHUNKS) + 1):
-        step = augmented._run_step(layout.with_chunks(num_chunks), 4, previous, layout.num_tokens)
-        augmented._keep(step)
-        steps.append(step)
-        previous = step
-    return steps
+    return list(rag.augmentation.prefill_steps(rag.layout(QUESTION, CHUNKS, PARAMS), 4))
 
 
 @pytest.mark.parametrize("storage_dtype", ["float32", "float16"])
@@ -269,11 +261,11 @@ def test_steps_prefill_into_the_previous_steps_cache_and_compute_the_same(make_r
 
 def test_a_step_whose_prefix_differs_gets_a_cache_of_its_own(make_rag):
     rag = make_rag(cache={"store": {"storage_dtype": "float32", "disk_capacity_bytes": 0}})
-    augmented = rag._augmented(static_fallback=False)
-    first = augmented._run_step(rag.layout(QUESTION, CHUNKS[:1], PARAMS), 4, None, 4096)
-    augmented._keep(first)
+    augmented = rag.augmentation
+    # the first step of the whole prompt: its cache has room for all of it
+    first = next(augmented.prefill_steps(rag.layout(QUESTION, CHUNKS, PARAMS), 4))
     other = rag.layout(QUESTION, [CHUNKS[2], CHUNKS[1]], PARAMS)
-    second = augmented._run_step(other, 4, first, 4096)
-    assert second.output.kv is first.output.kv  # room enough; only the system prefix is kept
+    second, _, _ = augmented.fused_prefill(other, 4, first)
+    assert second.kv is first.output.kv  # room enough; only the system prefix is kept
     full = rag.generator.prefill(other, max_new_tokens=4)
-    assert torch.allclose(second.output.logits, full.logits, atol=1e-4)
+    assert torch.allclose(second.logits, full.logits, atol=1e-4)
