@@ -8,9 +8,10 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from adarag.augment.agreement import fit_agreement
+from adarag.augment.agreement import AgreementFit, fit_agreement
 from adarag.augment.calibrate import CalibrationFit, fit
 from adarag.augment.confidence import ConfidenceParams, LensConfidence
+from adarag.augment.step_cost import StepCostModel
 from adarag.cli.calibrate_learned import profile_path, run_depth, run_selector, write_profile
 from adarag.cli.options import add_model_arguments, build_config, positive_int
 from adarag.data import demo_corpus, demo_questions
@@ -40,6 +41,14 @@ MIN_AGREEMENT_QUESTIONS = 20
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
+    _add_learned_arguments(parser)
+    _add_confidence_arguments(parser)
+    _add_record_arguments(parser)
+    add_model_arguments(parser)
+
+
+def _add_learned_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--selector`` and ``--depth``, and the options only they read."""
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--selector",
@@ -88,6 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="all",
         help="--depth: what the probe reads: the residual stream, the step's signals, or both",
     )
+
+
+def _add_confidence_arguments(parser: argparse.ArgumentParser) -> None:
+    """The augmentation confidence's options, and those every mode reads."""
     parser.add_argument(
         "--data",
         type=Path,
@@ -125,6 +138,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "most this share of static top-k's prefill time (a fitted fixed + per-token cost per "
         "step); else the rule costs more than it saves and augmentation stays static",
     )
+
+
+def _add_record_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where records and the profile go, and what is compared."""
     parser.add_argument(
         "--records",
         type=Path,
@@ -150,7 +167,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "home then reads instead of the packaged profile)",
     )
     parser.add_argument("--plot", type=Path, help="trade-off curve PNG (default: beside it)")
-    add_model_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,20 +210,7 @@ def run(args: argparse.Namespace) -> int:
     agreement = fit_agreement(
         evidence, args.risk, args.min_chunks, max_cost_share=args.max_cost_share
     )
-    probability = agreement.model.probability
-    calibration = dataclasses.replace(
-        confidence,
-        agreement=AgreementCalibration(
-            agreement.model.feature,
-            probability.x,
-            probability.y,
-            agreement.threshold,
-            agreement.risk,
-            agreement.min_steps,
-            agreement.held_out_risk,
-            None if agreement.cost_share is None else round(agreement.cost_share, 4),
-        ),
-    )
+    calibration = dataclasses.replace(confidence, agreement=_stored(agreement))
     write_profile(rag.profile.with_calibration(calibration), output, rag)
     records_path = output.with_name(output.stem + ".calibration-records.json")
     records_path.write_text(json.dumps([asdict(item) for item in recorded]) + "\n")
@@ -216,6 +219,33 @@ def run(args: argparse.Namespace) -> int:
         evidence, agreement.model, output.with_name(output.stem + ".reliability.png")
     )
     _report(result, recorded, calibration, output, plot)
+    _report_agreement(args, confidence, costs, agreement, reliability)
+    return 0
+
+
+def _stored(agreement: AgreementFit) -> AgreementCalibration:
+    """The fitted agreement rule as the profile keeps it."""
+    probability = agreement.model.probability
+    return AgreementCalibration(
+        agreement.model.feature,
+        probability.x,
+        probability.y,
+        agreement.threshold,
+        agreement.risk,
+        agreement.min_steps,
+        agreement.held_out_risk,
+        None if agreement.cost_share is None else round(agreement.cost_share, 4),
+    )
+
+
+def _report_agreement(
+    args: argparse.Namespace,
+    confidence: Calibration,
+    costs: StepCostModel,
+    agreement: AgreementFit,
+    reliability: Path,
+) -> None:
+    """What the agreement rule fitted, and what it costs."""
     if args.agreement_only:
         print(
             f"--agreement-only: kept the profile's λ={confidence.kl_weight} "
@@ -231,7 +261,6 @@ def run(args: argparse.Namespace) -> int:
         f"early, taking {_share(agreement.cost_share)} of static top-k's prefill time "
         f"(kept when <= {args.max_cost_share}); reliability plot: {reliability}"
     )
-    return 0
 
 
 def _share(share: float | None) -> str:

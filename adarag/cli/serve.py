@@ -46,6 +46,14 @@ def _default(field: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
+    _add_server_arguments(parser)
+    _add_backend_arguments(parser)
+    add_knowledge_base_arguments(parser)
+    add_model_arguments(parser)
+
+
+def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The HTTP server's limits (``serve.*``)."""
     parser.add_argument("--host", help=f"interface to listen on {_default('host')}")
     parser.add_argument(
         "--port", type=non_negative_int, help=f"TCP port; 0 picks a free one {_default('port')}"
@@ -96,6 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level (info logs each request)",
     )
+
+
+def _add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where and how answers are decoded."""
     parser.add_argument(
         "--batch-decode",
         action="store_true",
@@ -115,8 +127,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the replicas' connector reads fused KV (its handoff): a shared directory or "
         "a redis:// URL (default: engine.vllm_handoff)",
     )
-    add_knowledge_base_arguments(parser)
-    add_model_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -127,42 +127,17 @@ def check_blending(
     tolerance = TOLERANCES.get(generator.runner.dtype, 5e-2)
     full = generator.prefill(layout, max_new_tokens=max_new_tokens)
     reasons: list[str] = []
-
-    rerotated = generator.prefill(
-        layout, _shifted_sources(generator, layout, full, shift), max_new_tokens=max_new_tokens
+    key_error, logit_error, reason = _check_rerotation(
+        generator, layout, full, shift, tolerance, max_new_tokens
     )
-    rows = slice(0, layout.num_tokens)
-    key_error, key_bound = _error(rerotated.kv.k[:, rows], full.kv.k[:, rows], tolerance)
-    logit_error, logit_bound = _error(rerotated.logits, full.logits, tolerance)
-    if key_error > key_bound or logit_error > logit_bound:
-        reasons.append(
-            f"re-rotation: KV stored {shift} positions away and loaded back differs from a full "
-            f"prefill (max key error {key_error:.3g}, bound {key_bound:.3g}; max logit error "
-            f"{logit_error:.3g}, bound {logit_bound:.3g}); the keys' RoPE re-rotation "
-            "(KVCache.load, kernels.rope_delta) does not match this model's RoPE: check its "
-            "rope_scaling and head layout, and serve it without reuse until it passes"
-        )
-
-    params = GenerationParams(max_new_tokens=max_new_tokens)
-    ratio_one = generator.prefill(
-        layout, _independent_sources(generator, layout, full), max_new_tokens=max_new_tokens
+    if reason:
+        reasons.append(reason)
+    ratio_one_error, answers_equal, stream, num_answer_tokens, reason = _check_ratio_one(
+        generator, layout, full, tolerance, max_new_tokens
     )
-    ratio_one_error, ratio_one_bound = _error(ratio_one.logits, full.logits, tolerance)
-    expected = list(generator.decode_tokens(layout, full, params))
-    stream = generator.decode_tokens(layout, ratio_one, params)
-    answer = list(stream)
-    answers_equal = answer == expected
-    alone = _decoder_alone(generator)
-    if alone is not None:
-        answers_equal = answers_equal and answer == list(alone(layout.token_ids, params))
-    if ratio_one_error > ratio_one_bound or not answers_equal:
-        reasons.append(
-            "ratio one: a fused prefill recomputing every token differs from a full prefill "
-            f"(max logit error {ratio_one_error:.3g}, bound {ratio_one_bound:.3g}; greedy "
-            f"answers {'equal' if answers_equal else 'differ'}); the fused path does not "
-            "reproduce this model's forward: serve it without reuse and report the model"
-        )
-    handed_over = _handed_over(generator, layout, stream, len(answer))
+    if reason:
+        reasons.append(reason)
+    handed_over = _handed_over(generator, layout, stream, num_answer_tokens)
     if handed_over is not None and handed_over[1] != handed_over[0]:
         reasons.append(_handover_reason(*handed_over))
     return GateReport(
@@ -177,6 +152,72 @@ def check_blending(
         shift=shift,
         handed_over=handed_over,
     )
+
+
+def _check_rerotation(
+    generator: Engine,
+    layout: PromptLayout,
+    full: PrefillOutput,
+    shift: int,
+    tolerance: float,
+    max_new_tokens: int,
+) -> tuple[float, float, str]:
+    """KV stored ``shift`` positions away and loaded back against a full prefill.
+
+    Returns the largest key and logit errors, and why it fails ("" when it passes).
+    """
+    rerotated = generator.prefill(
+        layout, _shifted_sources(generator, layout, full, shift), max_new_tokens=max_new_tokens
+    )
+    rows = slice(0, layout.num_tokens)
+    key_error, key_bound = _error(rerotated.kv.k[:, rows], full.kv.k[:, rows], tolerance)
+    logit_error, logit_bound = _error(rerotated.logits, full.logits, tolerance)
+    if key_error <= key_bound and logit_error <= logit_bound:
+        return key_error, logit_error, ""
+    return (
+        key_error,
+        logit_error,
+        f"re-rotation: KV stored {shift} positions away and loaded back differs from a full "
+        f"prefill (max key error {key_error:.3g}, bound {key_bound:.3g}; max logit error "
+        f"{logit_error:.3g}, bound {logit_bound:.3g}); the keys' RoPE re-rotation "
+        "(KVCache.load, kernels.rope_delta) does not match this model's RoPE: check its "
+        "rope_scaling and head layout, and serve it without reuse until it passes",
+    )
+
+
+def _check_ratio_one(
+    generator: Engine,
+    layout: PromptLayout,
+    full: PrefillOutput,
+    tolerance: float,
+    max_new_tokens: int,
+) -> tuple[float, bool, Iterator[int], int, str]:
+    """A fused prefill recomputing every token against a full prefill, logits and answers.
+
+    Returns the largest logit error, whether the greedy answers are equal, the fused answer's
+    token stream (spent) and length, and why it fails ("" when it passes).
+    """
+    params = GenerationParams(max_new_tokens=max_new_tokens)
+    ratio_one = generator.prefill(
+        layout, _independent_sources(generator, layout, full), max_new_tokens=max_new_tokens
+    )
+    error, bound = _error(ratio_one.logits, full.logits, tolerance)
+    expected = list(generator.decode_tokens(layout, full, params))
+    stream = generator.decode_tokens(layout, ratio_one, params)
+    answer = list(stream)
+    answers_equal = answer == expected
+    alone = _decoder_alone(generator)
+    if alone is not None:
+        answers_equal = answers_equal and answer == list(alone(layout.token_ids, params))
+    if error <= bound and answers_equal:
+        return error, answers_equal, stream, len(answer), ""
+    reason = (
+        "ratio one: a fused prefill recomputing every token differs from a full prefill "
+        f"(max logit error {error:.3g}, bound {bound:.3g}; greedy answers "
+        f"{'equal' if answers_equal else 'differ'}); the fused path does not reproduce this "
+        "model's forward: serve it without reuse and report the model"
+    )
+    return error, answers_equal, stream, len(answer), reason
 
 
 def _handed_over(

@@ -203,39 +203,27 @@ class Engine:
             sources: One per segment (system, chunks..., query); None computes everything.
             max_new_tokens: Tokens the answer may take (checked against the context).
             selection: How tokens of cached chunks are chosen; the default rule when None.
-            num_lens_layers: Also return the logit-lens logits of this many last layers, so that
-                :meth:`lens_signals` only reduces them.
-            collect_segment_attention: Also return chunk-granularity attention per layer.
-            reference_kv: A full prefill's KV of the same prompt (the ``oracle`` rule only).
-            position_scores: [num_tokens] scores of every position (the ``output_oracle`` rule
-                only).
-            resident: The previous augmentation step's KV cache, whose first ``resident_rows``
-                rows hold this prompt's exact KV; prefilled into when it has room.
-            resident_rows: See ``resident``.
-            min_capacity: Allocate rows for a prompt of at least this many tokens (and the
-                answer), so that the later steps of the same request fit the same cache.
-            token_scorer: The ``learned`` rule's fitted scorer (the model's profile holds it).
-            collect_features: Also return the candidates' run-time features (the ``learned``
-                rule's inputs; rules scoring at the check layer only).
-            ladder: The routing ladder (the model's profile holds it; a target agreement
-                picks its thresholds).
+            num_lens_layers: Logit-lens layers returned (at most the model's).
+            collect_segment_attention: As the :class:`ForwardBatch` field (so are the others).
+            reference_kv: The ``oracle`` rule's full prefill of the same prompt.
+            position_scores: The ``output_oracle`` rule's [num_tokens] scores.
+            resident: The previous step's KV cache, prefilled into when it has room.
+            resident_rows: Its leading rows holding this prompt's exact KV.
+            min_capacity: Rows for at least this many prompt tokens (a request's later steps).
+            token_scorer: The ``learned`` rule's fitted scorer.
+            collect_features: Also return the candidates' run-time features.
+            ladder: The routing ladder (None: no routing).
 
         Raises:
-            InputError: The prompt does not fit the context, or has no query suffix.
+            InputError: The prompt does not fit the context, has no query suffix, or not one
+                source per segment.
         """
         if not layout.query_ids:
             raise InputError("the prompt has no query suffix to compute")
         self.check_fits(layout, max_new_tokens)
-        if sources is None:
-            sources = tuple(SegmentSource() for _ in layout.segments)
-        if len(sources) != len(layout.segments):
-            raise InputError(
-                f"{len(sources)} segment sources for {len(layout.segments)} segments; pass one "
-                "per segment (system prefix, each chunk, query suffix)"
-            )
         batch = ForwardBatch(
             token_ids=torch.tensor(layout.token_ids, dtype=torch.int64),
-            segments=plan_segments(layout.cu_segments, tuple(sources)),
+            segments=plan_segments(layout.cu_segments, _one_per_segment(layout, sources)),
             extra_capacity=self.decoder.reserved_rows(max_new_tokens)
             + max(min_capacity - layout.num_tokens, 0),
             collect_segment_attention=collect_segment_attention,
@@ -321,3 +309,17 @@ def eos_token_ids(checkpoint: Checkpoint) -> frozenset[int]:
     if checkpoint.tokenizer.eos_token_id is not None:
         eos.add(int(checkpoint.tokenizer.eos_token_id))
     return frozenset(eos)
+
+
+def _one_per_segment(
+    layout: PromptLayout, sources: Sequence[SegmentSource] | None
+) -> tuple[SegmentSource, ...]:
+    """``sources`` checked to be one per segment; None computes every segment."""
+    if sources is None:
+        return tuple(SegmentSource() for _ in layout.segments)
+    if len(sources) != len(layout.segments):
+        raise InputError(
+            f"{len(sources)} segment sources for {len(layout.segments)} segments; pass one "
+            "per segment (system prefix, each chunk, query suffix)"
+        )
+    return tuple(sources)

@@ -65,6 +65,29 @@ def model_from_state(
         ) from err
     with torch.device("meta"):
         model = DecoderModel(spec)
+    _check_matches(model, state, spec, origin)
+    try:
+        model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as err:
+        raise ModelLoadError(
+            f"{origin} has weights that do not load ({_one_line(err)}); use the "
+            "config.json saved with these weights"
+        ) from err
+    if spec.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    pack_for_cpu(model)
+    return model
+
+
+def _check_matches(
+    model: DecoderModel, state: dict[str, torch.Tensor], spec: ModelSpec, origin: str
+) -> None:
+    """Refuses renamed weights that are missing, unexpected or misshapen for ``model``.
+
+    Raises:
+        ModelLoadError: A weight is missing, unexpected or of the wrong shape.
+    """
     shapes = {name: tuple(param.shape) for name, param in model.named_parameters()}
     missing, unexpected = shapes.keys() - state.keys(), state.keys() - shapes.keys()
     if missing or unexpected:
@@ -84,18 +107,6 @@ def model_from_state(
             f"({'; '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}); use the config.json "
             "saved with these weights"
         )
-    try:
-        model.load_state_dict(state, strict=False, assign=True)
-    except RuntimeError as err:
-        raise ModelLoadError(
-            f"{origin} has weights that do not load ({_one_line(err)}); use the "
-            "config.json saved with these weights"
-        ) from err
-    if spec.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    pack_for_cpu(model)
-    return model
 
 
 def _one_line(err: BaseException) -> str:

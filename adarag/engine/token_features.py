@@ -104,44 +104,13 @@ def derive_features(raw: np.ndarray, names: Sequence[str], num_layers: int) -> n
     """
     raw = np.asarray(raw, dtype=np.float64)
     column = {name: raw[:, idx] for idx, name in enumerate(raw_columns(num_layers))}
-    mass = raw[:, len(RAW_COLUMNS) : len(RAW_COLUMNS) + num_layers]
-    last_mass = raw[:, len(RAW_COLUMNS) + num_layers :]
-    offset, length = column["offset"], column["chunk_length"]
-    num_chunks = column["num_chunks"]
-
-    def base(name: str) -> np.ndarray:
-        band = _BAND.match(name)
-        if band is not None:
-            first, last = int(band.group(2)), int(band.group(3))
-            if not 0 <= first < last <= num_layers:
-                raise ValueError(f"{name}: not a layer band of a {num_layers}-layer model")
-            rows = last_mass if band.group(1) == "last" else mass
-            return np.log(rows[:, first:last].sum(axis=1) + EPS)
-        table = {
-            "log_v_dev": lambda: np.log(column["v_dev"] + EPS),
-            "log_k_dev": lambda: np.log(column["k_dev"] + EPS),
-            "log_v_norm": lambda: np.log(column["v_norm"] + EPS),
-            "log_q_mass": lambda: np.log(mass.sum(axis=1) + EPS),
-            "log_last_mass": lambda: np.log(last_mass.sum(axis=1) + EPS),
-            "log_query_deviation": lambda: (
-                np.log(column["v_dev"] + EPS) + np.log(mass.sum(axis=1) + EPS)
-            ),
-            "rel_offset": lambda: offset / np.maximum(length, 1.0),
-            "log_offset": lambda: np.log1p(offset),
-            "chunk_start": lambda: (offset < 4).astype(np.float64),
-            "chunk_end": lambda: (offset >= length - 4).astype(np.float64),
-            "chunk_order": lambda: column["chunk_index"] / np.maximum(num_chunks - 1, 1.0),
-            "log_chunk_length": lambda: np.log(np.maximum(length, 1.0)),
-        }
-        if name not in table:
-            raise ValueError(f"unknown token feature {name!r}")
-        return table[name]()
-
+    column["mass"] = raw[:, len(RAW_COLUMNS) : len(RAW_COLUMNS) + num_layers]
+    column["last_mass"] = raw[:, len(RAW_COLUMNS) + num_layers :]
     out = np.empty((raw.shape[0], len(names)))
     chunk = column["chunk_index"]
     for idx, name in enumerate(names):
         stem, _, suffix = name.partition("@")
-        values = base(stem)
+        values = _base_feature(stem, column, num_layers)
         if suffix == "chunk":
             for value in np.unique(chunk):
                 rows = chunk == value
@@ -150,3 +119,38 @@ def derive_features(raw: np.ndarray, names: Sequence[str], num_layers: int) -> n
             raise ValueError(f"unknown token feature suffix @{suffix} in {name!r}")
         out[:, idx] = values
     return out
+
+
+def _base_feature(name: str, column: dict[str, np.ndarray], num_layers: int) -> np.ndarray:
+    """One base feature (see :func:`derive_features`) of the raw columns by name.
+
+    ``column`` also holds ``mass`` and ``last_mass`` [n, num_layers], the query's attention.
+    """
+    mass, last_mass = column["mass"], column["last_mass"]
+    band = _BAND.match(name)
+    if band is not None:
+        first, last = int(band.group(2)), int(band.group(3))
+        if not 0 <= first < last <= num_layers:
+            raise ValueError(f"{name}: not a layer band of a {num_layers}-layer model")
+        rows = last_mass if band.group(1) == "last" else mass
+        return np.log(rows[:, first:last].sum(axis=1) + EPS)
+    offset, length = column["offset"], column["chunk_length"]
+    table = {
+        "log_v_dev": lambda: np.log(column["v_dev"] + EPS),
+        "log_k_dev": lambda: np.log(column["k_dev"] + EPS),
+        "log_v_norm": lambda: np.log(column["v_norm"] + EPS),
+        "log_q_mass": lambda: np.log(mass.sum(axis=1) + EPS),
+        "log_last_mass": lambda: np.log(last_mass.sum(axis=1) + EPS),
+        "log_query_deviation": lambda: (
+            np.log(column["v_dev"] + EPS) + np.log(mass.sum(axis=1) + EPS)
+        ),
+        "rel_offset": lambda: offset / np.maximum(length, 1.0),
+        "log_offset": lambda: np.log1p(offset),
+        "chunk_start": lambda: (offset < 4).astype(np.float64),
+        "chunk_end": lambda: (offset >= length - 4).astype(np.float64),
+        "chunk_order": lambda: column["chunk_index"] / np.maximum(column["num_chunks"] - 1, 1.0),
+        "log_chunk_length": lambda: np.log(np.maximum(length, 1.0)),
+    }
+    if name not in table:
+        raise ValueError(f"unknown token feature {name!r}")
+    return table[name]()

@@ -19,7 +19,7 @@ from adarag.evaluation.metrics import best_exact_match, best_f1
 from adarag.evaluation.workload import BenchQuestion, StreamItem, distinct_chunks
 from adarag.pipeline import AdaRAG
 from adarag.policies import Policy
-from adarag.schema import GenerationParams, QueryTrace
+from adarag.schema import Answer, GenerationParams, QueryTrace
 
 logger = logging.getLogger(__name__)
 
@@ -98,19 +98,10 @@ class BenchRunner:
     ) -> list[QueryRecord]:
         """Answer the stream under ``policy``; its cache starts from the ingest (if it uses it)."""
         home = self.work_dir / policy.name
-        shutil.rmtree(home, ignore_errors=True)
-        config = policy.config(self.base_config, home=home)
-        rag = AdaRAG(config, generator=self.generator)
-        kv_dir = rag.kv_directory
-        kv_dir.mkdir(parents=True)
-        if policy.uses_independent_tier and self._ingest_dir is not None:
-            for path in self._ingest_dir.iterdir():
-                os.link(path, kv_dir / path.name)  # shared read-only files, no copy
-        # the system prefix (and FusionRAG's fused KV of every chunk), outside the timed queries
-        rag.warm(distinct_chunks(questions) if policy.uses_fused_tier else [])
+        rag = self._pipeline(policy, questions, home)
         order = list(range(len(stream)))
         has_conversations = any(q.conversation is not None for q in questions)
-        if config.cache.reorder == "longest_prefix" and not has_conversations:
+        if rag.config.cache.reorder == "longest_prefix" and not has_conversations:
             batch = [questions[item.question_idx].chunks[:top_k] for item in stream]
             order = rag.schedule(batch)  # prefix-sharing requests back to back (RAGBoost)
         conversations: dict[str, Conversation] = {}
@@ -134,45 +125,68 @@ class BenchRunner:
             answer = stream_answer.answer()
             if conversation is not None:
                 conversation.add_turn(question.question, answer.text, chunks=answer.chunks)
-            trace = answer.trace
-            tiers = _entry_tiers(trace)
-            records.append(
-                QueryRecord(
-                    policy=policy.name,
-                    qid=question.qid,
-                    is_repeat=item.is_repeat,
-                    top_k=top_k,
-                    ttft_s=trace.ttft_s,
-                    num_prompt_tokens=trace.num_prompt_tokens,
-                    num_processed_tokens=trace.num_processed_tokens,
-                    num_recomputed_tokens=trace.num_recomputed_tokens,
-                    num_chunks_used=trace.num_chunks_used,
-                    stop_reason=trace.stop_reason,
-                    tier_hits=dict(tiers),
-                    confidence_s=sum(step.confidence_s for step in trace.steps),
-                    prefill_s=sum(step.prefill_s for step in trace.steps),
-                    answer=answer.text,
-                    f1=best_f1(answer.text, question.answers),
-                    exact_match=best_exact_match(answer.text, question.answers),
-                    store_memory_bytes=rag.cache_stats().store.memory_bytes,
-                    step_confidences=[s.confidence or 0.0 for s in trace.steps],
-                    qtype=question.qtype,
-                    position=position,
-                    conversation=question.conversation,
-                )
-            )
+            records.append(_record(policy, rag, question, item, position, answer, top_k))
             logger.info(
                 "%s %d/%d %s ttft %.2f s, %d chunks, %s",
                 policy.name,
                 len(records),
                 len(stream),
                 question.qid,
-                trace.ttft_s,
-                trace.num_chunks_used,
-                dict(tiers),
+                answer.trace.ttft_s,
+                answer.trace.num_chunks_used,
+                records[-1].tier_hits,
             )
         shutil.rmtree(home, ignore_errors=True)
         return records
+
+    def _pipeline(self, policy: Policy, questions: Sequence[BenchQuestion], home: Path) -> AdaRAG:
+        """``policy``'s pipeline in a fresh ``home``, its cache starting from the ingest."""
+        shutil.rmtree(home, ignore_errors=True)
+        rag = AdaRAG(policy.config(self.base_config, home=home), generator=self.generator)
+        kv_dir = rag.kv_directory
+        kv_dir.mkdir(parents=True)
+        if policy.uses_independent_tier and self._ingest_dir is not None:
+            for path in self._ingest_dir.iterdir():
+                os.link(path, kv_dir / path.name)  # shared read-only files, no copy
+        # the system prefix (and FusionRAG's fused KV of every chunk), outside the timed queries
+        rag.warm(distinct_chunks(questions) if policy.uses_fused_tier else [])
+        return rag
+
+
+def _record(
+    policy: Policy,
+    rag: AdaRAG,
+    question: BenchQuestion,
+    item: StreamItem,
+    position: int,
+    answer: Answer,
+    top_k: int,
+) -> QueryRecord:
+    """One answered request of the stream."""
+    trace = answer.trace
+    return QueryRecord(
+        policy=policy.name,
+        qid=question.qid,
+        is_repeat=item.is_repeat,
+        top_k=top_k,
+        ttft_s=trace.ttft_s,
+        num_prompt_tokens=trace.num_prompt_tokens,
+        num_processed_tokens=trace.num_processed_tokens,
+        num_recomputed_tokens=trace.num_recomputed_tokens,
+        num_chunks_used=trace.num_chunks_used,
+        stop_reason=trace.stop_reason,
+        tier_hits=dict(_entry_tiers(trace)),
+        confidence_s=sum(step.confidence_s for step in trace.steps),
+        prefill_s=sum(step.prefill_s for step in trace.steps),
+        answer=answer.text,
+        f1=best_f1(answer.text, question.answers),
+        exact_match=best_exact_match(answer.text, question.answers),
+        store_memory_bytes=rag.cache_stats().store.memory_bytes,
+        step_confidences=[s.confidence or 0.0 for s in trace.steps],
+        qtype=question.qtype,
+        position=position,
+        conversation=question.conversation,
+    )
 
 
 def _entry_tiers(trace: QueryTrace) -> Counter[str]:

@@ -156,6 +156,17 @@ class AugmentedPrefill:
                 break
             self._keep(step)  # Algorithm 1, line 18: the next step reuses c_i as is
         assert reason is not None, "the stop rule must stop at the last step"
+        return self._prepared(taken, reason, chunks, started, retrieval_s)
+
+    def _prepared(
+        self,
+        taken: Sequence[tuple[ScoredStep, PrefillStep]],
+        reason: StopReason,
+        chunks: Sequence[Chunk],
+        started: float,
+        retrieval_s: float,
+    ) -> PreparedAnswer:
+        """The answer ready to decode from the last step taken, with the request's trace."""
         final = taken[-1][1]
         trace = QueryTrace(
             steps=tuple(

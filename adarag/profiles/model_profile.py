@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -204,6 +204,16 @@ def find_profile(
             return profile
     if weights_fingerprint is None:
         return None
+    return _by_weights(model, num_layers, files, weights_fingerprint)
+
+
+def _by_weights(
+    model: str,
+    num_layers: int,
+    files: Sequence[Traversable],
+    weights_fingerprint: Callable[[], str],
+) -> ModelProfile | None:
+    """The packaged profile whose weights' fingerprint and layer count are the model's."""
     candidates = [
         profile
         for profile in (

@@ -130,16 +130,7 @@ def fit_mlp(
     target = torch.from_numpy(np.asarray(y, dtype=np.float32))
     w = torch.ones(len(z)) if weights is None else torch.from_numpy(weights).float()
     w = w / w.mean()
-    generator = torch.Generator().manual_seed(seed)
-    first = torch.nn.Linear(z.shape[1], hidden)
-    second = torch.nn.Linear(hidden, 1)
-    with torch.no_grad():
-        for layer in (first, second):
-            bound = 1.0 / layer.in_features**0.5
-            layer.weight.copy_(
-                torch.rand(layer.weight.shape, generator=generator) * 2 * bound - bound
-            )
-            layer.bias.zero_()
+    first, second = _seeded_layers(z.shape[1], hidden, seed)
     parameters = [*first.parameters(), *second.parameters()]
     optimiser = torch.optim.Adam(parameters, lr=1e-2, weight_decay=l2)
     with torch.inference_mode(False), torch.enable_grad():
@@ -163,6 +154,20 @@ def fit_mlp(
         hidden_weights=tuple(tuple(float(v) for v in row) for row in first.weight.detach()),
         hidden_bias=tuple(float(v) for v in first.bias.detach()),
     )
+
+
+def _seeded_layers(width: int, hidden: int, seed: int) -> tuple[torch.nn.Linear, torch.nn.Linear]:
+    """The network's two layers, weights uniform in ±1/sqrt(fan-in) from ``seed``, biases 0."""
+    generator = torch.Generator().manual_seed(seed)
+    first, second = torch.nn.Linear(width, hidden), torch.nn.Linear(hidden, 1)
+    with torch.no_grad():
+        for layer in (first, second):
+            bound = 1.0 / layer.in_features**0.5
+            layer.weight.copy_(
+                torch.rand(layer.weight.shape, generator=generator) * 2 * bound - bound
+            )
+            layer.bias.zero_()
+    return first, second
 
 
 def with_isotonic(model: FittedModel, x: np.ndarray, y: np.ndarray) -> FittedModel:

@@ -110,25 +110,7 @@ def analyse_chunk_attention(
     patterns: list[Pattern] = []
     predecessor_share, sink_share, sink_votes = [], [], Counter[int]()
     for layer in range(num_layers):
-        received = torch.zeros(num_chunks - 2)  # share of each non-predecessor candidate
-        counts = torch.zeros(num_chunks - 2)
-        predecessor, others = [], []
-        for row in range(4, num_chunks + 1):  # segment index of c_row, >= 3 earlier chunks
-            cross = chunk_attention[layer, row, 1:row]
-            total = float(cross.sum())
-            if total <= 0.0:
-                continue
-            shares = cross / total
-            predecessor.append(float(shares[-1]))
-            received[: row - 2] += shares[:-1]
-            counts[: row - 2] += 1
-            others.append(shares[:-1])
-        mean_received = received / counts.clamp(min=1)
-        sink_idx = int(mean_received.argmax())
-        candidate = float(mean_received[sink_idx])
-        rest = [float(torch.cat((o[:sink_idx], o[sink_idx + 1 :])).mean()) for o in others]
-        pred = sum(predecessor) / max(len(predecessor), 1)
-        rest_mean = sum(rest) / max(len(rest), 1)
+        pred, sink_idx, candidate, rest_mean = _layer_shares(chunk_attention[layer], num_chunks)
         predecessor_share.append(pred)
         sink_share.append(candidate)
         is_sink = (
@@ -142,6 +124,31 @@ def analyse_chunk_attention(
     has_sink = "sink" in patterns and bool(sink_votes)
     sink_chunk = sink_votes.most_common(1)[0][0] if has_sink else None
     return patterns, predecessor_share, sink_share, sink_chunk
+
+
+def _layer_shares(layer: torch.Tensor, num_chunks: int) -> tuple[float, int, float, float]:
+    """One layer's predecessor share, candidate sink (index, share) and the other chunks' mean.
+
+    ``layer``: [num_segments, num_segments] mean attention mass between segments.
+    """
+    received = torch.zeros(num_chunks - 2)  # share of each non-predecessor candidate
+    counts = torch.zeros(num_chunks - 2)
+    predecessor, others = [], []
+    for row in range(4, num_chunks + 1):  # segment index of c_row, >= 3 earlier chunks
+        cross = layer[row, 1:row]
+        total = float(cross.sum())
+        if total <= 0.0:
+            continue
+        shares = cross / total
+        predecessor.append(float(shares[-1]))
+        received[: row - 2] += shares[:-1]
+        counts[: row - 2] += 1
+        others.append(shares[:-1])
+    mean_received = received / counts.clamp(min=1)
+    sink_idx = int(mean_received.argmax())
+    rest = [float(torch.cat((o[:sink_idx], o[sink_idx + 1 :])).mean()) for o in others]
+    pred = sum(predecessor) / max(len(predecessor), 1)
+    return pred, sink_idx, float(mean_received[sink_idx]), sum(rest) / max(len(rest), 1)
 
 
 def bands_of(patterns: list[Pattern]) -> tuple[LayerBand, ...]:
