@@ -115,10 +115,17 @@ class TieredCache:
         self.admission = make_admission(config.store.admission, config.store.admission_threshold)
         self.index = ContextIndex()
         """The chunk sequences this cache wrote to the hard tier (and planned ones)."""
+        self._last_keys: tuple[tuple[tuple[int, ...], ...], PromptKeys] | None = None
 
     def keys(self, chunk_ids: Sequence[Sequence[int]]) -> PromptKeys:
-        """Every key of a prompt's chunks."""
-        return prompt_keys(self.root, chunk_ids, self.sink_chunk_idx)
+        """Every key of a prompt's chunks (the last prompt's kept: its write-back reuses them)."""
+        ids = tuple(tuple(chunk) for chunk in chunk_ids)
+        last = self._last_keys  # one read: another thread may replace it
+        if last is not None and last[0] == ids:
+            return last[1]
+        keys = prompt_keys(self.root, ids, self.sink_chunk_idx)
+        self._last_keys = (ids, keys)
+        return keys
 
     def system_kv(self) -> ChunkKV | None:
         """The system prefix's KV (an exact hit once computed)."""
