@@ -204,3 +204,8 @@ STOP_RULES: Mapping[str, StopRuleFactory] = MappingProxyType(
     {"confidence": _confidence, "agreement": _agreement, "probe": _probe}
 )
 """Every stop rule's factory by its ``augment.stop_rule`` name."""
+
+
+def build_stop_rule(name: str, min_chunks: int | None, fitted: FittedStops) -> StopRule | None:
+    """The stop rule ``name`` from its :data:`STOP_RULES` factory; None without its fit."""
+    return STOP_RULES[name](min_chunks, fitted)

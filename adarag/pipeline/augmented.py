@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from adarag.augment import STOP_RULES
+from adarag.augment import stop_rules
 from adarag.config import AugmentConfig
 from adarag.pipeline.controller import build_controller, fitted_stops, static_fallback_message
 from adarag.pipeline.resources import Resources
@@ -25,7 +25,7 @@ def is_static_fallback(augment: AugmentConfig, profile: ModelProfile) -> bool:
     if not augment.enabled:
         return False
     fitted = fitted_stops(augment, profile)
-    return STOP_RULES[augment.stop_rule](augment.min_chunks, fitted) is None
+    return stop_rules.build_stop_rule(augment.stop_rule, augment.min_chunks, fitted) is None
 
 
 def augmented_prefill(resources: Resources) -> AugmentedPrefill:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from adarag.augment import (
-    STOP_RULES,
     AgreementModel,
     AugmentationController,
     ConfidenceParams,
     FittedStops,
     LensConfidence,
     ThresholdStop,
+    stop_rules,
 )
 from adarag.config import AugmentConfig
 from adarag.errors import ConfigError
@@ -44,7 +44,7 @@ def build_controller(
     kl_weight = calibration.kl_weight if augment.kl_weight is None else augment.kl_weight
     params = ConfidenceParams(kl_weight, calibration.kl_scale, calibration.entropy_scale)
     estimator = LensConfidence(params, augment.estimator)
-    rule = STOP_RULES[augment.stop_rule](augment.min_chunks, fitted)
+    rule = stop_rules.build_stop_rule(augment.stop_rule, augment.min_chunks, fitted)
     if rule is None:  # static top-k (see augmented.is_static_fallback)
         return AugmentationController(estimator, ThresholdStop(fitted.threshold))
     agreement = (

@@ -269,3 +269,33 @@ def test_a_step_whose_prefix_differs_gets_a_cache_of_its_own(make_rag):
     assert second.kv is first.output.kv  # room enough; only the system prefix is kept
     full = rag.generator.prefill(other, max_new_tokens=4)
     assert torch.allclose(second.logits, full.logits, atol=1e-4)
+
+
+class _StopAtOnce:
+    """A stop rule's module: decode from the first step."""
+
+    def wants_answer_prefix(self, step):
+        return False
+
+    def decide(self, step, max_steps):
+        return "confident"
+
+
+def test_a_new_stop_rule_is_one_module_and_one_registry_line(make_rag, monkeypatch):
+    from types import MappingProxyType
+
+    from adarag.augment import stop_rules
+
+    # the one line in STOP_RULES (and the name in augment.stop_rule's Literal)
+    rules = {**stop_rules.STOP_RULES, "at_once": lambda min_chunks, fitted: _StopAtOnce()}
+    monkeypatch.setattr(stop_rules, "STOP_RULES", MappingProxyType(rules))
+    base = make_rag(augment={"enabled": True}).config
+    augment = base.augment.model_copy(update={"stop_rule": "at_once"})
+    rag = AdaRAG(base.model_copy(update={"augment": augment}))
+    answer = rag.query(QUESTION, chunks=CHUNKS, params=PARAMS)
+    assert answer.trace.stop_reason == "confident"
+    assert answer.trace.num_chunks_used == 1 < len(CHUNKS)
+    # without the line the name is unknown
+    monkeypatch.undo()
+    with pytest.raises(KeyError):
+        AdaRAG(base.model_copy(update={"augment": augment})).query(QUESTION, chunks=CHUNKS)
