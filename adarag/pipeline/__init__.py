@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from adarag.pipeline.prompt import CITATION_KEY, cited_numbers, retrieval_query
 from adarag.pipeline.rag import AdaRAG
+from adarag.pipeline.request import Request
 from adarag.pipeline.stream import NO_CONTEXT_ANSWER, AnswerStream, AsyncAnswerStream
 from adarag.pipeline.views import CacheReport
 
@@ -14,6 +15,7 @@ __all__ = [
     "AnswerStream",
     "AsyncAnswerStream",
     "CacheReport",
+    "Request",
     "cited_numbers",
     "retrieval_query",
 ]
