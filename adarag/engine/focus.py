@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from adarag.engine.rope import apply_rope
 from adarag.engine.stream import drop_unfocused
 
 if TYPE_CHECKING:
@@ -98,9 +99,9 @@ class ChunkFocus:
     def queries(self, layer_idx: int, stream: Stream, cos_sin: CosSin) -> torch.Tensor:
         """Queries [n_query, num_heads, head_dim] of the query suffix (the stream's last rows)."""
         num_query = self._plan.query.numel()
-        tail = (cos_sin[0][-num_query:], cos_sin[1][-num_query:])
-        q, _, _ = self._stack.project(layer_idx, stream.hidden[-num_query:], tail)
-        return q
+        layer = self._stack.model.decoder_layers[layer_idx]
+        q, _, _ = layer.project_qkv(stream.hidden[-num_query:])
+        return apply_rope(q, cos_sin[0][-num_query:], cos_sin[1][-num_query:])  # no K needed
 
     def update(
         self, layer_idx: int, queries: torch.Tensor, kv: KVCache, stream: Stream, cos_sin: CosSin

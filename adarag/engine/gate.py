@@ -127,19 +127,12 @@ def check_blending(
     tolerance = TOLERANCES.get(generator.runner.dtype, 5e-2)
     full = generator.prefill(layout, max_new_tokens=max_new_tokens)
     reasons: list[str] = []
-    key_error, logit_error, reason = _check_rerotation(
-        generator, layout, full, shift, tolerance, max_new_tokens
+    key_error, logit_error = _check_rerotation(
+        generator, layout, full, shift, tolerance, max_new_tokens, reasons
     )
-    if reason:
-        reasons.append(reason)
-    ratio_one_error, answers_equal, stream, num_answer_tokens, reason = _check_ratio_one(
-        generator, layout, full, tolerance, max_new_tokens
+    ratio_one_error, answers_equal, handed_over = _check_ratio_one(
+        generator, layout, full, tolerance, max_new_tokens, reasons
     )
-    if reason:
-        reasons.append(reason)
-    handed_over = _handed_over(generator, layout, stream, num_answer_tokens)
-    if handed_over is not None and handed_over[1] != handed_over[0]:
-        reasons.append(_handover_reason(*handed_over))
     return GateReport(
         model=generator.checkpoint.name,
         passed=not reasons,
@@ -161,10 +154,11 @@ def _check_rerotation(
     shift: int,
     tolerance: float,
     max_new_tokens: int,
-) -> tuple[float, float, str]:
+    reasons: list[str],
+) -> tuple[float, float]:
     """KV stored ``shift`` positions away and loaded back against a full prefill.
 
-    Returns the largest key and logit errors, and why it fails ("" when it passes).
+    Returns the largest key and logit errors; why it fails goes to ``reasons``.
     """
     rerotated = generator.prefill(
         layout, _shifted_sources(generator, layout, full, shift), max_new_tokens=max_new_tokens
@@ -172,17 +166,15 @@ def _check_rerotation(
     rows = slice(0, layout.num_tokens)
     key_error, key_bound = _error(rerotated.kv.k[:, rows], full.kv.k[:, rows], tolerance)
     logit_error, logit_bound = _error(rerotated.logits, full.logits, tolerance)
-    if key_error <= key_bound and logit_error <= logit_bound:
-        return key_error, logit_error, ""
-    return (
-        key_error,
-        logit_error,
-        f"re-rotation: KV stored {shift} positions away and loaded back differs from a full "
-        f"prefill (max key error {key_error:.3g}, bound {key_bound:.3g}; max logit error "
-        f"{logit_error:.3g}, bound {logit_bound:.3g}); the keys' RoPE re-rotation "
-        "(KVCache.load, kernels.rope_delta) does not match this model's RoPE: check its "
-        "rope_scaling and head layout, and serve it without reuse until it passes",
-    )
+    if key_error > key_bound or logit_error > logit_bound:
+        reasons.append(
+            f"re-rotation: KV stored {shift} positions away and loaded back differs from a full "
+            f"prefill (max key error {key_error:.3g}, bound {key_bound:.3g}; max logit error "
+            f"{logit_error:.3g}, bound {logit_bound:.3g}); the keys' RoPE re-rotation "
+            "(KVCache.load, kernels.rope_delta) does not match this model's RoPE: check its "
+            "rope_scaling and head layout, and serve it without reuse until it passes"
+        )
+    return key_error, logit_error
 
 
 def _check_ratio_one(
@@ -191,11 +183,12 @@ def _check_ratio_one(
     full: PrefillOutput,
     tolerance: float,
     max_new_tokens: int,
-) -> tuple[float, bool, Iterator[int], int, str]:
+    reasons: list[str],
+) -> tuple[float, bool, tuple[int, int | None] | None]:
     """A fused prefill recomputing every token against a full prefill, logits and answers.
 
-    Returns the largest logit error, whether the greedy answers are equal, the fused answer's
-    token stream (spent) and length, and why it fails ("" when it passes).
+    Returns the largest logit error, whether the greedy answers are equal and what vLLM took
+    of a hand-over (:func:`_handed_over`); why it fails goes to ``reasons``.
     """
     params = GenerationParams(max_new_tokens=max_new_tokens)
     ratio_one = generator.prefill(
@@ -209,15 +202,17 @@ def _check_ratio_one(
     alone = _decoder_alone(generator)
     if alone is not None:
         answers_equal = answers_equal and answer == list(alone(layout.token_ids, params))
-    if error <= bound and answers_equal:
-        return error, answers_equal, stream, len(answer), ""
-    reason = (
-        "ratio one: a fused prefill recomputing every token differs from a full prefill "
-        f"(max logit error {error:.3g}, bound {bound:.3g}; greedy answers "
-        f"{'equal' if answers_equal else 'differ'}); the fused path does not reproduce this "
-        "model's forward: serve it without reuse and report the model"
-    )
-    return error, answers_equal, stream, len(answer), reason
+    if error > bound or not answers_equal:
+        reasons.append(
+            "ratio one: a fused prefill recomputing every token differs from a full prefill "
+            f"(max logit error {error:.3g}, bound {bound:.3g}; greedy answers "
+            f"{'equal' if answers_equal else 'differ'}); the fused path does not reproduce this "
+            "model's forward: serve it without reuse and report the model"
+        )
+    handed_over = _handed_over(generator, layout, stream, len(answer))
+    if handed_over is not None and handed_over[1] != handed_over[0]:
+        reasons.append(_handover_reason(*handed_over))
+    return error, answers_equal, handed_over
 
 
 def _handed_over(

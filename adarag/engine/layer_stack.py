@@ -62,7 +62,7 @@ class LayerStack:
 
     def project(
         self, layer_idx: int, hidden: torch.Tensor, cos_sin: CosSin
-    ) -> tuple[torch.Tensor, ...]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q, K (both rotated) and V of ``hidden`` at one layer."""
         q, k, v = self.model.decoder_layers[layer_idx].project_qkv(hidden)
         return apply_rope(q, *cos_sin), apply_rope(k, *cos_sin), v

@@ -52,18 +52,31 @@ def retrieve(
     retriever: Retriever | None, config: AdaRagConfig, question: str, top_k: int | None
 ) -> list[Chunk]:
     """The retriever's top-k chunks for ``question`` (see ``AdaRAG.retrieve``)."""
+    given = required(retriever)
+    check_question(question)
+    return top_k_chunks(given, config, question, top_k)
+
+
+def required(retriever: Retriever | None) -> Retriever:
+    """``retriever``, which a request without chunks needs.
+
+    Raises:
+        ConfigError: There is none.
+    """
     if retriever is None:
         raise ConfigError("no retriever configured; pass retriever=... or chunks=[...]")
-    check_question(question)
-    return top_k_chunks(retriever, config, question, top_k)
+    return retriever
+
+
+def as_chunks(items: Sequence[Chunk | str]) -> tuple[Chunk, ...]:
+    """``items`` as :class:`Chunk` values (a text becomes a chunk without metadata)."""
+    return tuple(item if isinstance(item, Chunk) else Chunk(item) for item in items)
 
 
 def top_k_chunks(
-    retriever: Retriever | None, config: AdaRagConfig, query: str, top_k: int | None
+    retriever: Retriever, config: AdaRagConfig, query: str, top_k: int | None
 ) -> list[Chunk]:
     """The retriever's top-k chunks for a checked ``query`` (``top_k`` checked first)."""
-    if retriever is None:
-        raise ConfigError("no retriever configured; pass retriever=... or chunks=[...]")
     k = config.retrieval.top_k if top_k is None else top_k
     if k < 1:
         raise InputError(f"top_k must be at least 1, got {k}")
@@ -109,7 +122,7 @@ def arrange_chunks(
     resources: Resources, found: Sequence[Chunk], conversation_chunks: Sequence[Chunk | str]
 ) -> Arrangement:
     """The retrieved chunks in listed order (see :mod:`adarag.pipeline.arrange`)."""
-    earlier = [c if isinstance(c, Chunk) else Chunk(c) for c in conversation_chunks]
+    earlier = as_chunks(conversation_chunks)
     for idx, chunk in enumerate(earlier):
         if not isinstance(chunk.text, str) or not chunk.text.strip():
             raise InputError(

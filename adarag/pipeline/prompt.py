@@ -8,10 +8,9 @@ its neighbours.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping, Sequence
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,7 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.config = config
         # a chunk is tokenized once, however many requests (and arrangement lookups) list it
-        self._encode_chunk = functools.lru_cache(maxsize=CHUNK_IDS_CACHED)(self._encode)
+        self._encode_chunk = lru_cache(maxsize=CHUNK_IDS_CACHED)(self._encode)
 
     @cached_property
     def _template_halves(self) -> tuple[str, str]:

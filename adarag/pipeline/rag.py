@@ -11,7 +11,7 @@ from adarag.config import AdaRagConfig
 from adarag.engine.generator import Engine
 from adarag.pipeline.asynchronous import AsyncAnswering
 from adarag.pipeline.augmented import augmented_prefill
-from adarag.pipeline.context import retrieve, top_k_chunks
+from adarag.pipeline.context import required, retrieve, top_k_chunks
 from adarag.pipeline.decode import decoder, plain_answer
 from adarag.pipeline.prompt import Turn
 from adarag.pipeline.request import Request, prepare_answer, standalone_question
@@ -245,8 +245,9 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         started = time.perf_counter()
         found = request.chunks
         if found is None:
+            retriever = required(self.retriever)  # before a condensed question is generated
             query = self.standalone_question(request.question, request.history)
-            found = tuple(top_k_chunks(self.retriever, self.config, query, request.top_k))
+            found = tuple(top_k_chunks(retriever, self.config, query, request.top_k))
         prepared = prepare_answer(self._resources, self.augmentation, request, found, started)
         return AnswerStream(prepared, self._decoder(request.params))
 

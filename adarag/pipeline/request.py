@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from adarag.config import ChatConfig
-from adarag.pipeline.context import check_question, numbered, request_context
+from adarag.pipeline.context import as_chunks, check_question, numbered, request_context
 from adarag.pipeline.prompt import Turn, condense_prompt, retrieval_query
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
@@ -66,19 +66,14 @@ class Request:
             InputError: The question is not text or is empty.
         """
         check_question(question)
-        given = None if chunks is None else tuple(_as_chunk(chunk) for chunk in chunks)
         return cls(
             question,
-            given,
+            None if chunks is None else as_chunks(chunks),
             params or GenerationParams(),
             top_k,
             tuple(history),
             tuple(conversation_chunks),
         )
-
-
-def _as_chunk(chunk: Chunk | str) -> Chunk:
-    return chunk if isinstance(chunk, Chunk) else Chunk(chunk)
 
 
 def standalone_question(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from adarag.pipeline.context import as_chunks
 from adarag.pipeline.fusion_warm import ChunkFuser, FusionWarmer
 from adarag.pipeline.resources import Resources
 from adarag.retrievers.base import Retriever
@@ -31,7 +32,7 @@ def warm_chunks(
         How many chunks had an entry computed (independent or fused).
     """
     system_kv = resources.system_kv()
-    given = [chunk if isinstance(chunk, Chunk) else Chunk(chunk) for chunk in chunks]
+    given = as_chunks(chunks)
     new = set()
     for chunk in given:
         ids = resources.prompts.chunk_ids(chunk.text)
