@@ -7,9 +7,9 @@ die?" still finds the passages about the person asked or told about before. A tu
 without context (nothing relevant was retrieved) is not carried: its answer says nothing about
 the knowledge base, and a model shown it tends to repeat it.
 
-With ``chat.deduplicate`` the conversation also carries its context: the last grounded answer's
-chunks, in listed order, which open the next turn's context (a hard prefix of the previous
-prompt) so a chunk retrieved again is not listed twice.
+With ``experimental.arrangement.deduplicate`` the conversation also carries its context: the
+last grounded answer's chunks, in listed order, which open the next turn's context (a hard
+prefix of the previous prompt) so a chunk retrieved again is not listed twice.
 """
 
 from __future__ import annotations

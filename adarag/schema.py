@@ -201,7 +201,7 @@ class QueryTrace:
         num_dropped_chunks: Retrieved chunks left out, lowest-ranked first, because the prompt
             would not fit the model's context with them.
         order_hint: The hint put before the question when the chunks were not listed in the
-            retriever's order (``cache.reorder``, ``chat.deduplicate``); empty otherwise.
+            retriever's order (``experimental.arrangement``); empty otherwise.
     """
 
     steps: tuple[StepTrace, ...]

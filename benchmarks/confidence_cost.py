@@ -87,7 +87,7 @@ def main() -> None:
 
 def run(args: argparse.Namespace, rag: AdaRAG) -> None:
     """Measure every step of the datasets' questions and write the results."""
-    num_lens_layers = rag.config.augment.num_lens_layers
+    num_lens_layers = rag.config.experimental.augment.num_lens_layers
     costs = head_costs(rag, num_lens_layers)
     # the l-row GEMM can time below the (padded) one-row GEMM: no extra cost then, not a saving
     extra_head_s = max(costs["head_l_rows_s"] - costs["head_1_row_s"], 0.0)

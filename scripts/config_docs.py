@@ -35,6 +35,11 @@ Every setting of `AdaRagConfig`, by section. A `--config FILE` (JSON) or
 The configuration is frozen: `AdaRAG.with_config(...)` gives a pipeline with other settings over
 the same loaded model.
 
+The user's settings come first; the last section, `experimental`, holds the research levers of
+the related systems the framework hosts (off or fixed by default; the policies and benchmarks set
+them). A setting that moved there from another section still loads, with a warning that names
+its new key.
+
 This file is generated from the field descriptions in `adarag/config/` by
 `python scripts/config_docs.py`; edit the descriptions there, not this file.
 """

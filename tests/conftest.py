@@ -37,9 +37,10 @@ def tiny_config(tmp_path: Path):
     def make(checkpoint: Path, **overrides: object) -> AdaRagConfig:
         engine = {"model": str(checkpoint), **overrides.pop("engine", {})}  # type: ignore[dict-item]
         # tiny models have 2 layers: the logit lens reads both
-        augment = {"num_lens_layers": 2, **overrides.pop("augment", {})}  # type: ignore[dict-item]
+        experimental: dict = dict(overrides.pop("experimental", {}))  # type: ignore[call-overload]
+        experimental["augment"] = {"num_lens_layers": 2, **experimental.get("augment", {})}
         return AdaRagConfig.build(
-            home=tmp_path / "home", engine=engine, augment=augment, **overrides
+            home=tmp_path / "home", engine=engine, experimental=experimental, **overrides
         )
 
     return make

@@ -179,7 +179,7 @@ class FittedStops:
 
 
 StopRuleFactory = Callable[[int | None, FittedStops], "StopRule | None"]
-"""``(augment.min_chunks, fitted) ->`` the rule, or None when the model lacks its calibration."""
+"""``(experimental.augment.min_chunks, fitted) ->`` the rule; None without its calibration."""
 
 
 def _confidence(min_chunks: int | None, fitted: FittedStops) -> StopRule:

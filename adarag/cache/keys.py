@@ -108,7 +108,7 @@ def fused_neighbour_key(root: str, chunk: str, neighbour: str) -> str:
     """A key a chunk's fused KV also answers to for each chunk it was computed after.
 
     A lookup tells from these which of a prompt's other chunks the fused entry has seen, without
-    loading it (``cache.fusion.min_neighbors_in_prompt``).
+    loading it (``experimental.fusion.min_neighbors_in_prompt``).
     """
     return digest("fused-after", root, chunk, neighbour)
 

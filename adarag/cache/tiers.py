@@ -43,7 +43,7 @@ from adarag.cache.keys import (
 )
 from adarag.cache.store import KVStore
 from adarag.cache.variants import Variant, VariantIndex, VariantStats
-from adarag.config import CacheConfig
+from adarag.config import CacheConfig, ExperimentalConfig
 from adarag.kv import ChunkKV
 from adarag.schema import Tier
 
@@ -94,6 +94,8 @@ class TieredCache:
         sink_chunk_idx: The profile's sink chunk (0-based), or None.
         variants: Cache-Craft's variant metadata to share (another cache over the same store);
             a new index when None.
+        experimental: The strategies' tiers (FusionRAG's fused entries and alternative path,
+            Cache-Craft's variants); all off when None.
     """
 
     def __init__(
@@ -104,14 +106,18 @@ class TieredCache:
         system_ids: Sequence[int],
         sink_chunk_idx: int | None,
         variants: VariantIndex | None = None,
+        experimental: ExperimentalConfig | None = None,
     ) -> None:
         self.config = config
+        self.experimental = experimental or ExperimentalConfig()
         self.store = store
         self.root = system_key(model_fingerprint, system_ids)
         self.num_system_tokens = len(system_ids)
         self.sink_chunk_idx = sink_chunk_idx
         self.stats = TierStats()
-        self.variants = variants if variants is not None else VariantIndex(config.variants)
+        self.variants = (
+            variants if variants is not None else VariantIndex(self.experimental.variants)
+        )
         self.admission = make_admission(config.store.admission, config.store.admission_threshold)
         self.index = ContextIndex()
         """The chunk sequences this cache wrote to the hard tier (and planned ones)."""
@@ -165,7 +171,7 @@ class TieredCache:
                 (None for the others); those chunks become variants.
         """
         keys = self.keys(chunk_ids)
-        config = self.config
+        config, experimental = self.config, self.experimental
         if config.hard.enabled:
             self.index.insert(keys.chunks, keys.hard)
         for idx, (hit, kv) in enumerate(zip(hits, fused, strict=True)):
@@ -179,7 +185,7 @@ class TieredCache:
                 entry_keys.add(keys.hard[idx])
             if config.soft.enabled:
                 entry_keys.add(keys.soft[idx])
-            if config.alternative_path.enabled:
+            if experimental.alternative_path.enabled:
                 entry_keys.update(path_keys(keys.root, keys.chunks, idx))
             is_repeated = any([self.admission.record(key) for key in sorted(entry_keys)])
             is_new = hit.tier == "miss" and not self.store.contains(independent)
@@ -192,7 +198,7 @@ class TieredCache:
                 self.stats.num_probation_writes += not is_lasting
                 self.store.put(sorted(entry_keys), kv, probation=not is_lasting)
             stats = variant_stats[idx] if variant_stats is not None else None
-            if config.variants.enabled and hit.tier == "miss" and stats is not None:
+            if experimental.variants.enabled and hit.tier == "miss" and stats is not None:
                 self._add_variant(keys, idx, kv, stats)
 
     def put_fused(
@@ -273,24 +279,24 @@ class TieredCache:
         self.stats.num_recomputed_tokens += num_recomputed_tokens
 
     def _lookup_one(self, keys: PromptKeys, idx: int, num_tokens: int) -> TierHit:
-        config = self.config
+        config, experimental = self.config, self.experimental
         if config.hard.enabled and (kv := self._get(keys.hard[idx], num_tokens)) is not None:
             return TierHit("hard", kv, 0.0)
         if config.soft.enabled and (kv := self._get(keys.soft[idx], num_tokens)) is not None:
             return TierHit("soft", kv, config.soft.recompute_ratio)
-        if config.alternative_path.enabled:
+        if experimental.alternative_path.enabled:
             for key in path_keys(keys.root, keys.chunks, idx):  # the longest run first
                 if (kv := self._get(key, num_tokens)) is not None:
-                    return TierHit("alternative", kv, config.alternative_path.recompute_ratio)
-        if config.variants.enabled and (hit := self._variant_hit(keys, idx, num_tokens)):
+                    return TierHit("alternative", kv, experimental.alternative_path.recompute_ratio)
+        if experimental.variants.enabled and (hit := self._variant_hit(keys, idx, num_tokens)):
             return hit
         fused = fused_key(keys.root, keys.chunks[idx])
         if (
-            config.fusion.enabled
-            and self._neighbours_in_prompt(keys, idx) >= config.fusion.min_neighbors_in_prompt
+            experimental.fusion.enabled
+            and self._neighbours_in_prompt(keys, idx) >= experimental.fusion.min_neighbors_in_prompt
             and (kv := self._get(fused, num_tokens)) is not None
         ):
-            return TierHit("fused", kv, config.fusion.recompute_ratio)
+            return TierHit("fused", kv, experimental.fusion.recompute_ratio)
         independent = keys.independent[idx]
         if config.independent.enabled and (kv := self._get(independent, num_tokens)) is not None:
             return TierHit("independent", kv, config.independent.recompute_ratio)
@@ -298,7 +304,7 @@ class TieredCache:
 
     def _neighbours_in_prompt(self, keys: PromptKeys, idx: int) -> int:
         """How many of the prompt's other chunks chunk ``idx``'s fused entry was computed after."""
-        if not self.config.fusion.min_neighbors_in_prompt:
+        if not self.experimental.fusion.min_neighbors_in_prompt:
             return 0  # no gate: nothing to count
         chunk = keys.chunks[idx]
         return sum(

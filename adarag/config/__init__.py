@@ -9,7 +9,7 @@ in ``discovery``, secret keys in ``secrets``); every name is imported from here.
 
 from __future__ import annotations
 
-from adarag.config.augment import AugmentConfig
+from adarag.config.augment import AugmentConfig, AugmentLevers
 from adarag.config.base import (
     DEFAULT_MODEL,
     MAX_CONFIG_FILE_BYTES,
@@ -18,17 +18,12 @@ from adarag.config.base import (
 )
 from adarag.config.base import _admits_bool as _admits_bool
 from adarag.config.base import _check_path as _check_path
+from adarag.config.base import _deep_update as _deep_update
 from adarag.config.base import _Frozen as _Frozen
 from adarag.config.base import _is_section as _is_section
 from adarag.config.base import _read_config_file as _read_config_file
 from adarag.config.base import _strings as _strings
-from adarag.config.cache import (
-    CacheConfig,
-    FusionConfig,
-    RecomputeConfig,
-    TierConfig,
-    VariantConfig,
-)
+from adarag.config.cache import CacheConfig, TierConfig
 from adarag.config.chat import CONDENSE_PROMPT, ChatConfig
 from adarag.config.discovery import (
     CONFIG_ENV,
@@ -40,10 +35,17 @@ from adarag.config.discovery import (
     load_config_file,
 )
 from adarag.config.engine import EngineConfig, KernelConfig
+from adarag.config.experimental import (
+    MOVED,
+    ArrangementConfig,
+    ExperimentalConfig,
+    FusionConfig,
+    VariantConfig,
+)
 from adarag.config.prompt import PromptConfig
+from adarag.config.recompute import RecomputeConfig, RecomputeLevers, RecomputeSettings
 from adarag.config.retrieval import RetrievalConfig
 from adarag.config.root import MAX_MESSAGE_CHARS, AdaRagConfig
-from adarag.config.root import _deep_update as _deep_update
 from adarag.config.root import _describe as _describe
 from adarag.config.root import _is_union_member as _is_union_member
 from adarag.config.root import _known_fields as _known_fields
@@ -62,18 +64,24 @@ __all__ = [
     "MAX_CONFIG_FILE_BYTES",
     "MAX_MESSAGE_CHARS",
     "MIN_SIGNING_KEY_BYTES",
+    "MOVED",
     "SECRET_FIELDS",
     "SIGNING_KEY_ENV",
     "AdaRagConfig",
+    "ArrangementConfig",
     "AugmentConfig",
+    "AugmentLevers",
     "CacheConfig",
     "ChatConfig",
     "ConfigSource",
     "EngineConfig",
+    "ExperimentalConfig",
     "FusionConfig",
     "KernelConfig",
     "PromptConfig",
     "RecomputeConfig",
+    "RecomputeLevers",
+    "RecomputeSettings",
     "RetrievalConfig",
     "ServeConfig",
     "StoreConfig",

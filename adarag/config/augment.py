@@ -1,4 +1,4 @@
-"""Adaptive context augmentation."""
+"""Adaptive context augmentation: what a user sets (``augment``) and its levers (experimental)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,6 @@ class AugmentConfig(_Frozen):
     threshold: float | None = Field(
         default=None, ge=0.0, le=1.0, description="Confidence τ that stops; None: model profile."
     )
-    kl_weight: float | None = Field(
-        default=None, ge=0.0, le=1.0, description="λ weighting KL against entropy; None: profile."
-    )
-    num_lens_layers: int = Field(
-        default=4, ge=2, description="Last l layers read by the logit lens (l - 1 KL terms)."
-    )
-    estimator: Literal["combined", "entropy", "kl"] = Field(
-        default="combined", description="Uncertainty estimator."
-    )
     stop_rule: Literal["confidence", "agreement", "probe"] = Field(
         default="agreement",
         description="'agreement' (the default): stop when the calibrated probability of the "
@@ -34,6 +25,20 @@ class AugmentConfig(_Frozen):
         "calibrate --depth` (the last prompt token's residual stream, the lens signals and the "
         "retrieval scores) gives a probability at least its τ that no later depth answers "
         "better (static top-k for a model without a fitted probe).",
+    )
+
+
+class AugmentLevers(_Frozen):
+    """The stop rules' inner settings, for research (``experimental.augment``)."""
+
+    kl_weight: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="λ weighting KL against entropy; None: profile."
+    )
+    num_lens_layers: int = Field(
+        default=4, ge=2, description="Last l layers read by the logit lens (l - 1 KL terms)."
+    )
+    estimator: Literal["combined", "entropy", "kl"] = Field(
+        default="combined", description="Uncertainty estimator."
     )
     stability_tokens: int = Field(
         default=4, ge=1, le=64, description="Answer tokens compared by the agreement rule."

@@ -139,3 +139,14 @@ def _read_config_file(path: Path) -> str:
     if len(data) > MAX_CONFIG_FILE_BYTES:
         raise ValueError(f"it is larger than {MAX_CONFIG_FILE_BYTES >> 20} MiB")
     return data.decode("utf-8")
+
+
+def _deep_update(target: dict[str, Any], updates: dict[str, Any]) -> None:
+    """Merge ``updates`` into ``target``: nested dicts (and models, dumped) key by key."""
+    for key, value in updates.items():
+        if isinstance(value, BaseModel):
+            value = value.model_dump()
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _deep_update(target[key], value)
+        else:
+            target[key] = value

@@ -41,26 +41,9 @@ class ChatConfig(_Frozen):
         default=48, ge=4, le=512, description="Tokens the standalone question may take."
     )
 
-    deduplicate: bool = Field(
-        default=False,
-        description="Keep the conversation's earlier chunks as the start of the context (a hard "
-        "prefix of the previous turn) and add only the new turn's chunks not already in it; a "
-        "chunk retrieved again is named by location in the order hint (RAGBoost's de-duplication)"
-        ". False: each turn's context is its own retrieval.",
-    )
-    location_hint: str = Field(
-        default="[{position}] (above)",
-        description="How the order hint names a passage an earlier turn already brought; "
-        "'{position}' becomes its number.",
-    )
-
     @model_validator(mode="after")
     def _check_templates(self) -> ChatConfig:
         for name in ("{chat_history}", "{question}"):
             if name not in self.condense_prompt:
                 raise ValueError(f"condense_prompt must contain '{name}'")
-        if "{position}" not in self.location_hint:
-            raise ValueError(
-                f"location_hint must contain '{{position}}', got {self.location_hint!r}"
-            )
         return self

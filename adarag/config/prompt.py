@@ -48,12 +48,6 @@ class PromptConfig(_Frozen):
         default="Cite the passages you use by their numbers, e.g. [1].",
         description="Added after the question (in the query suffix) with citations.",
     )
-    order_hint: str = Field(
-        default="The passages are not listed by relevance; by relevance they are: {ranking}.\n",
-        description="Put before the question when the chunks are not in the retriever's order "
-        "(cache.reorder, chat.deduplicate); '{ranking}' becomes the passages' numbers in the "
-        "order listed, best first, e.g. '[3], [1], [2]' (RAGBoost's order hint).",
-    )
 
     @model_validator(mode="after")
     def _check_template(self) -> PromptConfig:
@@ -72,8 +66,6 @@ class PromptConfig(_Frozen):
             raise ValueError(
                 f"citation_label must contain '{{number}}', got {self.citation_label!r}"
             )
-        if "{ranking}" not in self.order_hint:
-            raise ValueError(f"order_hint must contain '{{ranking}}', got {self.order_hint!r}")
         names = (
             "system_prompt",
             "context_intro",
@@ -81,7 +73,6 @@ class PromptConfig(_Frozen):
             "question_template",
             "citation_label",
             "citation_instruction",
-            "order_hint",
         )
         for name in names:
             if any(char in getattr(self, name) for char in _RESERVED_PROMPT_CHARACTERS):

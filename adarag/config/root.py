@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from adarag.config.augment import AugmentConfig
 from adarag.config.base import (
     SECRET_FIELDS,
     _check_path,
+    _deep_update,
     _Frozen,
     _read_config_file,
     default_home,
@@ -19,7 +21,9 @@ from adarag.config.base import (
 from adarag.config.cache import CacheConfig
 from adarag.config.chat import ChatConfig
 from adarag.config.engine import EngineConfig, KernelConfig
+from adarag.config.experimental import ExperimentalConfig, move_to_experimental
 from adarag.config.prompt import PromptConfig
+from adarag.config.recompute import RecomputeConfig
 from adarag.config.retrieval import RetrievalConfig
 from adarag.config.serve import ServeConfig
 from adarag.config.store import redact_url
@@ -41,6 +45,23 @@ class AdaRagConfig(_Frozen):
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     chat: ChatConfig = Field(default_factory=ChatConfig)
+    experimental: ExperimentalConfig = Field(
+        default_factory=ExperimentalConfig,
+        description="Research levers from the literature, off or fixed by default.",
+    )
+
+    @property
+    def selection(self) -> RecomputeConfig:
+        """The selection a request carries: ``cache.recompute`` and ``experimental.recompute``."""
+        return RecomputeConfig.of(self.cache.recompute, self.experimental.recompute)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _move_old_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = copy.deepcopy(data)
+            move_to_experimental(data)
+        return data
 
     @field_validator("home", mode="before")
     @classmethod
@@ -180,13 +201,3 @@ def _known_fields(loc: tuple[Any, ...]) -> list[str]:
             return []
         model = annotation
     return sorted(model.model_fields)
-
-
-def _deep_update(target: dict[str, Any], updates: dict[str, Any]) -> None:
-    for key, value in updates.items():
-        if isinstance(value, BaseModel):
-            value = value.model_dump()
-        if isinstance(value, dict) and isinstance(target.get(key), dict):
-            _deep_update(target[key], value)
-        else:
-            target[key] = value

@@ -89,7 +89,7 @@ def query_layers(selection: RecomputeConfig, num_layers: int) -> tuple[int, int]
     first, last = (0, num_layers) if layers is None else layers
     if not 0 <= first < last <= num_layers:
         raise InputError(
-            f"cache.recompute.query_layers {layers} is not a layer range of a "
+            f"experimental.recompute.query_layers {layers} is not a layer range of a "
             f"{num_layers}-layer model; pass [first, last) with 0 <= first < last <= "
             f"{num_layers}, or None for all layers"
         )

@@ -254,7 +254,7 @@ class Runner(LayerStack):
         if layer_at >= self.spec.num_layers:
             raise InputError(
                 f"selection layer {layer_at} does not exist in a {self.spec.num_layers}-layer "
-                "model; set cache.recompute.deviation_check_layer below the layer count"
+                "model; set experimental.recompute.deviation_check_layer below the layer count"
             )
         processed = stream.positions
         cos_sin = self.cos_sin(processed)

@@ -147,7 +147,7 @@ class FidelityRun:
             the knowledge base (found with the chunk's text, as warming finds them), and only
             where ``fusion.min_neighbors_in_prompt`` of them are in the prompt (as a lookup
             gates it); the rows are named ``<rule>+fused<num_neighbors>[in<min_neighbors>]``.
-        fusion: The fused entries' settings (``cache.fusion``'s; ``enabled`` is not read).
+        fusion: The fused entries' settings (``experimental.fusion``'s; ``enabled`` is not read).
         profile: Where a ``learned`` rule's scorer and a ``target_agreement`` rule's routing
             ladder come from (the pipeline's own profile when None).
     """

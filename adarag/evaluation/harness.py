@@ -101,7 +101,10 @@ class BenchRunner:
         rag = self._pipeline(policy, questions, home)
         order = list(range(len(stream)))
         has_conversations = any(q.conversation is not None for q in questions)
-        if rag.config.cache.reorder == "longest_prefix" and not has_conversations:
+        if (
+            rag.config.experimental.arrangement.reorder == "longest_prefix"
+            and not has_conversations
+        ):
             batch = [questions[item.question_idx].chunks[:top_k] for item in stream]
             order = rag.schedule(batch)  # prefix-sharing requests back to back (RAGBoost)
         conversations: dict[str, Conversation] = {}

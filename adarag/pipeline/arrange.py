@@ -1,15 +1,16 @@
 """The order a request's chunks are listed in, and the hint that restores the retriever's ranking.
 
-RAGBoost's prompt-level reuse (its sections 5 and 6), over the exact hard tier:
+RAGBoost's prompt-level reuse (its sections 5 and 6), over the exact hard tier, set in
+``experimental.arrangement``:
 
-- ``cache.reorder = "longest_prefix"``: the chunks start with the longest sequence of them the
-  hard tier holds (the context index's answer), the rest follow in the retriever's order;
-- ``chat.deduplicate``: a conversation's context is kept as the start of the next turn's (so the
+- ``reorder = "longest_prefix"``: the chunks start with the longest sequence of them the hard
+  tier holds (the context index's answer), the rest follow in the retriever's order;
+- ``deduplicate``: a conversation's context is kept as the start of the next turn's (so the
   previous turn's prompt is a hard prefix) and only the new turn's chunks not already in it are
   appended, so every chunk is listed once;
-- whenever the listed order is not the retriever's, the order hint (``prompt.order_hint``) names
-  the passages by their listed numbers, best first; a passage an earlier turn brought is named
-  by its location (``chat.location_hint``).
+- whenever the listed order is not the retriever's, the order hint (``order_hint``) names the
+  passages by their listed numbers, best first; a passage an earlier turn brought is named by
+  its location (``location_hint``).
 
 Reuse stays exact: only the order of the text changes, and the hint says what the order was.
 """
@@ -49,10 +50,12 @@ class Arrangement:
         if [pos for pos, _ in kept] == list(range(listed)) and not any(r for _, r in kept):
             return ""
         names = [
-            config.chat.location_hint.replace("{position}", str(pos + 1)) if rep else f"[{pos + 1}]"
+            config.experimental.arrangement.location_hint.replace("{position}", str(pos + 1))
+            if rep
+            else f"[{pos + 1}]"
             for pos, rep in kept
         ]
-        return config.prompt.order_hint.replace("{ranking}", ", ".join(names))
+        return config.experimental.arrangement.order_hint.replace("{ranking}", ", ".join(names))
 
 
 def arrange(
@@ -65,13 +68,14 @@ def arrange(
 
     Args:
         retrieved: The retriever's chunks, best first.
-        config: ``cache.reorder`` and ``chat.deduplicate`` choose the arrangement.
+        config: ``experimental.arrangement`` (``reorder``, ``deduplicate``) chooses it.
         longest_prefix: Returns the order of chunks whose leading ones the hard tier holds most
             of (indices into its argument).
         conversation_chunks: The conversation's context so far, in listed order (the previous
-            answer's chunks); used with ``chat.deduplicate``.
+            answer's chunks); used with ``experimental.arrangement.deduplicate``.
     """
-    if config.chat.deduplicate and conversation_chunks:
+    arrangement = config.experimental.arrangement
+    if arrangement.deduplicate and conversation_chunks:
         listed = list(_unique(conversation_chunks))
         earlier = {chunk.text for chunk in listed}
         unique = list(_unique(retrieved))
@@ -82,7 +86,7 @@ def arrange(
             tuple(place[chunk.text] for chunk in unique),
             tuple(chunk.text in earlier for chunk in unique),
         )
-    if config.cache.reorder == "longest_prefix" and config.cache.hard.enabled:
+    if arrangement.reorder == "longest_prefix" and config.cache.hard.enabled:
         order = list(longest_prefix(retrieved))
         listed = [retrieved[idx] for idx in order]
         ranking = tuple(order.index(idx) for idx in range(len(retrieved)))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from adarag.augment import stop_rules
-from adarag.config import AugmentConfig
+from adarag.config import AugmentConfig, AugmentLevers
 from adarag.pipeline.controller import build_controller, fitted_stops, static_fallback_message
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
@@ -20,12 +20,14 @@ from adarag.profiles.model_profile import ModelProfile
 logger = logging.getLogger("adarag.pipeline.rag")
 
 
-def is_static_fallback(augment: AugmentConfig, profile: ModelProfile) -> bool:
+def is_static_fallback(
+    augment: AugmentConfig, levers: AugmentLevers, profile: ModelProfile
+) -> bool:
     """Whether augmentation is on with a stop rule the model's profile has no fit for."""
     if not augment.enabled:
         return False
     fitted = fitted_stops(augment, profile)
-    return stop_rules.build_stop_rule(augment.stop_rule, augment.min_chunks, fitted) is None
+    return stop_rules.build_stop_rule(augment.stop_rule, levers.min_chunks, fitted) is None
 
 
 def augmented_prefill(resources: Resources) -> AugmentedPrefill:
@@ -35,17 +37,18 @@ def augmented_prefill(resources: Resources) -> AugmentedPrefill:
     augmentation off (static top-k), logged here once per pipeline.
     """
     config, generator, profile = resources.config, resources.generator, resources.profile
-    augment = config.augment
-    if is_static_fallback(augment, profile):
+    augment, levers = config.augment, config.experimental.augment
+    controller = build_controller(augment, levers, generator.spec.num_layers, profile)
+    if is_static_fallback(augment, levers, profile):
         # the documented default of both packaged models, not a fault: info, not warning
         logger.info(static_fallback_message(augment.stop_rule, profile))
-        augment = augment.model_copy(update={"enabled": False})
+        static = augment.model_copy(update={"enabled": False})
+        config = config.model_copy(update={"augment": static})
     return AugmentedPrefill(
         generator,
         resources.cache,
-        config.cache,
-        augment,
-        build_controller(config.augment, generator.spec.num_layers, profile),
+        config,
+        controller,
         resources.engine_lock,
         resources.system_kv,
         resources.learned,

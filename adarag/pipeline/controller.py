@@ -11,7 +11,7 @@ from adarag.augment import (
     ThresholdStop,
     stop_rules,
 )
-from adarag.config import AugmentConfig
+from adarag.config import AugmentConfig, AugmentLevers
 from adarag.errors import ConfigError
 from adarag.profiles.model_profile import AgreementCalibration, ModelProfile
 
@@ -31,20 +31,21 @@ def fitted_stops(augment: AugmentConfig, profile: ModelProfile) -> FittedStops:
 
 
 def build_controller(
-    augment: AugmentConfig, num_layers: int, profile: ModelProfile
+    augment: AugmentConfig, levers: AugmentLevers, num_layers: int, profile: ModelProfile
 ) -> AugmentationController:
     """The controller of ``augment.stop_rule`` (static top-k when the model lacks its fit)."""
-    if augment.num_lens_layers > num_layers:
+    if levers.num_lens_layers > num_layers:
         raise ConfigError(
-            f"augment.num_lens_layers is {augment.num_lens_layers} but the model has only "
+            f"experimental.augment.num_lens_layers is {levers.num_lens_layers} but the model has "
+            "only "
             f"{num_layers} layers; set it between 2 and {num_layers}"
         )
     calibration = profile.calibration
     fitted = fitted_stops(augment, profile)
-    kl_weight = calibration.kl_weight if augment.kl_weight is None else augment.kl_weight
+    kl_weight = calibration.kl_weight if levers.kl_weight is None else levers.kl_weight
     params = ConfidenceParams(kl_weight, calibration.kl_scale, calibration.entropy_scale)
-    estimator = LensConfidence(params, augment.estimator)
-    rule = stop_rules.build_stop_rule(augment.stop_rule, augment.min_chunks, fitted)
+    estimator = LensConfidence(params, levers.estimator)
+    rule = stop_rules.build_stop_rule(augment.stop_rule, levers.min_chunks, fitted)
     if rule is None:  # static top-k (see augmented.is_static_fallback)
         return AugmentationController(estimator, ThresholdStop(fitted.threshold))
     agreement = (

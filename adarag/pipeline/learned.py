@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from adarag.config import RecomputeConfig
+from adarag.config import RecomputeSettings
 from adarag.engine.routing import RoutingLadder
 from adarag.fitted import FittedModel
 from adarag.profiles import ModelProfile
@@ -27,7 +27,7 @@ class LearnedControls:
     ladder: RoutingLadder | None = None
 
 
-def learned_controls(recompute: RecomputeConfig, profile: ModelProfile) -> LearnedControls:
+def learned_controls(recompute: RecomputeSettings, profile: ModelProfile) -> LearnedControls:
     """The controls ``recompute`` asks for, as far as ``profile`` has them (logs what it lacks)."""
     scorer = None
     if recompute.selection_policy == "learned":

@@ -156,9 +156,9 @@ class AdaRAG(ResourceViews, AsyncAnswering):
     def warm(self, chunks: Sequence[Chunk | str]) -> int:
         """Precompute the independent KV of chunks not cached yet; returns how many were new.
 
-        With ``cache.fusion`` on, each chunk's fused KV (computed after its most similar chunks
-        in the retriever, or among ``chunks`` when there is no retriever) is stored too; a chunk
-        counts as new when either entry was computed. Entries go to the disk tier at once, so
+        With ``experimental.fusion`` on, each chunk's fused KV (computed after its most similar
+        chunks in the retriever, or among ``chunks`` when there is no retriever) is stored too; a
+        chunk counts as new when either entry was computed. Entries go to the disk tier at once, so
         they survive restarts.
         """
         return warm_chunks(self._resources, self.retriever, chunks)
@@ -222,8 +222,8 @@ class AdaRAG(ResourceViews, AsyncAnswering):
                 together with ``question``. Pass only the turns to carry (see
                 :class:`~adarag.conversation.Conversation`).
             conversation_chunks: The conversation's context so far in listed order (the last
-                answer's ``chunks``); with ``chat.deduplicate`` it opens this turn's context and
-                only retrieved chunks not in it are added.
+                answer's ``chunks``); with ``experimental.arrangement.deduplicate`` it opens this
+                turn's context and only retrieved chunks not in it are added.
         """
         request = Request.of(
             question,
@@ -256,8 +256,8 @@ class AdaRAG(ResourceViews, AsyncAnswering):
 
         RAGBoost's scheduling: requests that share chunks form groups (largest first), and each
         group's shared chunks get one order, recorded in the hard tier's context index, so with
-        ``cache.reorder = "longest_prefix"`` each request after the first in a group lists them
-        first and finds them cached.
+        ``experimental.arrangement.reorder = "longest_prefix"`` each request after the first in a
+        group lists them first and finds them cached.
 
         Args:
             requests: Each request's chunks in the retriever's order.

@@ -120,6 +120,7 @@ class Resources:
                         self.prompts.system_ids,
                         self.profile.sink_chunk_idx,
                         self._variants,
+                        self.config.experimental,
                     )
         return self._cache
 
@@ -164,7 +165,7 @@ class Resources:
         derived = Resources(config, self.generator, self.engine_lock)
         if config.cache.store == self.config.cache.store:
             derived._store = self.open_store()  # one store per directory: entries and stats shared
-            if config.cache.variants == self.config.cache.variants:
+            if config.experimental.variants == self.config.experimental.variants:
                 derived._variants = self.cache.variants  # the variants whose KV that store holds
         return derived
 

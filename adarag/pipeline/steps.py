@@ -24,7 +24,7 @@ from adarag.augment.confidence import mean
 from adarag.augment.prior import chunks_before_gap
 from adarag.cache.tiers import TieredCache, TierHit
 from adarag.cache.variants import VariantStats, variant_stats
-from adarag.config import AugmentConfig, CacheConfig
+from adarag.config import AdaRagConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.generator import Engine
 from adarag.engine.routing import ROUTING_FEATURES
@@ -75,8 +75,8 @@ class AugmentedPrefill:
     Args:
         generator: The backend.
         cache: The three-tier chunk-KV cache.
-        cache_config: Which tiers are on, and the selection rule (sent with every prefill).
-        augment_config: Whether to augment, and the logit-lens layers.
+        config: Which tiers are on, the selection rule and its levers (sent with every
+            prefill), whether to augment and the stop rules' levers (the logit-lens layers).
         controller: The confidence estimator and stop rule.
         engine_lock: Serialises engine work with other requests.
         system_kv: Returns the system prefix's exact KV (computing it once).
@@ -89,8 +89,7 @@ class AugmentedPrefill:
         self,
         generator: Engine,
         cache: TieredCache,
-        cache_config: CacheConfig,
-        augment_config: AugmentConfig,
+        config: AdaRagConfig,
         controller: AugmentationController,
         engine_lock: threading.RLock,
         system_kv: Callable[[], ChunkKV],
@@ -99,8 +98,11 @@ class AugmentedPrefill:
     ) -> None:
         self._generator = generator
         self._cache = cache
-        self._cache_config = cache_config
-        self._augment_config = augment_config
+        self._tiers = config.cache
+        self._strategies = config.experimental
+        self._augment = config.augment
+        self._levers = config.experimental.augment
+        self._selection = config.selection
         self._controller = controller
         self._engine_lock = engine_lock
         self._system_kv = system_kv
@@ -125,10 +127,10 @@ class AugmentedPrefill:
             retrieval_s: Seconds retrieval took.
         """
         num_chunks = len(chunks)
-        augment = self._augment_config.enabled
-        score_gap = self._augment_config.score_gap
+        augment = self._augment.enabled
+        score_gap = self._levers.score_gap
         if augment and score_gap is not None:
-            floor = self._augment_config.min_chunks or 1
+            floor = self._levers.min_chunks or 1
             num_chunks = chunks_before_gap([c.score for c in chunks], score_gap, floor)
         taken: list[tuple[ScoredStep, PrefillStep]] = []
         reason: StopReason | None = None
@@ -209,7 +211,7 @@ class AugmentedPrefill:
         results = []
         previous: tuple[int, ...] | None = None
         last: PrefillStep | None = None
-        num_prefix = self._augment_config.stability_tokens
+        num_prefix = self._levers.stability_tokens
         for num_chunks in range(1, len(layout.chunk_ids) + 1):
             step = self._run_step(
                 layout.with_chunks(num_chunks),
@@ -271,20 +273,21 @@ class AugmentedPrefill:
         Args:
             layout: The prompt.
             max_new_tokens: Rows reserved for the answer.
-            previous: The request's previous augmentation step: with ``augment.reuse_step_kv``
-                its KV cache is prefilled into, the exact rows it shares with ``layout`` (the
-                system prefix and the chunks found in the hard tier) left in place.
+            previous: The request's previous augmentation step: with
+                ``experimental.augment.reuse_step_kv`` its KV cache is prefilled into, the exact
+                rows it shares with ``layout`` (the system prefix and the chunks found in the hard
+                tier) left in place.
             min_capacity: Rows to allocate at least (the whole request's prompt).
         """
-        tiers = self._cache_config
+        tiers, strategies = self._tiers, self._strategies
         reuse = any(
             (
                 tiers.hard.enabled,
                 tiers.soft.enabled,
                 tiers.independent.enabled,
-                tiers.alternative_path.enabled,
-                tiers.variants.enabled,
-                tiers.fusion.enabled,
+                strategies.alternative_path.enabled,
+                strategies.variants.enabled,
+                strategies.fusion.enabled,
             )
         )
         system = SegmentSource(self._system_kv(), exact=True) if reuse else SegmentSource()
@@ -293,20 +296,20 @@ class AugmentedPrefill:
             sources = [system, *(_source(hit) for hit in hits)]
             sources.append(SegmentSource())
             # Cache-Craft keeps the attention statistics of every chunk computed in full
-            collect = tiers.variants.enabled and any(hit.tier == "miss" for hit in hits)
-            reuse = self._augment_config.reuse_step_kv and previous is not None
+            collect = strategies.variants.enabled and any(hit.tier == "miss" for hit in hits)
+            reuse = self._levers.reuse_step_kv and previous is not None
             resident_rows = _resident_rows(layout, hits, previous) if reuse else 0
             started = time.perf_counter()
             output = self._generator.prefill(
                 layout,
                 sources,
                 max_new_tokens=max_new_tokens,
-                selection=tiers.recompute,
-                num_lens_layers=self._augment_config.num_lens_layers,
+                selection=self._selection,
+                num_lens_layers=self._levers.num_lens_layers,
                 collect_segment_attention=collect,
                 resident=previous.output.kv if reuse and previous is not None else None,
                 resident_rows=resident_rows,
-                min_capacity=min_capacity if self._augment_config.reuse_step_kv else 0,
+                min_capacity=min_capacity if self._levers.reuse_step_kv else 0,
                 token_scorer=self._learned.token_scorer,
                 ladder=self._learned.ladder,
             )
@@ -329,7 +332,7 @@ class AugmentedPrefill:
         """
         output, hits, prefill_s = self.fused_prefill(layout, max_new_tokens, previous, min_capacity)
         lens_started = time.perf_counter()
-        kl, entropy = self._generator.lens_signals(output, self._augment_config.num_lens_layers)
+        kl, entropy = self._generator.lens_signals(output, self._levers.num_lens_layers)
         top2 = torch.softmax(output.logits.float().reshape(-1), dim=-1).topk(2).values
         result = StepResult(
             LensSignals(tuple(kl), entropy),
@@ -355,7 +358,7 @@ class AugmentedPrefill:
 
     def _answer_prefix(self, layout: PromptLayout, output: PrefillOutput) -> tuple[int, ...]:
         """The first ``stability_tokens`` greedy answer tokens (the prompt's KV is unchanged)."""
-        greedy = GenerationParams(max_new_tokens=self._augment_config.stability_tokens)
+        greedy = GenerationParams(max_new_tokens=self._levers.stability_tokens)
         with self._engine_lock:
             return tuple(self._generator.decode_tokens(layout, output, greedy))
 
@@ -367,7 +370,7 @@ class AugmentedPrefill:
             None if hits[i].tier == "hard" else output.kv.segment(cu[i + 1], cu[i + 2])
             for i in range(len(segments))
         ]
-        with_variants = self._cache_config.variants.enabled
+        with_variants = self._strategies.variants.enabled
         stats = _variant_stats(layout, output, hits) if with_variants else None
         self._cache.write_back(segments, hits, fused, stats)
 

@@ -25,7 +25,7 @@ class PreparedAnswer:
         layout: The prompt the answer decodes from; None when retrieval found nothing.
         output: Its prefill; None when retrieval found nothing.
         chunks: The chunks in that prompt, in listed order (the retriever's unless
-            ``cache.reorder`` or ``chat.deduplicate`` arranged them).
+            ``experimental.arrangement`` arranged them).
         trace: What retrieval and augmentation did.
         num_cached_tokens: Prompt tokens whose KV was reused rather than recomputed.
         write_back: Stores the prompt's fused KV in the cache (taking the engine lock itself);

@@ -1,4 +1,4 @@
-"""Warming: the chunks' independent KV (and, with ``cache.fusion``, their fused KV) computed ahead.
+"""Warming: the chunks' independent KV (and with ``experimental.fusion`` their fused KV) ahead.
 
 :func:`warm_chunks` is what ``AdaRAG.warm`` runs: every chunk whose independent KV is not cached
 yet is computed once after the system prefix and stored; with FusionRAG on, each chunk's fused
@@ -39,7 +39,7 @@ def warm_chunks(
         if not resources.cache.has_independent(ids):
             resources.independent_kv(ids)
             new.add(chunk.text)
-    config = resources.config.cache.fusion
+    config = resources.config.experimental.fusion
     if config.enabled and given:
         fuser = ChunkFuser(
             config, resources.generator, resources.prompts, system_kv, resources.independent_kv

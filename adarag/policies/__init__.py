@@ -8,7 +8,7 @@ Serve one with :meth:`adarag.AdaRAG.from_policy`; ``adarag bench --policies`` an
 
 from __future__ import annotations
 
-from adarag.policies.base import Policy, tiered, with_cache
+from adarag.policies.base import Policy, tiered, with_experimental
 from adarag.policies.registry import (
     POLICIES,
     get_policy,
@@ -25,5 +25,5 @@ __all__ = [
     "register",
     "tiered",
     "unregister",
-    "with_cache",
+    "with_experimental",
 ]

@@ -24,14 +24,12 @@ PRESETS = (
                 "hard": {"enabled": False},
                 "soft": {"enabled": False},
                 "independent": {"enabled": True, "recompute_ratio": 0.15},
-                "recompute": {
-                    "selection_policy": "query_attention",
-                    "query_layers": (1, 2),
-                    "budget": "global",
-                    "max_chunk_ratio": None,
-                },
+                "recompute": {"selection_policy": "query_attention"},
             },
             "augment": {"enabled": False},
+            "experimental": {
+                "recompute": {"query_layers": (1, 2), "budget": "global", "max_chunk_ratio": None}
+            },
         },
     ),
 )

@@ -15,8 +15,8 @@ class Policy:
 
     What a policy must prepare follows from its overrides: :attr:`uses_independent_tier` (the
     ingest-time independent KV), :attr:`uses_fused_tier` (each chunk's fused KV computed at warm)
-    and :attr:`augments` (chunks added one at a time); ``cache.reorder="longest_prefix"`` asks for
-    a batch to be scheduled (:meth:`adarag.AdaRAG.schedule`).
+    and :attr:`augments` (chunks added one at a time); ``experimental.arrangement.reorder =
+    "longest_prefix"`` asks for a batch to be scheduled (:meth:`adarag.AdaRAG.schedule`).
     """
 
     name: str
@@ -33,7 +33,8 @@ class Policy:
     @property
     def uses_fused_tier(self) -> bool:
         """Whether the policy needs each chunk's fused KV computed at warm (FusionRAG)."""
-        return bool(self.overrides["cache"].get("fusion", {}).get("enabled", False))
+        fusion = self.overrides.get("experimental", {}).get("fusion", {})
+        return bool(fusion.get("enabled", False))
 
     @property
     def augments(self) -> bool:
@@ -98,7 +99,9 @@ def tiered(
     return Policy(name, description, overrides, static_twin)
 
 
-def with_cache(policy: Policy, **cache: dict[str, Any]) -> Policy:
-    """``policy`` with more cache sections overridden."""
-    overrides = {**policy.overrides, "cache": {**policy.overrides["cache"], **cache}}
+def with_experimental(policy: Policy, **experimental: dict[str, Any]) -> Policy:
+    """``policy`` with sections of ``experimental`` overridden (a strategy's levers)."""
+    overrides: dict[str, Any] = {}
+    _merge(overrides, policy.overrides)
+    _merge(overrides, {"experimental": experimental})
     return Policy(policy.name, policy.description, overrides, policy.static_twin)

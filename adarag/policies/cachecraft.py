@@ -10,10 +10,10 @@ gives no window).
 
 from __future__ import annotations
 
-from adarag.policies.base import tiered, with_cache
+from adarag.policies.base import tiered, with_experimental
 
 PRESETS = (
-    with_cache(
+    with_experimental(
         tiered(
             "cachecraft",
             "chunk variants (100 x 5) reused by lowest CFO, ceil(CFO x tokens) recomputed by "
@@ -21,8 +21,9 @@ PRESETS = (
             hard=False,
             soft=False,
             independent=False,
+            selection="stored_rank",
         ),
-        recompute={"selection_policy": "stored_rank", "budget": "per_chunk", "focus_window": 5},
+        recompute={"budget": "per_chunk", "focus_window": 5},
         variants={"enabled": True, "max_chunks": 100, "max_variants_per_chunk": 5, "alpha": 1.0},
     ),
 )

@@ -8,10 +8,10 @@ final-layer attention.
 
 from __future__ import annotations
 
-from adarag.policies.base import tiered, with_cache
+from adarag.policies.base import tiered, with_experimental
 
 PRESETS = (
-    with_cache(
+    with_experimental(
         tiered(
             "fusionrag",
             "fused KV (10 similar chunks before each) + alternative path + 15% by final-layer "
@@ -20,12 +20,9 @@ PRESETS = (
             soft=False,
             independent=True,
             independent_ratio=0.15,
+            selection="query_attention",
         ),
-        recompute={
-            "selection_policy": "query_attention",
-            "query_last_layers": 1,
-            "budget": "global",
-        },
+        recompute={"query_last_layers": 1, "budget": "global"},
         alternative_path={"enabled": True, "recompute_ratio": 0.15},
         fusion={"enabled": True, "num_neighbors": 10, "recompute_ratio": 0.15},
     ),

@@ -19,10 +19,9 @@ PRESETS = (
                 "hard": {"enabled": True},
                 "soft": {"enabled": False},
                 "independent": {"enabled": False},
-                "reorder": "longest_prefix",
             },
             "augment": {"enabled": False},
-            "chat": {"deduplicate": True},
+            "experimental": {"arrangement": {"reorder": "longest_prefix", "deduplicate": True}},
         },
     ),
 )

@@ -38,7 +38,9 @@ SOURCE_DIR = "/srv/private/knowledge"
 def tiny_rag(checkpoint: Path, home: Path) -> AdaRAG:
     """A pipeline over the tiny checkpoint; its chunks carry server paths as an ingest's do."""
     config = AdaRagConfig.build(
-        home=home, engine={"model": str(checkpoint)}, augment={"num_lens_layers": 2}
+        home=home,
+        engine={"model": str(checkpoint)},
+        experimental={"augment": {"num_lens_layers": 2}},
     )
     chunks = [
         Chunk(text, metadata={"source": f"{SOURCE_DIR}/notes/file{idx}.md", "chunk_idx": 0})

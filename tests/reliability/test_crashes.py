@@ -83,7 +83,8 @@ def config_file(tiny_checkpoints, tmp_path):
     config = AdaRagConfig.build(
         home=tmp_path / "home",
         engine={"model": str(tiny_checkpoints["llama"])},
-        augment={"num_lens_layers": 2, "enabled": False},
+        augment={"enabled": False},
+        experimental={"augment": {"num_lens_layers": 2}},
         retrieval={"embedding_batch_size": 2},  # one chunk per passage, six batches or more
     )
     path = tmp_path / "config.json"

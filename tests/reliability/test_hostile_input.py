@@ -146,7 +146,7 @@ def rag(tiny_checkpoints, tmp_path_factory) -> AdaRAG:
     config = AdaRagConfig.build(
         home=tmp_path_factory.mktemp("hostile-home"),
         engine={"model": str(tiny_checkpoints["llama"])},
-        augment={"num_lens_layers": 2},
+        experimental={"augment": {"num_lens_layers": 2}},
     )
     pipeline = AdaRAG(config, retriever=MemoryRetriever([Chunk(text) for text in CORPUS]))
     _ = pipeline.generator
@@ -819,7 +819,10 @@ def test_hostile_config_values_build_or_give_one_config_error(ledger, section, d
             {"augment": {"threshold": math.nan}},
             "augment.threshold: Input should be a finite number",
         ),
-        ({"augment": {"score_gap": math.inf}}, "augment.score_gap: Input should be a finite"),
+        (
+            {"experimental": {"augment": {"score_gap": math.inf}}},
+            "experimental.augment.score_gap: Input should be a finite",
+        ),
         ({"cache": {"soft": {"recompute_ratio": -0.5}}}, "cache.soft.recompute_ratio"),
         ({"retrieval": {"top_k": -3}}, "retrieval.top_k: Input should be greater than or equal"),
         ({"retrieval": {"top_k": "six"}}, "retrieval.top_k: Input should be a valid integer"),
@@ -1093,7 +1096,9 @@ def test_hostile_model_directory_is_one_clear_error_and_runs_no_code(
     plant_code(model_dir, marker)
     damage(model_dir)
     config = AdaRagConfig.build(
-        home=tmp_path / "home", engine={"model": str(model_dir)}, augment={"num_lens_layers": 2}
+        home=tmp_path / "home",
+        engine={"model": str(model_dir)},
+        experimental={"augment": {"num_lens_layers": 2}},
     )
     with no_hang(60):
         _, err = attempt(
@@ -1153,7 +1158,9 @@ def test_fuzzed_model_config_loads_or_gives_one_clear_error(
     data.update(changes)
     (directory / "config.json").write_text(json.dumps(data))
     config = AdaRagConfig.build(
-        home=root / "home", engine={"model": str(directory)}, augment={"num_lens_layers": 2}
+        home=root / "home",
+        engine={"model": str(directory)},
+        experimental={"augment": {"num_lens_layers": 2}},
     )
     with no_hang(60):
         answer, err = attempt(

@@ -65,7 +65,8 @@ def clean_answer(generator, tiny_checkpoints, tmp_path_factory):
     config = AdaRagConfig.build(
         home=tmp_path_factory.mktemp("clean"),
         engine={"model": str(tiny_checkpoints["llama"])},
-        augment={"num_lens_layers": 2, **STATIC},
+        augment=STATIC,
+        experimental={"augment": {"num_lens_layers": 2}},
     )
     AdaRAG(config, generator=generator).warm(CHUNKS)
     return _answer(AdaRAG(config, generator=generator))

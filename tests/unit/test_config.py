@@ -7,7 +7,14 @@ import json
 import pydantic
 import pytest
 
-from adarag.config import AdaRagConfig
+from adarag.config import (
+    AdaRagConfig,
+    CacheConfig,
+    ExperimentalConfig,
+    RecomputeConfig,
+    RecomputeLevers,
+    RecomputeSettings,
+)
 from adarag.errors import ConfigError
 
 
@@ -34,7 +41,7 @@ def test_config_is_frozen():
 
 
 def test_hard_tier_must_not_recompute():
-    with pytest.raises(ConfigError, match="hard.recompute_ratio must be 0"):
+    with pytest.raises(ConfigError, match="remove hard.recompute_ratio"):
         AdaRagConfig.build(cache={"hard": {"recompute_ratio": 0.1}})
 
 
@@ -54,8 +61,8 @@ def test_home_comes_from_adarag_home(monkeypatch, tmp_path):
 
 def test_config_file_round_trip(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"augment": {"num_lens_layers": 3}}))
-    assert AdaRagConfig.from_file(path).augment.num_lens_layers == 3
+    path.write_text(json.dumps({"experimental": {"augment": {"num_lens_layers": 3}}}))
+    assert AdaRagConfig.from_file(path).experimental.augment.num_lens_layers == 3
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read configuration file"):
         AdaRagConfig.from_file(path)
@@ -96,3 +103,52 @@ def test_vllm_server_backend_needs_a_hand_over_key(monkeypatch, tmp_path):
     key_file.chmod(0o644)
     with pytest.raises(ConfigError, match=r"open to other users \(mode 0644\).*chmod 600"):
         engine.handoff_key_bytes()
+
+
+def test_a_file_of_the_old_layout_loads_its_moved_keys_and_names_where_they_went(tmp_path, caplog):
+    path = tmp_path / "config.json"
+    old = {
+        "cache": {
+            "hard": {"enabled": True, "recompute_ratio": 0.0},
+            "fusion": {"enabled": True},
+            "reorder": "longest_prefix",
+            "recompute": {"selection_policy": "kv_deviation", "layer_schedule": "gradual"},
+        },
+        "augment": {"enabled": False, "num_lens_layers": 3},
+        "chat": {"deduplicate": True},
+    }
+    path.write_text(json.dumps(old))
+    with caplog.at_level("WARNING", logger="adarag.config.experimental"):
+        config = AdaRagConfig.from_file(path)
+    experimental = config.experimental
+    assert experimental.fusion.enabled and experimental.arrangement.reorder == "longest_prefix"
+    assert experimental.recompute.layer_schedule == "gradual"
+    assert experimental.augment.num_lens_layers == 3 and experimental.arrangement.deduplicate
+    assert config.cache.recompute.selection_policy == "kv_deviation" and not config.augment.enabled
+    assert config.selection.layer_schedule == "gradual"
+    assert "cache.fusion moved to experimental.fusion" in caplog.text
+    assert "augment.num_lens_layers moved to experimental.augment.num_lens_layers" in caplog.text
+    assert json.loads(path.read_text()) == old  # the file is only read
+
+
+def test_a_moved_key_is_refused_by_its_old_section_and_controls_stay_per_request():
+    with pytest.raises(pydantic.ValidationError, match="fusion"):
+        CacheConfig(fusion={"enabled": True})
+    with pytest.raises(ConfigError, match="selection_policy"):  # controls are per request only
+        AdaRagConfig.build(cache={"recompute": {"selection_policy": "oracle"}})
+    assert RecomputeConfig(selection_policy="oracle").selection_policy == "oracle"
+
+
+def _settings(model: type[pydantic.BaseModel]) -> int:
+    count = 0
+    for field in model.model_fields.values():
+        section = field.annotation
+        is_section = isinstance(section, type) and issubclass(section, pydantic.BaseModel)
+        count += _settings(section) if is_section else 1
+    return count
+
+
+def test_the_user_config_keeps_research_levers_in_experimental():
+    total = _settings(AdaRagConfig)
+    assert total - _settings(ExperimentalConfig) <= 95
+    assert set(RecomputeLevers.model_fields).isdisjoint(RecomputeSettings.model_fields)

@@ -109,7 +109,7 @@ def test_adarag_config_is_honoured_by_a_command_that_answers(
 ):
     settings = {
         "engine": {"model": str(tiny_checkpoints["llama"])},
-        "augment": {"num_lens_layers": 2},
+        "experimental": {"augment": {"num_lens_layers": 2}},
     }
     monkeypatch.setenv("ADARAG_CONFIG", str(_write(tmp_path / "tiny.json", settings)))
     notes = tmp_path / "notes.md"

@@ -73,7 +73,7 @@ def test_every_registered_policy_builds_a_valid_configuration(name):
     config = policy_config(name)
     assert config == AdaRagConfig.build(**policy.overrides)
     assert config.cache.independent.enabled == policy.uses_independent_tier
-    assert config.cache.fusion.enabled == policy.uses_fused_tier
+    assert config.experimental.fusion.enabled == policy.uses_fused_tier
     assert config.augment.enabled == policy.augments
     if policy.static_twin is not None:
         assert not get_policy(policy.static_twin).augments

@@ -107,7 +107,13 @@ def test_variant_stats_follow_the_cci_definition_and_rank_by_prefix_attention():
 def craft(tiny_checkpoints, tiny_config):
     overrides = POLICIES["cachecraft"].overrides
     cache = {**overrides["cache"], "store": {"storage_dtype": "float32"}}
-    return AdaRAG(tiny_config(tiny_checkpoints["llama"], cache=cache, augment=overrides["augment"]))
+    config = tiny_config(
+        tiny_checkpoints["llama"],
+        cache=cache,
+        augment=overrides["augment"],
+        experimental=overrides["experimental"],
+    )
+    return AdaRAG(config)
 
 
 def _prefill_and_keep(rag, chunks):
@@ -148,8 +154,10 @@ def test_a_variant_under_its_own_prefix_is_reused_exactly(craft):
 def test_pipeline_keeps_the_variant_budget(tiny_checkpoints, tiny_config):
     overrides = POLICIES["cachecraft"].overrides
     budget = {"enabled": True, "max_chunks": 1, "max_variants_per_chunk": 2}
-    cache = {**overrides["cache"], "variants": budget}
-    rag = AdaRAG(tiny_config(tiny_checkpoints["llama"], cache=cache))
+    experimental = {**overrides["experimental"], "variants": budget}
+    rag = AdaRAG(
+        tiny_config(tiny_checkpoints["llama"], cache=overrides["cache"], experimental=experimental)
+    )
     layout, _, _ = _prefill_and_keep(rag, [CHUNKS[0], CHUNKS[1], CHUNKS[2]])
     keys = rag.cache.keys(layout.chunk_ids)
     assert rag.cache.variants.num_variants == 2
@@ -213,7 +221,7 @@ def test_focus_window_stops_recomputing_unfocused_chunks(craft):
         if cu[idx + 1] <= position < cu[idx + 2]
     }
     assert dropped, "the prompt must leave a recomputed chunk out of focus"
-    windowed = craft.with_config(cache={"recompute": {"focus_window": 1}})
+    windowed = craft.with_config(experimental={"recompute": {"focus_window": 1}})
     output, _, _ = windowed.augmentation.fused_prefill(layout, 0)
     assert torch.equal(output.recomputed_positions, plain.recomputed_positions)
     final = set(output.token_attention_positions.tolist())

@@ -21,9 +21,13 @@ CORPUS = [*CHUNKS, EXTRA]
 FLOAT32 = {"storage_dtype": "float32"}
 
 
-def _fusion_rag(tiny_checkpoints, tiny_config, num_neighbors=2, **cache):
-    cache = {"store": FLOAT32, "fusion": {"enabled": True, "num_neighbors": num_neighbors}, **cache}
-    config = tiny_config(tiny_checkpoints["llama"], cache=cache)
+def _fusion_rag(tiny_checkpoints, tiny_config, num_neighbors=2, fusion=None, **cache):
+    fused = {"enabled": True, "num_neighbors": num_neighbors, **(fusion or {})}
+    config = tiny_config(
+        tiny_checkpoints["llama"],
+        cache={"store": FLOAT32, **cache},
+        experimental={"fusion": fused},
+    )
     return AdaRAG(config, retriever=MemoryRetriever([Chunk(text) for text in CORPUS]))
 
 
@@ -110,7 +114,7 @@ def test_a_fused_hit_replaces_the_independent_one(tiny_checkpoints, tiny_config)
     _, hits, _ = rag.augmentation.fused_prefill(layout, 0)
     assert [hit.tier for hit in hits] == ["fused", "fused"]
     plain = AdaRAG(rag.config.model_copy(update={"home": rag.config.home / "plain"}))
-    plain = plain.with_config(cache={"fusion": {"enabled": False}})
+    plain = plain.with_config(experimental={"fusion": {"enabled": False}})
     plain.warm(CORPUS)
     _, hits, _ = plain.augmentation.fused_prefill(layout, 0)
     assert [hit.tier for hit in hits] == ["independent", "independent"]
@@ -123,12 +127,9 @@ def test_alternative_path_finds_a_chunk_stored_under_another_prefix(tiny_checkpo
     tiers = {}
     for enabled in (True, False):
         # no soft tier: its key (the predecessor) would find CHUNKS[1] first
-        cache = {
-            "store": FLOAT32,
-            "soft": {"enabled": False},
-            "alternative_path": {"enabled": enabled},
-        }
-        config = tiny_config(tiny_checkpoints["llama"], cache=cache)
+        cache = {"store": FLOAT32, "soft": {"enabled": False}}
+        path = {"alternative_path": {"enabled": enabled}}
+        config = tiny_config(tiny_checkpoints["llama"], cache=cache, experimental=path)
         rag = AdaRAG(config.model_copy(update={"home": config.home / str(enabled)}))
         first = rag.prompts.layout(QUESTION, first_chunks)
         output, hits, _ = rag.augmentation.fused_prefill(first, 0)
@@ -140,7 +141,9 @@ def test_alternative_path_finds_a_chunk_stored_under_another_prefix(tiny_checkpo
             # CHUNKS[1] comes back as computed after EXTRA, CHUNKS[0] in the first prompt
             stored = output.kv.segment(first.cu_segments[3], first.cu_segments[4])
             torch.testing.assert_close(hits[2].kv.k, stored.k)
-            assert hits[2].recompute_ratio == rag.config.cache.alternative_path.recompute_ratio
+            assert (
+                hits[2].recompute_ratio == rag.config.experimental.alternative_path.recompute_ratio
+            )
     assert tiers[True] == ["miss", "independent", "alternative"]
     assert tiers[False] == ["miss", "independent", "independent"]
 
@@ -150,7 +153,7 @@ def test_fusionrag_scores_with_the_final_layer_only(tiny_checkpoints, tiny_confi
     config = tiny_config(tiny_checkpoints["llama"], **policy.overrides)
     rag = AdaRAG(config, retriever=MemoryRetriever([Chunk(text) for text in CORPUS]))
     num_layers = rag.generator.spec.num_layers
-    assert query_layers(config.cache.recompute, num_layers) == (num_layers - 1, num_layers)
+    assert query_layers(config.selection, num_layers) == (num_layers - 1, num_layers)
 
 
 @pytest.mark.parametrize("other", ["cacheblend", "adacache-static"])
@@ -200,7 +203,9 @@ def test_a_fused_entry_is_reused_only_with_its_neighbours_in_the_prompt(
     restarted = AdaRAG(rag.config, retriever=finder)
     assert [tiers(restarted, chunks) for chunks in prompts] == expected
     # no gate: the fused entry always; a gate no chunk passes (3 of 2 neighbours): never
-    always = restarted.with_config(cache={"fusion": {**fusion, "min_neighbors_in_prompt": 0}})
+    always = restarted.with_config(
+        experimental={"fusion": {**fusion, "min_neighbors_in_prompt": 0}}
+    )
     assert tiers(always, prompts[1]) == ["fused", "fused"]
-    never = restarted.with_config(cache={"fusion": {**fusion, "min_neighbors_in_prompt": 3}})
+    never = restarted.with_config(experimental={"fusion": {**fusion, "min_neighbors_in_prompt": 3}})
     assert tiers(never, prompts[0]) == ["independent", "independent"]

@@ -93,7 +93,8 @@ def test_a_second_process_reuses_chunk_kv_from_disk(tiny_checkpoints, tmp_path):
         from adarag.schema import GenerationParams
         config = AdaRagConfig.build(home={str(tmp_path)!r},
                                     engine={{"model": {str(tiny_checkpoints["llama"])!r}}},
-                                    augment={{"enabled": False, "num_lens_layers": 2}})
+                                    augment={{"enabled": False}},
+                                    experimental={{"augment": {{"num_lens_layers": 2}}}})
         with AdaRAG(config) as rag:
             answer = rag.query({QUESTION!r}, chunks={list(CHUNKS)!r},
                                params=GenerationParams(max_new_tokens=4))

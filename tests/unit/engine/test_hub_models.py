@@ -58,7 +58,9 @@ def test_a_hub_id_answers_from_the_cache_on_the_command_line(
 ):
     monkeypatch.setenv("ADARAG_HOME", str(tmp_path / "home"))
     config = tmp_path / "tiny.json"
-    config.write_text('{"augment": {"num_lens_layers": 2}}')  # the tiny model has 2 layers
+    config.write_text(
+        '{"experimental": {"augment": {"num_lens_layers": 2}}}'
+    )  # the tiny model has 2 layers
     notes = tmp_path / "notes.md"
     notes.write_text("Paris is the capital of France. Berlin is the capital of Germany.\n")
     question = "what is the capital of france?"

@@ -50,7 +50,8 @@ def test_tiny_bench_run_writes_tables_json_and_plots(tiny_checkpoints, tmp_path)
             {
                 "home": str(tmp_path / "home"),
                 "engine": {"model": str(tiny_checkpoints["llama"])},
-                "augment": {"num_lens_layers": 2, "threshold": 0.0},
+                "augment": {"threshold": 0.0},
+                "experimental": {"augment": {"num_lens_layers": 2}},
             }
         )
     )

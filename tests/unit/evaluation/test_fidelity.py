@@ -76,8 +76,10 @@ def test_done_rows_are_not_measured_again(tiny_checkpoints, tiny_config):
 def test_fused_rows_reuse_the_entries_warming_stores(tiny_checkpoints, tiny_config):
     corpus = [*CHUNKS, "the lazy dog sleeps by the quick river in paris."]
     knowledge_base = MemoryRetriever([Chunk(text) for text in corpus])
-    cache = {"store": {"storage_dtype": "float32"}, "fusion": {"enabled": True, "num_neighbors": 2}}
-    rag = AdaRAG(tiny_config(tiny_checkpoints["llama"], cache=cache), retriever=knowledge_base)
+    cache = {"store": {"storage_dtype": "float32"}}
+    fusion = {"fusion": {"enabled": True, "num_neighbors": 2}}
+    config = tiny_config(tiny_checkpoints["llama"], cache=cache, experimental=fusion)
+    rag = AdaRAG(config, retriever=knowledge_base)
     rules = {"kv": RecomputeConfig(selection_policy="kv_deviation")}
     params = GenerationParams(max_new_tokens=4)
     item = BenchQuestion("q1", QUESTION, ("paris",), CHUNKS)

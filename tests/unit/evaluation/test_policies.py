@@ -19,7 +19,8 @@ def test_ragboost_is_lossless_hard_tier_reuse_with_reordering_and_deduplication(
     config = AdaRagConfig.build(**POLICIES["ragboost"].overrides)
     cache = config.cache
     assert cache.hard.enabled and not cache.soft.enabled and not cache.independent.enabled
-    assert cache.reorder == "longest_prefix" and config.chat.deduplicate
+    arrangement = config.experimental.arrangement
+    assert arrangement.reorder == "longest_prefix" and arrangement.deduplicate
 
 
 def test_a3_selects_other_tokens_than_cacheblend_on_the_same_prompt(tiny_checkpoints, tiny_config):
@@ -35,9 +36,9 @@ def test_a3_selects_other_tokens_than_cacheblend_on_the_same_prompt(tiny_checkpo
         ratio = config.cache.independent.recompute_ratio
         assert ratio == 0.15
         sources = reuse_sources(system_kv, chunk_kvs, ratio)
-        output = generator.prefill(layout, sources, selection=config.cache.recompute)
+        output = generator.prefill(layout, sources, selection=config.selection)
         chosen[name] = set(output.recomputed_positions.tolist())
     assert len(chosen["a3"]) == len(chosen["cacheblend"])  # the same budget
     assert chosen["a3"] != chosen["cacheblend"]
-    a3 = configs["a3"].cache.recompute
+    a3 = configs["a3"].selection
     assert a3.selection_policy == "query_attention" and a3.query_layers == (1, 2)

@@ -112,7 +112,7 @@ def test_bad_requests_are_rejected(make_rag):
 
 
 def test_more_lens_layers_than_the_model_has_is_rejected(make_rag):
-    rag = make_rag(augment={"num_lens_layers": 5})
+    rag = make_rag(experimental={"augment": {"num_lens_layers": 5}})
     with pytest.raises(ConfigError, match="num_lens_layers is 5 but the model has only 2 layers"):
         rag.query(QUESTION, params=PARAMS)
 
@@ -151,7 +151,9 @@ def _write_agreement_profile(rag: AdaRAG, threshold: float, probability: float =
 
 
 def test_the_agreement_rule_stops_at_the_first_stable_answer_past_the_floor(make_rag):
-    rag = make_rag(augment={"stop_rule": "agreement", "stability_tokens": 2})
+    rag = make_rag(
+        augment={"stop_rule": "agreement"}, experimental={"augment": {"stability_tokens": 2}}
+    )
     _write_agreement_profile(rag, threshold=0.5)
     answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
     steps = answer.trace.steps
@@ -191,14 +193,17 @@ def test_the_agreement_rule_decodes_no_answer_tokens_at_unconfident_steps(make_r
 
 
 def test_the_agreement_rule_keeps_its_floor(make_rag):
-    rag = make_rag(augment={"stop_rule": "agreement", "min_chunks": 3})
+    rag = make_rag(augment={"stop_rule": "agreement"}, experimental={"augment": {"min_chunks": 3}})
     _write_agreement_profile(rag, threshold=0.5)
     answer = rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
     assert len(answer.trace.steps) == 3  # even when the answers repeat earlier
 
 
 def test_a_retrieval_score_gap_caps_the_augmentation_depth(make_rag):
-    rag = make_rag(augment={"stop_rule": "confidence", "threshold": 1.0, "score_gap": 0.2})
+    rag = make_rag(
+        augment={"stop_rule": "confidence", "threshold": 1.0},
+        experimental={"augment": {"score_gap": 0.2}},
+    )
     chunks = [
         Chunk(text, score=score) for text, score in zip(CHUNKS, (0.9, 0.85, 0.3), strict=True)
     ]
@@ -245,7 +250,9 @@ def _each_step(rag):
 def test_steps_prefill_into_the_previous_steps_cache_and_compute_the_same(make_rag, storage_dtype):
     store = {"storage_dtype": storage_dtype, "admission": "always", "disk_capacity_bytes": 0}
     resident = _each_step(make_rag(cache={"store": store}))
-    fresh = _each_step(make_rag(cache={"store": store}, augment={"reuse_step_kv": False}))
+    fresh = _each_step(
+        make_rag(cache={"store": store}, experimental={"augment": {"reuse_step_kv": False}})
+    )
     assert all(step.output.kv is resident[0].output.kv for step in resident)
     assert len({id(step.output.kv) for step in fresh}) == len(fresh)
     for kept, new in zip(resident, fresh, strict=True):

@@ -21,7 +21,7 @@ from tests.unit.engine.helpers import CHUNKS, QUESTION
 
 PARAMS = GenerationParams(max_new_tokens=3)
 NEW = "the danube flows through vienna, budapest and belgrade to the black sea."
-HINT = AdaRagConfig().prompt.order_hint
+HINT = AdaRagConfig().experimental.arrangement.order_hint
 
 
 @pytest.fixture()
@@ -102,7 +102,7 @@ def test_a_deduplicated_turn_lists_each_chunk_once_and_locates_the_repeated_one(
     assert texts == [CHUNKS[0], CHUNKS[1], CHUNKS[2]]
     assert len(texts) == len(set(texts))
     assert second.trace.steps[-1].tiers == ("hard", "hard", "miss")  # turn 1 is a hard prefix
-    location = rag.config.chat.location_hint.replace("{position}", "2")
+    location = rag.config.experimental.arrangement.location_hint.replace("{position}", "2")
     assert second.trace.order_hint == HINT.replace("{ranking}", f"[3], {location}")
 
 

@@ -15,7 +15,8 @@ def test_calibrate_writes_an_agreement_calibration_the_pipeline_reads(tiny_check
     settings = {
         "home": str(tmp_path / "home"),
         "engine": {"model": str(tiny_checkpoints["llama"])},
-        "augment": {"num_lens_layers": 2, "stop_rule": "agreement"},
+        "augment": {"stop_rule": "agreement"},
+        "experimental": {"augment": {"num_lens_layers": 2}},
     }
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(settings))

@@ -50,7 +50,7 @@ def _tiny_settings(tiny_checkpoints, tmp_path):
     settings = {
         "home": str(tmp_path / "home"),
         "engine": {"model": str(tiny_checkpoints["llama"])},
-        "augment": {"num_lens_layers": 2},
+        "experimental": {"augment": {"num_lens_layers": 2}},
     }
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(settings))
@@ -179,7 +179,7 @@ def test_depth_records_in_shards_then_fits_a_probe_the_stop_rule_reads(
     assert main(argv) == 0  # everything recorded: it only fits again
     assert sorted(records.glob("*/*.safetensors")) == recorded
 
-    settings["augment"]["stop_rule"] = "probe"
+    settings["augment"] = {"stop_rule": "probe"}
     rag = AdaRAG(AdaRagConfig.build(**settings))
     probe = rag.profile.depth_probe
     assert probe is not None and probe.layers == probe_layers(rag.generator.spec.num_layers)

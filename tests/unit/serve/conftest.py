@@ -26,7 +26,8 @@ def served(tiny_checkpoints, tmp_path_factory):
     config = AdaRagConfig.build(
         home=home,
         engine={"model": str(tiny_checkpoints["llama"])},
-        augment={"num_lens_layers": 2, "enabled": False},
+        augment={"enabled": False},
+        experimental={"augment": {"num_lens_layers": 2}},
         retrieval={"collection": f"docs-{uuid.uuid4().hex[:8]}", "top_k": 2},
     )
     kb = KnowledgeBase(config.retrieval, client=chromadb.EphemeralClient(), embedder=WordEmbedder())
