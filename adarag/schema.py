@@ -119,7 +119,7 @@ class PromptLayout:
 
 
 Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
-"""A sampling seed: any value a 64-bit generator takes (signed or unsigned)."""
+"""A sampling seed: any value a 64-bit engine takes (signed or unsigned)."""
 
 
 class GenerationParams(BaseModel):

@@ -51,7 +51,7 @@ def musique_prompts(
         layout = rag.prompts.layout(
             row["question"], [p["text"] for p in row["passages"][:passages]]
         )
-        system_kv, chunk_kvs = independent_chunks(rag.generator, layout)
+        system_kv, chunk_kvs = independent_chunks(rag.engine, layout)
         yield row, layout, system_kv, chunk_kvs
 
 

@@ -55,10 +55,10 @@ def interleaved_medians(
 
 def head_costs(rag: AdaRAG, num_lens_layers: int) -> dict[str, float]:
     """Seconds of the LM head over 1 and l rows, and of a separate logit-lens pass."""
-    generator = rag.generator
+    engine = rag.engine
     layout = rag.prompts.layout("warm-up question?", ["a short passage about nothing."])
-    hidden = generator.prefill(layout).layer_hidden
-    model = generator.model
+    hidden = engine.prefill(layout).layer_hidden
+    model = engine.model
     with torch.inference_mode():
         medians = interleaved_medians(
             {
@@ -67,7 +67,7 @@ def head_costs(rag: AdaRAG, num_lens_layers: int) -> dict[str, float]:
                 "separate_lens_s": lambda: logit_lens(
                     hidden[-num_lens_layers:],
                     model.final_norm_weight,
-                    generator.spec.rms_norm_eps,
+                    engine.spec.rms_norm_eps,
                     model.lm_head_weight,
                 ),
             }

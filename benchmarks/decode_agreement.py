@@ -19,7 +19,7 @@ from common import machine, musique_prompts, write_results
 from transformers import AutoModelForCausalLM
 
 from adarag import AdaRAG
-from adarag.engine.generator import eos_token_ids
+from adarag.engine.core import eos_token_ids
 
 
 def main() -> None:
@@ -33,18 +33,18 @@ def main() -> None:
     args = parser.parse_args()
 
     rag = AdaRAG(engine={"model": args.model})
-    generator = rag.generator
-    hf_model = AutoModelForCausalLM.from_pretrained(generator.checkpoint.path, dtype=torch.float32)
+    engine = rag.engine
+    hf_model = AutoModelForCausalLM.from_pretrained(engine.checkpoint.path, dtype=torch.float32)
     hf_model.eval()
-    eos = set(eos_token_ids(generator.checkpoint))
+    eos = set(eos_token_ids(engine.checkpoint))
     rows = []
     prompts = musique_prompts(rag, args.data_dir, args.questions, args.passages)
     with torch.inference_mode():
         for row, layout, _, _ in prompts:
-            prefill = generator.prefill(layout, max_new_tokens=args.new_tokens)
+            prefill = engine.prefill(layout, max_new_tokens=args.new_tokens)
             ours = [int(prefill.logits.argmax())]
             while len(ours) < args.new_tokens and ours[-1] not in eos:
-                ours.append(int(generator.runner.decode(ours[-1], prefill.kv).argmax()))
+                ours.append(int(engine.runner.decode(ours[-1], prefill.kv).argmax()))
             ids = torch.tensor([layout.token_ids])
             generated = hf_model.generate(
                 ids,
@@ -76,7 +76,7 @@ def main() -> None:
     info = machine()
     table = "\n".join(
         [
-            f"Decode agreement, {generator.checkpoint.path.name}: {len(rows)} musique prompts x "
+            f"Decode agreement, {engine.checkpoint.path.name}: {len(rows)} musique prompts x "
             f"{args.passages} passages, up to {args.new_tokens} greedy tokens, ours vs "
             "transformers.",
             f"Machine: {info['cpu']}, {info['cores']} cores, torch {torch.__version__}.",

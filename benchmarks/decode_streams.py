@@ -54,8 +54,8 @@ def vllm_worker(connection, engine: dict, steps: int) -> None:  # type: ignore[n
 
     from adarag.engine.vllm.engine import RequestProgress
 
-    generator = AdaRAG(engine=engine).generator
-    driver = generator.decoder.driver
+    engine = AdaRAG(engine=engine).engine
+    driver = engine.decoder.driver
     sampling = SamplingParams(
         max_tokens=steps + 1,
         temperature=0.0,
@@ -87,7 +87,7 @@ def vllm_worker(connection, engine: dict, steps: int) -> None:  # type: ignore[n
         for request_id in ids:
             driver.release(request_id)
         connection.send((elapsed, produced))
-    generator.close()
+    engine.close()
 
 
 def main() -> None:
@@ -102,11 +102,9 @@ def main() -> None:
     parser.add_argument("--output", default="decode_streams")
     args = parser.parse_args()
     rag = AdaRAG()
-    runner = rag.generator.runner
+    runner = rag.engine.runner
     layouts = [row[1] for row in musique_prompts(rag, args.data_dir, args.streams, args.passages)]
-    outputs = [
-        rag.generator.prefill(layout, max_new_tokens=args.decode_tokens) for layout in layouts
-    ]
+    outputs = [rag.engine.prefill(layout, max_new_tokens=args.decode_tokens) for layout in layouts]
     kvs = [output.kv for output in outputs]
     lengths = [layout.num_tokens for layout in layouts]
     vllm = None

@@ -130,7 +130,7 @@ def retrieve(args: argparse.Namespace) -> None:
 
 
 def hard_tier_pipeline(
-    model: str, threads: int, storage_dtype: str = "float32", **augment: object
+    model: str, threads: int, storage_dtype: str = "float32", **levers: object
 ) -> AdaRAG:
     """A pipeline of ``model`` whose only tier is the hard one, its store in memory.
 
@@ -140,7 +140,7 @@ def hard_tier_pipeline(
     from adarag.evaluation.profiling.depth_probe import exact_steps
 
     config = AdaRagConfig.build(engine={"model": model, "num_threads": threads})
-    return AdaRAG(exact_steps(config, storage_dtype, **augment))
+    return AdaRAG(exact_steps(config, storage_dtype, **levers))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> None:
     items = items[: args.questions]
     rag = hard_tier_pipeline(args.model, args.threads)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    layers = probe_layers(rag.generator.spec.num_layers)
+    layers = probe_layers(rag.engine.spec.num_layers)
     probes = PROBE_RECORDS[args.split] / args.model_dir
     answer_each_step(rag, rag.layout("warm-up?", ["A short passage."], params), params)
     index, count = (int(part) for part in args.shard.split("/"))
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> None:
         for k in timed_depths if index_in_set % STATIC_EVERY == 0 else ():
             layout = rag.layout(item["question"], chunks[:k], params)
             begun = time.perf_counter()
-            rag.generator.prefill(layout, max_new_tokens=params.max_new_tokens)
+            rag.engine.prefill(layout, max_new_tokens=params.max_new_tokens)
             static.append(
                 {"k": k, "tokens": layout.num_tokens, "seconds": time.perf_counter() - begun}
             )

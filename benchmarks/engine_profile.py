@@ -106,30 +106,30 @@ def main() -> None:
     args = parser.parse_args()
 
     rag = AdaRAG(AdaRagConfig.model_validate({"engine": {"dtype": args.dtype}}))
-    generator = rag.generator
+    engine = rag.engine
     results: dict[str, list[tuple[float, dict[str, float], list]]] = defaultdict(list)
     num_tokens = []
     prompts = musique_prompts(rag, args.data_dir, args.questions, args.passages)
     for _, layout, system_kv, chunk_kvs in prompts:
         num_tokens.append(layout.num_tokens)
         sources = reuse_sources(system_kv, chunk_kvs, 0.15)
-        prefill = generator.prefill(layout, max_new_tokens=args.decode_tokens + 1)
+        prefill = engine.prefill(layout, max_new_tokens=args.decode_tokens + 1)
 
         def decode(prefill=prefill) -> None:  # type: ignore[no-untyped-def]
             kv = prefill.kv
             start = kv.length
             token = int(prefill.logits.argmax())
             for _ in range(args.decode_tokens):
-                token = int(generator.runner.decode(token, kv).argmax())
+                token = int(engine.runner.decode(token, kv).argmax())
             kv.length = start
 
         with torch.inference_mode():
             results["full prefill"].append(
-                profiled(lambda layout=layout: generator.prefill(layout), args.repeats)
+                profiled(lambda layout=layout: engine.prefill(layout), args.repeats)
             )
             results["fused prefill @0.15"].append(
                 profiled(
-                    lambda layout=layout, sources=sources: generator.prefill(layout, sources),
+                    lambda layout=layout, sources=sources: engine.prefill(layout, sources),
                     args.repeats,
                 )
             )

@@ -52,7 +52,7 @@ from transformers import AutoModelForCausalLM
 
 from adarag import AdaRAG
 from adarag.config import RecomputeConfig
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.engine.routing import RoutingLadder
 from adarag.evaluation.reuse import reuse_sources
 from adarag.pipeline.learned import learned_controls
@@ -61,16 +61,16 @@ from adarag.profiles import ModelProfile
 RATIOS = (0.0, 0.15, 0.2, 0.3, 1.0)
 
 
-def ours_decode(generator: Engine, layout, num_tokens: int) -> Callable[[], float]:  # type: ignore[no-untyped-def]
+def ours_decode(engine: Engine, layout, num_tokens: int) -> Callable[[], float]:  # type: ignore[no-untyped-def]
     """Seconds per greedy step of our runner after a prefill of ``layout``."""
-    prefill = generator.prefill(layout, max_new_tokens=num_tokens + 1)
+    prefill = engine.prefill(layout, max_new_tokens=num_tokens + 1)
 
     def run() -> float:
         kv, token = prefill.kv, int(prefill.logits.argmax())
         kv.length = layout.num_tokens
         started = time.perf_counter()
         for _ in range(num_tokens):
-            token = int(generator.runner.decode(token, kv).argmax())
+            token = int(engine.runner.decode(token, kv).argmax())
         return (time.perf_counter() - started) / num_tokens
 
     return run
@@ -100,8 +100,8 @@ def vllm_worker(connection, engine: dict, num_tokens: int) -> None:  # type: ign
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    generator = AdaRAG(engine=engine).generator
-    decoder = generator.decoder
+    engine = AdaRAG(engine=engine).engine
+    decoder = engine.decoder
     sampling = SamplingParams(
         max_tokens=num_tokens + 1,
         temperature=0.0,
@@ -119,7 +119,7 @@ def vllm_worker(connection, engine: dict, num_tokens: int) -> None:  # type: ign
         # a token vLLM's generation config lists as a stop token can still end it early
         count = max(1, sum(1 for _ in stream))
         connection.send((first - started, (time.perf_counter() - first) / count))
-    generator.close()
+    engine.close()
 
 
 def main() -> None:
@@ -173,7 +173,7 @@ def main() -> None:
 
     load_before = os.getloadavg()
     rag = AdaRAG(engine={"dtype": args.dtype, "model": args.model})
-    generator = rag.generator
+    engine = rag.engine
     profile = rag.profile
     if args.profile is not None:
         profile = ModelProfile.from_json(args.profile.read_text(), str(args.profile))
@@ -183,7 +183,7 @@ def main() -> None:
         if selection is not None
     }
     hf_model = AutoModelForCausalLM.from_pretrained(
-        generator.checkpoint.path, dtype=getattr(torch, args.dtype)
+        engine.checkpoint.path, dtype=getattr(torch, args.dtype)
     ).eval()
     vllm = None
     if args.vllm:
@@ -207,14 +207,14 @@ def main() -> None:
         token_ids = torch.tensor([layout.token_ids])
         variants = {
             "hf": lambda token_ids=token_ids: hf_model(token_ids, logits_to_keep=1).logits.argmax(),
-            "full": lambda layout=layout: generator.prefill(layout).logits.argmax(),
+            "full": lambda layout=layout: engine.prefill(layout).logits.argmax(),
         }
         for ratio in args.ratios:
             sources = reuse_sources(system_kv, chunk_kvs, ratio)
             for rule, selection in rules.items():
                 variants[f"fused@{ratio}{rule}"] = (
                     lambda layout=layout, sources=sources, rule=rule, selection=selection: (
-                        generator.prefill(
+                        engine.prefill(
                             layout,
                             sources,
                             selection=selection,
@@ -224,7 +224,7 @@ def main() -> None:
                     )
                 )
         decoders = {
-            "ours": ours_decode(generator, layout, args.decode_tokens),
+            "ours": ours_decode(engine, layout, args.decode_tokens),
             "hf": hf_decode(hf_model, token_ids, args.decode_tokens),
         }
         with torch.inference_mode():
@@ -255,7 +255,7 @@ def main() -> None:
     info = machine()
     reference = "vllm_full" if "vllm_full" in stats else "full"
     lines = [
-        f"Engine speed ({generator.checkpoint.name}, {args.dtype}), {len(num_tokens)} musique "
+        f"Engine speed ({engine.checkpoint.name}, {args.dtype}), {len(num_tokens)} musique "
         "questions x "
         f"{args.passages} passages "
         f"(mean {statistics.fmean(num_tokens):.0f} tokens), {args.repeats} interleaved runs each"

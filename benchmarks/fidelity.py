@@ -152,7 +152,7 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
     if args.threads:
         engine["num_threads"] = args.threads
     rag = AdaRAG(engine=engine)
-    model = rag.generator.checkpoint.name
+    model = rag.engine.checkpoint.name
     assert model == out.name, f"model {model} writes under {out}"
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     fusion = None

@@ -42,7 +42,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from adarag.config import AdaRagConfig, RecomputeConfig
 from adarag.engine.checkpoint import Checkpoint
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.engine.loader import model_from_state
 from adarag.engine.spec import ModelSpec
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
@@ -102,10 +102,10 @@ def cast_keeping_rope(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mo
     return model
 
 
-def build_generators(
+def build_engines(
     args: argparse.Namespace, home: Path
 ) -> tuple[dict[str, Engine], torch.nn.Module, torch.nn.Module]:
-    """A Triton and a torch generator sharing one random model; transformers' model of the
+    """A Triton and a torch engine sharing one random model; transformers' model of the
     weights in the same dtype, and in float32 (the reference)."""
     config = llama_8b_shapes(args.layers)
     dtype = getattr(torch, args.dtype)
@@ -119,22 +119,22 @@ def build_generators(
     spec = ModelSpec.from_hf_config(config.to_dict())
     model = model_from_state(dict(hf_model.state_dict()), spec, dtype, args.device)
     checkpoint = Checkpoint(path, spec, f"random-{args.layers}-layers", tokenizer)
-    generators = {}
+    engines = {}
     for backend in ("triton", "torch"):
         settings = AdaRagConfig.build(
             home=home,
             engine={"model": str(path), "device": args.device, "dtype": args.dtype},
             kernels={"backend": backend},
         )
-        generators[backend] = Engine.for_model(checkpoint, model, settings.engine, settings.kernels)
-    return generators, hf_model, reference_model
+        engines[backend] = Engine.for_model(checkpoint, model, settings.engine, settings.kernels)
+    return engines, hf_model, reference_model
 
 
-def random_layout(num_tokens: int, chunk_tokens: int, generator: torch.Generator) -> PromptLayout:
+def random_layout(num_tokens: int, chunk_tokens: int, engine: torch.Generator) -> PromptLayout:
     """System prefix, chunks and query suffix of random ids, ``num_tokens`` in all."""
 
     def ids(count: int) -> tuple[int, ...]:
-        return tuple(torch.randint(1000, 128000, (count,), generator=generator).tolist())
+        return tuple(torch.randint(1000, 128000, (count,), engine=engine).tolist())
 
     num_chunks = max(1, (num_tokens - SYSTEM_TOKENS - QUERY_TOKENS) // chunk_tokens)
     return PromptLayout(
@@ -187,13 +187,13 @@ def check(name: str, error: float, tolerance: float, failed: list[str]) -> None:
 
 
 def bench_context(
-    generators: dict[str, Engine],
+    engines: dict[str, Engine],
     hf_model: torch.nn.Module,
     reference_model: torch.nn.Module,
     layout: PromptLayout,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    triton, twin = generators["triton"], generators["torch"]
+    triton, twin = engines["triton"], engines["torch"]
     all_ids = torch.tensor([layout.token_ids], device=args.device)
     reference = reference_logits(reference_model, all_ids)
     hf_logits = hf_model(all_ids, logits_to_keep=1).logits[0, -1]
@@ -215,7 +215,7 @@ def bench_context(
     errors["fused_1.0_vs_full"] = relative_error(everything, full)
     check("fused at ratio 1.0 vs full", errors["fused_1.0_vs_full"], tolerance, failed)
     sources = reuse_sources(system_kv, chunk_kvs, args.ratio)
-    fused = {b: g.prefill(layout, sources) for b, g in generators.items()}
+    fused = {b: g.prefill(layout, sources) for b, g in engines.items()}
     chosen = [set(out.recomputed_positions.tolist()) for out in fused.values()]
     row: dict[str, Any] = {
         "context": layout.num_tokens,
@@ -235,9 +235,9 @@ def bench_context(
         return seconds(fn, args.warmup, args.reps)
 
     row["full_transformers_s"] = time_it(lambda: hf_model(all_ids, logits_to_keep=1))
-    for backend, generator in generators.items():
-        row[f"full_{backend}_s"] = time_it(lambda g=generator: g.prefill(layout))
-        row[f"fused_{backend}_s"] = time_it(lambda g=generator: g.prefill(layout, sources))
+    for backend, engine in engines.items():
+        row[f"full_{backend}_s"] = time_it(lambda g=engine: g.prefill(layout))
+        row[f"fused_{backend}_s"] = time_it(lambda g=engine: g.prefill(layout, sources))
     row["levers_triton_s"] = {}
     for name, settings in VARIANTS.items():
         selection = RecomputeConfig(**settings)
@@ -332,10 +332,10 @@ def main() -> None:
         "rows": [],
     }
     with tempfile.TemporaryDirectory() as home, torch.inference_mode():
-        generators, hf_model, reference_model = build_generators(args, Path(home))
+        engines, hf_model, reference_model = build_engines(args, Path(home))
         for num_tokens in args.contexts:
             layout = random_layout(num_tokens, args.chunk_tokens, ids)
-            row = bench_context(generators, hf_model, reference_model, layout, args)
+            row = bench_context(engines, hf_model, reference_model, layout, args)
             results["rows"].append(row)
             report(results, args, write=on_gpu and not args.no_write)  # after each context
 

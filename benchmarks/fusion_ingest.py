@@ -2,7 +2,7 @@
 
 The first ``--chunks`` passages of the 2Wiki corpus go into a Chroma knowledge base (the default
 embedding model); then one pipeline warms them plainly (each chunk's independent KV) and another,
-in its own home, with ``cache.fusion`` on (independent KV, then each chunk computed after its
+in its own home, with ``experimental.fusion`` on (independent KV, then each chunk computed after its
 ``--neighbors`` most similar chunks, found by the knowledge base's own retrieval). Reported: warm
 seconds per chunk, of which the neighbour search, and the bytes the KV store holds afterwards.
 

@@ -38,17 +38,17 @@ def main() -> None:
     args = parser.parse_args()
 
     rag = AdaRAG(engine={"model": args.model})
-    generator, spec = rag.generator, rag.generator.spec
+    engine, spec = rag.engine, rag.engine.spec
     layout = TokenLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim)
     rows = load_jsonl("musique_dev.jsonl", args.data_dir, limit=args.chunks)
     texts = [row["passages"][0]["text"] for row in rows][: args.chunks]
     system_ids = rag.prompts.system_ids
-    system_kv = system_prefix_kv(generator, rag.prompts.layout("?", texts[:1]))
+    system_kv = system_prefix_kv(engine, rag.prompts.layout("?", texts[:1]))
     chunk_ids = [rag.prompts.chunk_ids(text) for text in texts]
     compute_s, kvs = [], []
     for ids in chunk_ids:
         started = time.perf_counter()
-        kvs.append(generator.compute_chunk(system_ids, ids, system_kv))
+        kvs.append(engine.compute_chunk(system_ids, ids, system_kv))
         compute_s.append(time.perf_counter() - started)
     tokens = sum(len(ids) for ids in chunk_ids)
     results: dict[str, Any] = {}
@@ -73,7 +73,7 @@ def main() -> None:
         }
         print(storage, results[storage])
     measured_on = machine()
-    name = generator.checkpoint.name
+    name = engine.checkpoint.name
     lines = [
         f"# Chunk-KV storage formats: {name}",
         "",

@@ -33,7 +33,7 @@ from typing import Any
 from common import DEFAULT_DATA_DIR, RESULTS
 
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.evaluation.fidelity import first_token_kl
 from adarag.evaluation.harness import BenchRunner, QueryRecord
 from adarag.evaluation.machine import describe_machine, machine
@@ -123,8 +123,8 @@ def main() -> None:
     if args.threads:
         engine["num_threads"] = args.threads
     config = AdaRagConfig.build(engine=engine)
-    generator = Engine.load(config.engine, config.kernels, config.home)
-    model = generator.checkpoint.name
+    engine = Engine.load(config.engine, config.kernels, config.home)
+    model = engine.checkpoint.name
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     measured_on = machine()
     args.output.mkdir(parents=True, exist_ok=True)
@@ -132,7 +132,7 @@ def main() -> None:
         started = time.perf_counter()
         questions, stream = _workload(workload, args)
         with tempfile.TemporaryDirectory() as scratch:
-            runner = BenchRunner(generator, config, Path(scratch), params, keep_logits=True)
+            runner = BenchRunner(engine, config, Path(scratch), params, keep_logits=True)
             runner.ingest(questions)
             records = {
                 name: runner.run(POLICIES[name], questions, stream, args.top_k) for name in policies

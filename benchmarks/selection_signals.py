@@ -111,14 +111,14 @@ def measure(rag, dataset: str, item, max_new_tokens: int) -> list[dict]:
     """Every score at every ratio on one question."""
     from adarag.schema import GenerationParams
 
-    generator = rag.generator
+    engine = rag.engine
     params = GenerationParams(max_new_tokens=max_new_tokens)
     layout = rag.layout(item.question, item.chunks, params)
-    full = generator.prefill(layout, None, max_new_tokens=max_new_tokens)
-    answer = list(generator.decode_tokens(layout, full, params)) or [int(full.logits.argmax())]
-    system_kv, chunk_kvs = independent_chunks(generator, layout)
-    reused = generator.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
-    loss = AnswerLoss(generator, layout, reused.kv, full.kv, answer)
+    full = engine.prefill(layout, None, max_new_tokens=max_new_tokens)
+    answer = list(engine.decode_tokens(layout, full, params)) or [int(full.logits.argmax())]
+    system_kv, chunk_kvs = independent_chunks(engine, layout)
+    reused = engine.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
+    loss = AnswerLoss(engine, layout, reused.kv, full.kv, answer)
     signals = Signals(loss, loss.with_answer(draft_answer(loss)))
     first_chunk = layout.cu_segments[1]
     rows = []
@@ -233,7 +233,7 @@ def _measure(args: argparse.Namespace, model: str, path: Path, done: set) -> lis
     if args.threads:
         engine["num_threads"] = args.threads
     rag = AdaRAG(engine=engine)
-    assert rag.generator.checkpoint.name == model, f"model {model} writes under {path}"
+    assert rag.engine.checkpoint.name == model, f"model {model} writes under {path}"
     measured = []
     started = time.perf_counter()
     for dataset in args.dataset:

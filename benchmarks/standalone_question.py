@@ -124,7 +124,7 @@ def main() -> None:
             }
         rows.append(row)
         print(f"{len(rows)}/{len(followups)} {row['methods']['condense']['query']!r}", flush=True)  # noqa: T201
-    _report(rag.generator.checkpoint.name, machine(), rows, "")
+    _report(rag.engine.checkpoint.name, machine(), rows, "")
 
 
 def _replayed(row: dict[str, Any], index: DenseIndex) -> dict[str, Any]:

@@ -2,10 +2,11 @@
 
 Each question's 12 steps (its top-12 chunks from ``depth_pareto.py retrieve``: step k finds
 chunks 1..k-1 in the hard tier, computes chunk k and the question) run twice in one process,
-``augment.reuse_step_kv`` off and on, in alternating order. A step's time is its whole wall time:
-tier lookup, fused prefill, lens check and write-back. The fit ``fixed + per_token x processed``
-over all steps gives the per-step fixed cost of each variant; the logits of the two are checked
-to be equal (float32 store: the rows left in place are the ones the hard tier would load).
+``experimental.augment.reuse_step_kv`` off and on, in alternating order. A step's time is its
+whole wall time: tier lookup, fused prefill, lens check and write-back. The fit ``fixed +
+per_token x processed`` over all steps gives the per-step fixed cost of each variant; the
+logits of the two are checked to be equal (float32 store: the rows left in place are the ones
+the hard tier would load).
 
     python benchmarks/step_cost.py --model qwen2.5-coder-0.5b --questions 8
 """

@@ -85,7 +85,7 @@ def replay(pipeline: AdaRAG, question: str, chunk_texts: list[str]) -> list[str]
 
 
 def _zeros(pipeline: AdaRAG, num_tokens: int) -> ChunkKV:
-    spec = pipeline.generator.spec
+    spec = pipeline.engine.spec
     shape = (spec.num_layers, num_tokens, spec.num_kv_heads, spec.head_dim)
     return ChunkKV(torch.zeros(shape), torch.zeros(shape), 0)
 
@@ -242,7 +242,7 @@ def main() -> None:
     questions = questions[: args.queries]
     chunks = cut_chunks(rag, passages, args.chunk_tokens)
     queries = zipf_queries(args.queries, len(chunks), args.chunks, args.zipf, args.seed)
-    spec = rag.generator.spec
+    spec = rag.engine.spec
     dtype_bytes = 2  # the default bfloat16 storage
     token_bytes = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * dtype_bytes
     chunk_bytes = token_bytes * args.chunk_tokens
@@ -287,7 +287,7 @@ def main() -> None:
         f"used), chunks of at most {args.chunk_tokens} tokens; store capped at "
         f"{args.memory_chunks} chunks in memory and {args.disk_chunks} on disk "
         f"({chunk_bytes / 2**20:.2f} MiB per chunk, bfloat16); "
-        f"{rag.generator.checkpoint.name}, static top-k, 1 answer token, {args.threads} threads. "
+        f"{rag.engine.checkpoint.name}, static top-k, 1 answer token, {args.threads} threads. "
         f"Hit rates over all queries; {timing}"
     )
     half = args.queries // 2
@@ -328,7 +328,7 @@ def main() -> None:
             f"{row['num_probation_writes']} |"
         )
     title = f"{args.queries} novel queries, Zipf s={args.zipf}, cache of {args.memory_chunks}"
-    title += f" + {args.disk_chunks} chunks ({rag.generator.checkpoint.name}, CPU)"
+    title += f" + {args.disk_chunks} chunks ({rag.engine.checkpoint.name}, CPU)"
     plot(simulated, timed, window, title, RESULTS / "sustained_traffic.png")
     lines += ["", "![rolling hit rate and TTFT](sustained_traffic.png)"]
     payload = {

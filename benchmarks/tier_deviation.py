@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
 
     rag = AdaRAG()
-    generator, cache = rag.generator, rag.cache
+    engine, cache = rag.engine, rag.cache
     config = rag.config.cache
     ratios = sorted(
         {*EXTRA_RATIOS, config.soft.recompute_ratio, config.independent.recompute_ratio}
@@ -56,7 +56,7 @@ def main() -> None:
         distractor = rows[(q_idx + 1) % len(rows)]["passages"][7]["text"]
         layout = rag.prompts.layout(row["question"], chunks)
         cu = layout.cu_segments
-        full = generator.prefill(layout)
+        full = engine.prefill(layout)
         exact = [full.kv.segment(cu[i + 1], cu[i + 2]) for i in range(6)]
         system_kv = full.kv.segment(0, cu[1])
         keys = cache.keys(layout.chunk_ids)
@@ -69,10 +69,8 @@ def main() -> None:
             assert earlier_keys.soft[3] == keys.soft[i], "earlier prompt must share the soft key"
             assert earlier_keys.hard[3] != keys.hard[i]
             ecu = earlier.cu_segments
-            soft[i] = generator.prefill(earlier).kv.segment(ecu[4], ecu[5])
-            independent[i] = generator.compute_chunk(
-                layout.system_ids, layout.chunk_ids[i], system_kv
-            )
+            soft[i] = engine.prefill(earlier).kv.segment(ecu[4], ecu[5])
+            independent[i] = engine.compute_chunk(layout.system_ids, layout.chunk_ids[i], system_kv)
         rows_slice = slice(cu[3], cu[7])
         variants = {
             "hard": dict(enumerate(exact)).get,
@@ -88,7 +86,7 @@ def main() -> None:
                 ]
                 sources += [SegmentSource(source_of(i), ratio) for i in range(2, 6)]
                 sources.append(SegmentSource())
-                fused = generator.prefill(layout, sources)
+                fused = engine.prefill(layout, sources)
                 dk = (fused.kv.k[:, rows_slice] - full.kv.k[:, rows_slice]).norm()
                 dv = (fused.kv.v[:, rows_slice] - full.kv.v[:, rows_slice]).norm()
                 rel_k = float(dk / full.kv.k[:, rows_slice].norm())

@@ -74,7 +74,7 @@ def main() -> None:
         results[mode] = conversations
 
     host = machine()
-    model = base.generator.checkpoint.name
+    model = base.engine.checkpoint.name
     lines = [
         f"# Earlier turns reused: {model}",
         "",

@@ -1,6 +1,6 @@
 """Uncertainty routing on the fidelity questions: who is routed up, and what it keeps.
 
-``cache.recompute.uncertain_entropy = H`` runs the query suffix over the reused KV before the
+``experimental.recompute.uncertain_entropy = H`` runs the query suffix over the reused KV before the
 fused prefill and, when the entropy of its next-token distribution is above ``H`` nats,
 recomputes the request at ``uncertain_ratio`` (1.0: a full prefill) instead of its own ratio.
 A routed request is exactly a request at the higher ratio (the engine's tests show the same
@@ -101,7 +101,7 @@ def _measure(args: argparse.Namespace, model: str) -> None:
     if args.threads:
         engine["num_threads"] = args.threads
     rag = AdaRAG(engine=engine)
-    generator = rag.generator
+    engine = rag.engine
     params = GenerationParams(max_new_tokens=16)
     for split in args.split:
         done = read_entropies(split, model)
@@ -111,8 +111,8 @@ def _measure(args: argparse.Namespace, model: str) -> None:
                 if (dataset, item.qid) in done:
                     continue
                 layout = rag.layout(item.question, item.chunks, params)
-                system_kv, chunk_kvs = independent_chunks(generator, layout)
-                reused = generator.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
+                system_kv, chunk_kvs = independent_chunks(engine, layout)
+                reused = engine.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
                 entropy = float(lens_signals_from_logits(reused.logits[None])[1])
                 record = {"dataset": dataset, "qid": item.qid, "entropy": entropy}
                 path.parent.mkdir(parents=True, exist_ok=True)

@@ -61,12 +61,12 @@ def main() -> None:
         "num_threads": args.threads,
     }
     rag = AdaRAG(engine=engine)
-    generator, greedy = rag.generator, GenerationParams(max_new_tokens=args.max_tokens)
+    engine, greedy = rag.engine, GenerationParams(max_new_tokens=args.max_tokens)
     rows = []
     for row, layout, system_kv, chunk_kvs in musique_prompts(
         rag, args.data_dir, args.questions, args.passages
     ):
-        plain = generator.decoder.generate(layout.token_ids, greedy, uuid.uuid4().hex)
+        plain = engine.decoder.generate(layout.token_ids, greedy, uuid.uuid4().hex)
         record = {
             "id": row["id"],
             "prompt_tokens": layout.num_tokens,
@@ -74,15 +74,15 @@ def main() -> None:
             "server_alone_cached": plain.num_cached_tokens,
         }
         for ratio in args.ratios:
-            output = generator.prefill(
+            output = engine.prefill(
                 layout, reuse_sources(system_kv, chunk_kvs, ratio), max_new_tokens=0
             )
-            stream = generator.decode_tokens(layout, output, greedy)
+            stream = engine.decode_tokens(layout, output, greedy)
             record[f"fused@{ratio}"] = list(stream)
             record[f"fused@{ratio}_cached"] = stream.num_cached_tokens
         rows.append(record)
         print(json.dumps(record))
-    generator.close()
+    engine.close()
     payload = {"machine": machine(), "settings": vars(args), "server": served, "rows": rows}
     write_results(args.output, payload, _table(payload))
 

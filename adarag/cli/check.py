@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the gate on a bundled question; 0 when it passes, 1 when a check fails."""
     rag = AdaRAG(build_config(args))
     try:
-        report = check_blending(rag.generator, _layout(rag, args.chunks), shift=args.shift)
+        report = check_blending(rag.engine, _layout(rag, args.chunks), shift=args.shift)
     finally:
         rag.close()
     print(report.summary())

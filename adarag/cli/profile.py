@@ -37,15 +37,15 @@ def run(args: argparse.Namespace) -> int:
         check_input_paths([args.data], "--data")
     config = build_config(args)
     rag = AdaRAG(config)
-    generator = rag.generator
+    engine = rag.engine
     questions = _prompts(args.data, args.prompts, args.chunks)
-    attention, count = chunk_attention(generator, rag.prompts, questions, args.chunks)
-    profile = build_profile(generator, attention, count, generator.checkpoint.name)
-    output = args.output or config.home / "profiles" / f"{generator.fingerprint}.json"
+    attention, count = chunk_attention(engine, rag.prompts, questions, args.chunks)
+    profile = build_profile(engine, attention, count, engine.checkpoint.name)
+    output = args.output or config.home / "profiles" / f"{engine.fingerprint}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(profile.to_json() + "\n")
     plots = plot_profile(profile, args.plots or output.with_suffix(""))
-    print(f"profiled {count} prompts x {args.chunks} chunks of {generator.checkpoint.name}")
+    print(f"profiled {count} prompts x {args.chunks} chunks of {engine.checkpoint.name}")
     for band in profile.bands:
         print(f"  layers {band.start + 1:>2}-{band.end:<2} {band.pattern}")
     sink = "none" if profile.sink_chunk_idx is None else f"chunk {profile.sink_chunk_idx + 1}"

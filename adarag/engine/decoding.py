@@ -1,4 +1,4 @@
-"""Decoding after a fused prefill: the interface a generator's decoder implements, and torch's.
+"""Decoding after a fused prefill: the interface an engine's decoder implements, and torch's.
 
 The torch engine decodes with adarag's own runner into the prefill's KV; the vLLM backend
 (``adarag.engine.vllm.decoder``) hands the fused KV to vLLM, which decodes, samples and batches.
@@ -11,7 +11,7 @@ from typing import Protocol
 
 from adarag.engine.batch import PrefillOutput
 from adarag.engine.runner import Runner
-from adarag.engine.sampler import make_generator, sample_token
+from adarag.engine.sampler import make_rng, sample_token
 from adarag.engine.step_batcher import StepBatcher
 from adarag.schema import GenerationParams, PromptLayout
 
@@ -63,14 +63,14 @@ class TorchDecoder:
         """
         kv = output.kv
         budget = _start(layout, output, params)
-        generator = make_generator(params)
+        rng = make_rng(params)
         logits = output.logits
         batcher = self.batcher
         if batcher is not None:
             batcher.begin()
         try:
             for step in range(budget):
-                token = sample_token(logits, params, generator)
+                token = sample_token(logits, params, rng)
                 if token in self.eos_token_ids:
                     return
                 yield token
@@ -99,25 +99,25 @@ class TorchDecoder:
         live = []
         for index, (layout, output) in enumerate(zip(layouts, outputs, strict=True)):
             budget = _start(layout, output, params)
-            live.append((index, output.kv, budget, make_generator(params), output.logits))
+            live.append((index, output.kv, budget, make_rng(params), output.logits))
         tokens: list[list[int]] = [[] for _ in layouts]
         while live:
             stepping = []
-            for index, kv, budget, generator, logits in live:
-                token = sample_token(logits, params, generator)
+            for index, kv, budget, rng, logits in live:
+                token = sample_token(logits, params, rng)
                 if token in self.eos_token_ids:
                     continue
                 tokens[index].append(token)
                 if len(tokens[index]) < budget:
-                    stepping.append((index, kv, budget, generator, token))
+                    stepping.append((index, kv, budget, rng, token))
             if not stepping:
                 break
             step_logits = self.runner.decode_batch(
                 [token for *_, token in stepping], [kv for _, kv, *_ in stepping]
             )
             live = [
-                (index, kv, budget, generator, step_logits[row])
-                for row, (index, kv, budget, generator, _) in enumerate(stepping)
+                (index, kv, budget, rng, step_logits[row])
+                for row, (index, kv, budget, rng, _) in enumerate(stepping)
             ]
         return tokens
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from adarag.engine.batch import PrefillOutput, SegmentSource
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.engine.rope import apply_rope, rope_cos_sin
 from adarag.errors import InputError
 from adarag.kv import ChunkKV
@@ -102,16 +102,16 @@ class GateReport:
 
 
 def check_blending(
-    generator: Engine,
+    engine: Engine,
     layout: PromptLayout | None = None,
     *,
     shift: int = DEFAULT_SHIFT,
     max_new_tokens: int = 8,
 ) -> GateReport:
-    """Check that the generator's chunk-KV reuse is exact (see the module docstring).
+    """Check that the engine's chunk-KV reuse is exact (see the module docstring).
 
     Args:
-        generator: The loaded engine (either backend).
+        engine: The loaded engine (either backend).
         layout: The prompt to check on, with at least one chunk; a small built-in one when None.
         shift: Positions by which the stored KV is displaced (nonzero).
         max_new_tokens: Length of the greedy answers compared.
@@ -119,22 +119,22 @@ def check_blending(
     Raises:
         InputError: The layout has no chunk, or ``shift`` is zero.
     """
-    layout = layout or builtin_layout(generator)
+    layout = layout or builtin_layout(engine)
     if not layout.chunk_ids:
         raise InputError("the gate's prompt has no chunk to reuse; pass a layout with chunks")
     if shift == 0:
         raise InputError("shift=0 would not re-rotate anything; pass a nonzero shift")
-    tolerance = TOLERANCES.get(generator.runner.dtype, 5e-2)
-    full = generator.prefill(layout, max_new_tokens=max_new_tokens)
+    tolerance = TOLERANCES.get(engine.runner.dtype, 5e-2)
+    full = engine.prefill(layout, max_new_tokens=max_new_tokens)
     reasons: list[str] = []
     key_error, logit_error = _check_rerotation(
-        generator, layout, full, shift, tolerance, max_new_tokens, reasons
+        engine, layout, full, shift, tolerance, max_new_tokens, reasons
     )
     ratio_one_error, answers_equal, handed_over = _check_ratio_one(
-        generator, layout, full, tolerance, max_new_tokens, reasons
+        engine, layout, full, tolerance, max_new_tokens, reasons
     )
     return GateReport(
-        model=generator.checkpoint.name,
+        model=engine.checkpoint.name,
         passed=not reasons,
         reasons=tuple(reasons),
         max_key_error=key_error,
@@ -148,7 +148,7 @@ def check_blending(
 
 
 def _check_rerotation(
-    generator: Engine,
+    engine: Engine,
     layout: PromptLayout,
     full: PrefillOutput,
     shift: int,
@@ -160,8 +160,8 @@ def _check_rerotation(
 
     Returns the largest key and logit errors; why it fails goes to ``reasons``.
     """
-    rerotated = generator.prefill(
-        layout, _shifted_sources(generator, layout, full, shift), max_new_tokens=max_new_tokens
+    rerotated = engine.prefill(
+        layout, _shifted_sources(engine, layout, full, shift), max_new_tokens=max_new_tokens
     )
     rows = slice(0, layout.num_tokens)
     key_error, key_bound = _error(rerotated.kv.k[:, rows], full.kv.k[:, rows], tolerance)
@@ -178,7 +178,7 @@ def _check_rerotation(
 
 
 def _check_ratio_one(
-    generator: Engine,
+    engine: Engine,
     layout: PromptLayout,
     full: PrefillOutput,
     tolerance: float,
@@ -191,15 +191,15 @@ def _check_ratio_one(
     of a hand-over (:func:`_handed_over`); why it fails goes to ``reasons``.
     """
     params = GenerationParams(max_new_tokens=max_new_tokens)
-    ratio_one = generator.prefill(
-        layout, _independent_sources(generator, layout, full), max_new_tokens=max_new_tokens
+    ratio_one = engine.prefill(
+        layout, _independent_sources(engine, layout, full), max_new_tokens=max_new_tokens
     )
     error, bound = _error(ratio_one.logits, full.logits, tolerance)
-    expected = list(generator.decode_tokens(layout, full, params))
-    stream = generator.decode_tokens(layout, ratio_one, params)
+    expected = list(engine.decode_tokens(layout, full, params))
+    stream = engine.decode_tokens(layout, ratio_one, params)
     answer = list(stream)
     answers_equal = answer == expected
-    alone = _decoder_alone(generator)
+    alone = _decoder_alone(engine)
     if alone is not None:
         answers_equal = answers_equal and answer == list(alone(layout.token_ids, params))
     if error > bound or not answers_equal:
@@ -209,21 +209,21 @@ def _check_ratio_one(
             f"{'equal' if answers_equal else 'differ'}); the fused path does not reproduce this "
             "model's forward: serve it without reuse and report the model"
         )
-    handed_over = _handed_over(generator, layout, stream, len(answer))
+    handed_over = _handed_over(engine, layout, stream, len(answer))
     if handed_over is not None and handed_over[1] != handed_over[0]:
         reasons.append(_handover_reason(*handed_over))
     return error, answers_equal, handed_over
 
 
 def _handed_over(
-    generator: Engine, layout: PromptLayout, stream: Iterator[int], num_answer_tokens: int
+    engine: Engine, layout: PromptLayout, stream: Iterator[int], num_answer_tokens: int
 ) -> tuple[int, int | None] | None:
     """Tokens a fused request handed vLLM and how many it reported cached; None: not checked.
 
     Not checked on a decoder that hands nothing over, nor when the answer ended at the first
     token, which is sampled from the prefill before anything is handed over.
     """
-    num_handed_over = getattr(generator.decoder, "num_handed_over", None)
+    num_handed_over = getattr(engine.decoder, "num_handed_over", None)
     handed = 0 if num_handed_over is None else int(num_handed_over(layout, num_answer_tokens))
     if handed == 0:
         return None
@@ -246,9 +246,9 @@ def _handover_reason(num_handed: int, num_cached: int | None) -> str:
     )
 
 
-def builtin_layout(generator: Engine) -> PromptLayout:
+def builtin_layout(engine: Engine) -> PromptLayout:
     """A short two-chunk prompt, each segment tokenized on its own without special tokens."""
-    tokenizer: Any = generator.tokenizer
+    tokenizer: Any = engine.tokenizer
 
     def ids(text: str) -> tuple[int, ...]:
         return tuple(int(token) for token in tokenizer.encode(text, add_special_tokens=False))
@@ -258,7 +258,7 @@ def builtin_layout(generator: Engine) -> PromptLayout:
 
 
 def _shifted_sources(
-    generator: Engine, layout: PromptLayout, full: PrefillOutput, shift: int
+    engine: Engine, layout: PromptLayout, full: PrefillOutput, shift: int
 ) -> list[SegmentSource]:
     """The exact system prefix, every cached segment stored ``shift`` positions later, at 0."""
     cu = layout.cu_segments
@@ -268,18 +268,18 @@ def _shifted_sources(
             sources.append(SegmentSource())
             continue
         exact = full.kv.segment(start, end)
-        sources.append(SegmentSource(_stored_at(generator, exact, start + shift), 0.0))
+        sources.append(SegmentSource(_stored_at(engine, exact, start + shift), 0.0))
     return [*sources, SegmentSource()]
 
 
 def _independent_sources(
-    generator: Engine, layout: PromptLayout, full: PrefillOutput
+    engine: Engine, layout: PromptLayout, full: PrefillOutput
 ) -> list[SegmentSource]:
     """The exact system prefix and every cached segment's independent KV, at ratio 1.0."""
     cu = layout.cu_segments
     system = _exact(full, cu[0], cu[1])
     sources = [
-        SegmentSource(generator.compute_chunk(layout.system_ids, ids, system.cached), 1.0)
+        SegmentSource(engine.compute_chunk(layout.system_ids, ids, system.cached), 1.0)
         if ids
         else SegmentSource()
         for ids in layout.cached_segments
@@ -294,10 +294,10 @@ def _exact(full: PrefillOutput, start: int, end: int) -> SegmentSource:
     return SegmentSource(full.kv.segment(start, end), exact=True)
 
 
-def _stored_at(generator: Engine, chunk: ChunkKV, position: int) -> ChunkKV:
+def _stored_at(engine: Engine, chunk: ChunkKV, position: int) -> ChunkKV:
     """``chunk`` as if computed from ``position``: keys rotated with the engine's own RoPE."""
     delta = torch.full((chunk.num_tokens,), position - chunk.start_position, dtype=torch.int64)
-    runner = generator.runner
+    runner = engine.runner
     cos, sin = rope_cos_sin(delta.to(runner.device), runner.inv_freq, chunk.k.dtype)
     keys = apply_rope(chunk.k.clone(), cos, sin)
     return ChunkKV(keys, chunk.v.clone(), position)
@@ -311,10 +311,10 @@ def _error(actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> tu
 
 
 def _decoder_alone(
-    generator: Engine,
+    engine: Engine,
 ) -> Callable[[Sequence[int], GenerationParams], list[int]] | None:
     """The decoder computing a prompt on its own (vLLM's), or None when it cannot."""
-    generate = getattr(generator.decoder, "generate", None)
+    generate = getattr(engine.decoder, "generate", None)
     if generate is None:
         return None
 

@@ -7,17 +7,17 @@ import torch
 from adarag.schema import GenerationParams
 
 
-def make_generator(params: GenerationParams) -> torch.Generator | None:
-    """A seeded torch generator for sampling, or None for greedy or unseeded runs."""
+def make_rng(params: GenerationParams) -> torch.Generator | None:
+    """A seeded torch.Generator for sampling, or None for greedy or unseeded runs."""
     if params.temperature == 0.0 or params.seed is None:
         return None
-    generator = torch.Generator()
-    generator.manual_seed(params.seed)
-    return generator
+    rng = torch.Generator()
+    rng.manual_seed(params.seed)
+    return rng
 
 
 def sample_token(
-    logits: torch.Tensor, params: GenerationParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: GenerationParams, rng: torch.Generator | None
 ) -> int:
     """Pick the next token from ``logits [vocab]``.
 
@@ -36,4 +36,4 @@ def sample_token(
         outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p
         sorted_probs[outside] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(torch.multinomial(probs, 1, generator=rng))

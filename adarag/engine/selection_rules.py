@@ -339,9 +339,9 @@ def stored_scores(segments: Sequence[SegmentPlan], plan: RecomputePlan) -> torch
 
 
 def random_scores(num_candidates: int, seed: int) -> torch.Tensor:
-    """Uniform scores from a seeded generator (the ``random`` control)."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.rand(num_candidates, generator=generator)
+    """Uniform scores from a seeded torch.Generator (the ``random`` control)."""
+    rng = torch.Generator().manual_seed(seed)
+    return torch.rand(num_candidates, generator=rng)
 
 
 def reference_deviation(

@@ -135,7 +135,7 @@ class FidelityRun:
     """Runs rules and ratios over questions with one pipeline's model and prompt.
 
     Args:
-        rag: The pipeline (its generator, prompt layout and checks).
+        rag: The pipeline (its engine, prompt layout and checks).
         rules: Rule name -> selection (the same ratios go to every rule).
         ratios: Recomputation ratios of every chunk (1.0 is full recomputation of the chunks).
         params: Decoding options (greedy).
@@ -187,11 +187,11 @@ class FidelityRun:
         done: Collection[tuple[str, float]] = (),
     ) -> list[FidelityRow]:
         """Every rule and ratio on one question, but those (rule name, ratio) in ``done``."""
-        generator = self.rag.generator
+        engine = self.rag.engine
         layout = self.rag.layout(item.question, item.chunks, self.params)
         full_s, full = self._timed(layout, None, None, None)
         reference, reference_ids = self._decode(layout, full)
-        computed_system, computed_chunks = independent_chunks(generator, layout)
+        computed_system, computed_chunks = independent_chunks(engine, layout)
         if self.knowledge_base is not None:
             computed_chunks = self.fused_chunks(layout, item, computed_system, computed_chunks)
         rows = []
@@ -210,12 +210,12 @@ class FidelityRun:
                         scores = None
                         if selection.selection_policy == "output_oracle" and 0.0 < ratio < 1.0:
                             if reused is None:
-                                reused = generator.prefill(
+                                reused = engine.prefill(
                                     layout, reuse_sources(system_kv, chunk_kvs, 0.0)
                                 )
                             answer_ids = reference_ids or [int(full.logits.argmax())]
                             scores = output_oracle_scores(
-                                generator, layout, reused.kv, full.kv, answer_ids, ratio
+                                engine, layout, reused.kv, full.kv, answer_ids, ratio
                             )
                         seconds, output = self._timed(layout, sources, selection, full, scores)
                         shared = (seconds, output, self._decode(layout, output)[0])
@@ -247,15 +247,15 @@ class FidelityRun:
         prompt keeps its independent KV.
         """
         assert self.knowledge_base is not None
-        generator = self.rag.generator
+        engine = self.rag.engine
         alone = dict(zip(layout.chunk_ids, independent, strict=True))
 
         def independent_kv(ids: tuple[int, ...]) -> ChunkKV:
             if ids not in alone:
-                alone[ids] = generator.compute_chunk(layout.system_ids, ids, system_kv)
+                alone[ids] = engine.compute_chunk(layout.system_ids, ids, system_kv)
             return alone[ids]
 
-        fuser = ChunkFuser(self.fusion, generator, self.rag.prompts, system_kv, independent_kv)
+        fuser = ChunkFuser(self.fusion, engine, self.rag.prompts, system_kv, independent_kv)
         entries = []
         for ids, text, kv in zip(layout.chunk_ids, item.chunks, independent, strict=True):
             neighbours = fuser.neighbours(Chunk(text), self.knowledge_base)
@@ -278,7 +278,7 @@ class FidelityRun:
                 self._learned[selection] = learned_controls(selection, self.profile)
             learned = self._learned[selection]
         started = time.perf_counter()
-        output = self.rag.generator.prefill(
+        output = self.rag.engine.prefill(
             layout,
             sources,
             max_new_tokens=self.params.max_new_tokens,
@@ -293,9 +293,9 @@ class FidelityRun:
 
     def _decode(self, layout: PromptLayout, output: PrefillOutput) -> tuple[str, list[int]]:
         """The answer's text and token ids."""
-        generator = self.rag.generator
-        tokens = list(generator.decode_tokens(layout, output, self.params))
-        text = "".join(decode_text(iter(tokens), generator.tokenizer, self.params)).strip()
+        engine = self.rag.engine
+        tokens = list(engine.decode_tokens(layout, output, self.params))
+        text = "".join(decode_text(iter(tokens), engine.tokenizer, self.params)).strip()
         return text, tokens
 
     def _row(

@@ -14,7 +14,7 @@ import torch
 
 from adarag.config import AdaRagConfig
 from adarag.conversation import Conversation
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.evaluation.metrics import best_exact_match, best_f1
 from adarag.evaluation.workload import BenchQuestion, StreamItem, distinct_chunks
 from adarag.pipeline import AdaRAG
@@ -56,7 +56,7 @@ class BenchRunner:
     """Runs policies over one workload, each with a fresh cache that starts from the same ingest.
 
     Args:
-        generator: The model, shared by every policy.
+        engine: The model, shared by every policy.
         base_config: Configuration the policies' overrides apply to.
         work_dir: Scratch space for the ingest cache and each policy's cache.
         params: Decoding options of every query.
@@ -65,13 +65,13 @@ class BenchRunner:
 
     def __init__(
         self,
-        generator: Engine,
+        engine: Engine,
         base_config: AdaRagConfig,
         work_dir: Path,
         params: GenerationParams,
         keep_logits: bool = False,
     ) -> None:
-        self.generator = generator
+        self.engine = engine
         self.base_config = base_config
         self.work_dir = work_dir
         self.params = params
@@ -84,7 +84,7 @@ class BenchRunner:
         """Precompute every chunk's independent KV once (the ingest path); returns how many."""
         home = self.work_dir / "ingest"
         config = AdaRagConfig.build(self.base_config, home=home)
-        rag = AdaRAG(config, generator=self.generator)
+        rag = AdaRAG(config, engine=self.engine)
         count = rag.warm(distinct_chunks(questions))
         self._ingest_dir = rag.kv_directory
         return count
@@ -145,7 +145,7 @@ class BenchRunner:
     def _pipeline(self, policy: Policy, questions: Sequence[BenchQuestion], home: Path) -> AdaRAG:
         """``policy``'s pipeline in a fresh ``home``, its cache starting from the ingest."""
         shutil.rmtree(home, ignore_errors=True)
-        rag = AdaRAG(policy.config(self.base_config, home=home), generator=self.generator)
+        rag = AdaRAG(policy.config(self.base_config, home=home), engine=self.engine)
         kv_dir = rag.kv_directory
         kv_dir.mkdir(parents=True)
         if policy.uses_independent_tier and self._ingest_dir is not None:

@@ -1,7 +1,7 @@
 """95% bootstrap intervals over questions, and paired differences between two policies.
 
 Every quality figure is a mean over questions; its interval comes from resampling the questions
-with replacement (percentile bootstrap, a seeded generator, so a report is reproducible). Two
+with replacement (percentile bootstrap, a seeded torch.Generator, so a report is reproducible). Two
 policies measured on the same questions are compared question by question: the interval of the
 mean paired difference, and a two-sided bootstrap p-value for "no difference" (the share of
 resampled means on the other side of zero, doubled). Latencies under load are summarised by their
@@ -53,8 +53,8 @@ def _as_tensor(values: Sequence[float]) -> torch.Tensor:
 def _resamples(values: Sequence[float], resamples: int, seed: int) -> torch.Tensor:
     """[resamples, len(values)]: ``values`` drawn with replacement, one row per resample."""
     data = _as_tensor(values)
-    generator = torch.Generator().manual_seed(seed)
-    picks = torch.randint(len(data), (resamples, len(data)), generator=generator)
+    rng = torch.Generator().manual_seed(seed)
+    picks = torch.randint(len(data), (resamples, len(data)), generator=rng)
     return data[picks]
 
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.engine.kv_cache import KVCache
 from adarag.engine.rope import rope_cos_sin
 from adarag.engine.selection import num_to_recompute
@@ -37,7 +37,7 @@ ROUNDS = 4
 
 
 def output_oracle_scores(
-    generator: Engine,
+    engine: Engine,
     layout: PromptLayout,
     reused: KVCache,
     full: KVCache,
@@ -48,7 +48,7 @@ def output_oracle_scores(
     """Scores [num_tokens] for ``output_oracle`` at ``ratio`` (higher is recomputed first).
 
     Args:
-        generator: The model.
+        engine: The model.
         layout: The prompt: system prefix, chunks, query suffix.
         reused: A fused prefill's KV with the chunks reused as they were cached (ratio 0).
         full: The full prefill's KV of the same prompt.
@@ -57,7 +57,7 @@ def output_oracle_scores(
         rounds: Greedy rounds.
     """
     with torch.inference_mode(False), torch.enable_grad():
-        loss_of = AnswerLoss(generator, layout, reused, full, answer_ids)
+        loss_of = AnswerLoss(engine, layout, reused, full, answer_ids)
         return oracle_ranking(loss_of, layout, ratio, rounds)
 
 
@@ -112,14 +112,14 @@ class AnswerLoss:
 
     def __init__(
         self,
-        generator: Engine,
+        engine: Engine,
         layout: PromptLayout,
         reused: KVCache,
         full: KVCache,
         answer_ids: Sequence[int],
     ) -> None:
-        self.model = generator.runner.model
-        self.spec = generator.spec
+        self.model = engine.runner.model
+        self.spec = engine.spec
         context = layout.cu_segments[-2]
         rows = slice(0, context)
         self.cached_k = reused.k[:, rows].float().clone()
@@ -129,7 +129,7 @@ class AnswerLoss:
         self.context = context
         self.query_ids = list(layout.query_ids)
         self.num_query = len(self.query_ids)
-        self.inv_freq = generator.runner.inv_freq.cpu()
+        self.inv_freq = engine.runner.inv_freq.cpu()
         self._set_answer(answer_ids)
 
     def with_answer(self, answer_ids: Sequence[int]) -> AnswerLoss:

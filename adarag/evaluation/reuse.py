@@ -8,24 +8,22 @@ ingest does) at one ratio, with the system prefix an exact hit.
 from __future__ import annotations
 
 from adarag.engine.batch import SegmentSource
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.kv import ChunkKV
 from adarag.schema import PromptLayout
 
 
-def system_prefix_kv(generator: Engine, layout: PromptLayout) -> ChunkKV:
+def system_prefix_kv(engine: Engine, layout: PromptLayout) -> ChunkKV:
     """The exact KV of the system prefix (computed as a prompt of its own)."""
-    prefix_only = generator.prefill(PromptLayout((), (), layout.system_ids))
+    prefix_only = engine.prefill(PromptLayout((), (), layout.system_ids))
     return prefix_only.kv.segment(0, len(layout.system_ids))
 
 
-def independent_chunks(generator: Engine, layout: PromptLayout) -> tuple[ChunkKV, list[ChunkKV]]:
+def independent_chunks(engine: Engine, layout: PromptLayout) -> tuple[ChunkKV, list[ChunkKV]]:
     """The system prefix's KV and each chunk's independent KV."""
-    system_kv = system_prefix_kv(generator, layout)
+    system_kv = system_prefix_kv(engine, layout)
     system_ids = layout.system_ids
-    return system_kv, [
-        generator.compute_chunk(system_ids, ids, system_kv) for ids in layout.chunk_ids
-    ]
+    return system_kv, [engine.compute_chunk(system_ids, ids, system_kv) for ids in layout.chunk_ids]
 
 
 def reuse_sources(

@@ -31,21 +31,21 @@ def is_static_fallback(
 
 
 def augmented_prefill(resources: Resources) -> AugmentedPrefill:
-    """The augmentation loop over the pipeline's generator and cache, per its ``config.augment``.
+    """The augmentation loop over the pipeline's engine and cache, per its ``config.augment``.
 
     The controller comes from the model's calibration; a stop rule without one switches
     augmentation off (static top-k), logged here once per pipeline.
     """
-    config, generator, profile = resources.config, resources.generator, resources.profile
+    config, engine, profile = resources.config, resources.engine, resources.profile
     augment, levers = config.augment, config.experimental.augment
-    controller = build_controller(augment, levers, generator.spec.num_layers, profile)
+    controller = build_controller(augment, levers, engine.spec.num_layers, profile)
     if is_static_fallback(augment, levers, profile):
         # the documented default of both packaged models, not a fault: info, not warning
         logger.info(static_fallback_message(augment.stop_rule, profile))
         static = augment.model_copy(update={"enabled": False})
         config = config.model_copy(update={"augment": static})
     return AugmentedPrefill(
-        generator,
+        engine,
         resources.cache,
         config,
         controller,

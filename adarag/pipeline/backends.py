@@ -1,4 +1,4 @@
-"""The generator backends a pipeline starts, by ``engine.backend``, and the generator on them.
+"""The engine backends a pipeline starts, by ``engine.backend``, and the engine on them.
 
 The engine loads its own torch backend; the others are built on the engine (``engine/vllm/``)
 and are started from here, so the engine never imports them. Adding a backend is its package
@@ -16,9 +16,9 @@ from typing import Protocol, cast
 from adarag.config import EngineConfig, KernelConfig
 from adarag.engine.adapter import DecoderAdapter
 from adarag.engine.checkpoint import Checkpoint
+from adarag.engine.core import Engine, StartBackend
 from adarag.engine.decoding import Decoder
 from adarag.engine.gate import check_blending
-from adarag.engine.generator import Engine, StartBackend
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ BACKENDS: Mapping[str, StartBackend] = MappingProxyType(
 )
 
 
-def load_generator(engine: EngineConfig, kernels: KernelConfig, home: Path) -> Engine:
+def load_engine(engine: EngineConfig, kernels: KernelConfig, home: Path) -> Engine:
     """Load ``engine.model`` on ``engine.backend``, whichever backend it names.
 
     On a vLLM backend the blending gate runs first (``engine.blending_gate``): a model whose
@@ -70,18 +70,18 @@ def load_generator(engine: EngineConfig, kernels: KernelConfig, home: Path) -> E
         ModelLoadError: The checkpoint is missing or unsupported.
         MissingDependencyError: The vLLM backend is chosen but vLLM is not installed.
     """
-    generator = Engine.load(engine, kernels, home, BACKENDS)
+    loaded = Engine.load(engine, kernels, home, BACKENDS)
     if engine.backend != "torch" and engine.blending_gate != "off":
-        _gate(generator, engine.blending_gate)
-    return generator
+        _gate(loaded, engine.blending_gate)
+    return loaded
 
 
-def _gate(generator: Engine, mode: str) -> None:
+def _gate(engine: Engine, mode: str) -> None:
     """Run the blending gate on a vLLM backend; on failure refuse to blend (or only warn)."""
     try:
-        report = check_blending(generator)
+        report = check_blending(engine)
     except BaseException:
-        generator.close()
+        engine.close()
         raise
     if report.passed:
         logger.info("blending gate passed for %s", report.model)
@@ -93,7 +93,7 @@ def _gate(generator: Engine, mode: str) -> None:
         "%s\nrefusing to blend: vLLM computes every prompt itself (engine.blending_gate)",
         report.summary(),
     )
-    cast(_RefusesBlending, generator.decoder).refuse_blending("; ".join(report.reasons))
+    cast(_RefusesBlending, engine.decoder).refuse_blending("; ".join(report.reasons))
 
 
 class _RefusesBlending(Protocol):

@@ -106,7 +106,7 @@ def request_context(
     note = ""
     if arranged is not None:
         note = arranged.hint(config)
-        max_context_tokens = resources.generator.max_context_tokens
+        max_context_tokens = resources.engine.max_context_tokens
         layout, fitting = fit_context(
             prompts, max_context_tokens, question, arranged.chunks, params, history, note
         )

@@ -12,22 +12,20 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.errors import InputError
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.pipeline.stream import DecodeSteps, PreparedAnswer, decode_text
 from adarag.schema import GenerationParams, PromptLayout, QueryTrace, StepTrace
 
 
-def decoder(
-    generator: Engine, engine_lock: threading.RLock, params: GenerationParams
-) -> DecodeSteps:
+def decoder(engine: Engine, engine_lock: threading.RLock, params: GenerationParams) -> DecodeSteps:
     """Decodes a prepared answer with ``params``."""
-    return lambda prepared, counter: decode_steps(generator, engine_lock, prepared, params, counter)
+    return lambda prepared, counter: decode_steps(engine, engine_lock, prepared, params, counter)
 
 
 def decode_steps(
-    generator: Engine,
+    engine: Engine,
     engine_lock: threading.RLock,
     prepared: PreparedAnswer,
     params: GenerationParams,
@@ -40,18 +38,18 @@ def decode_steps(
     decoder's batcher together to be batched.
 
     The write-back is the :class:`AnswerStream`'s to run when it ends or is closed, never
-    this generator's: a generator dropped unfinished is closed wherever the garbage collector
+    this engine's: an engine dropped unfinished is closed wherever the garbage collector
     runs, where taking the engine lock could deadlock.
     """
     assert prepared.layout is not None and prepared.output is not None
-    tokens = generator.decode_tokens(prepared.layout, prepared.output, params)
-    decoder = generator.decoder
+    tokens = engine.decode_tokens(prepared.layout, prepared.output, params)
+    decoder = engine.decoder
     if getattr(decoder, "batcher", None) is None and not getattr(decoder, "remote", False):
         steps = locked_steps(tokens, engine_lock, counter)
     else:  # batched steps meet in the batcher; a remote server's tokens need no engine
         steps = counted_steps(tokens, counter)
     try:
-        yield from decode_text(steps, generator.tokenizer, params)
+        yield from decode_text(steps, engine.tokenizer, params)
     finally:
         close = getattr(tokens, "close", None)
         if close is not None:
@@ -79,7 +77,7 @@ def counted_steps(tokens: Iterator[int], counter: list[int]) -> Iterator[int]:
 
 
 def plain_answer(
-    generator: Engine,
+    engine: Engine,
     engine_lock: threading.RLock,
     prompts: PromptBuilder,
     prompt: str | Sequence[Mapping[str, str]],
@@ -99,7 +97,7 @@ def plain_answer(
         ids = prompts.chat_ids(prompt)
     layout = PromptLayout((), (), ids)
     with engine_lock:
-        output = generator.prefill(layout, max_new_tokens=params.max_new_tokens)
+        output = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
     prefill_s = time.perf_counter() - started
     step = StepTrace(
         num_chunks=0,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from adarag.cache.tiers import TieredCache
 from adarag.config import FusionConfig
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.kv import ChunkKV
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.retrievers.base import Retriever
@@ -37,14 +37,14 @@ class ChunkFuser:
 
     Args:
         config: How many neighbours.
-        generator: The model.
+        engine: The model.
         prompts: Tokenizes chunks as prompts hold them.
         system_kv: The system prefix's KV.
         independent_kv: The independent KV of a chunk's token ids (computed if absent).
     """
 
     config: FusionConfig
-    generator: Engine
+    engine: Engine
     prompts: PromptBuilder
     system_kv: ChunkKV
     independent_kv: Callable[[tuple[int, ...]], ChunkKV]
@@ -66,7 +66,7 @@ class ChunkFuser:
     def _fitting(
         self, chunk_ids: tuple[int, ...], neighbours: list[tuple[int, ...]]
     ) -> list[tuple[int, ...]]:
-        room = self.generator.max_context_tokens - len(self.prompts.system_ids) - len(chunk_ids)
+        room = self.engine.max_context_tokens - len(self.prompts.system_ids) - len(chunk_ids)
         fitting = []
         for ids in neighbours:
             if len(ids) > room:
@@ -86,9 +86,7 @@ class ChunkFuser:
     ) -> ChunkKV:
         """The chunk's KV after the system prefix and ``neighbours`` (from :meth:`neighbours`)."""
         before = [(ids, self.independent_kv(ids)) for ids in neighbours]
-        return self.generator.compute_chunk(
-            self.prompts.system_ids, chunk_ids, self.system_kv, before
-        )
+        return self.engine.compute_chunk(self.prompts.system_ids, chunk_ids, self.system_kv, before)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""AdaRAG: the one class that wires retrieval, the chunk-KV cache, augmentation and a generator."""
+"""AdaRAG: the one class that wires retrieval, the chunk-KV cache, augmentation and an engine."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.pipeline.asynchronous import AsyncAnswering
 from adarag.pipeline.augmented import augmented_prefill
 from adarag.pipeline.context import required, retrieve, top_k_chunks
@@ -54,14 +54,14 @@ class AdaRAG(ResourceViews, AsyncAnswering):
 
     Calls from several threads or tasks are safe: engine work (each prefill and each decode
     step) is serialised by one lock, so concurrent requests interleave step by step. Pipelines
-    made with :meth:`with_config` share the generator and that lock.
+    made with :meth:`with_config` share the engine and that lock.
 
     Args:
         config: The configuration; defaults when None.
         retriever: Where chunks come from when a call passes none.
-        generator: A ready generator (shares its weights); built from ``config`` when None.
+        engine: A ready engine (shares its weights); built from ``config`` when None.
         engine_lock: The lock serialising engine work, shared with other pipelines that drive
-            the same generator; a new one when None (see :meth:`with_config`).
+            the same engine; a new one when None (see :meth:`with_config`).
         **overrides: Config overrides, e.g. ``cache={"soft": {"recompute_ratio": 0.05}}``.
     """
 
@@ -70,12 +70,12 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         config: AdaRagConfig | None = None,
         *,
         retriever: Retriever | None = None,
-        generator: Engine | None = None,
+        engine: Engine | None = None,
         engine_lock: threading.RLock | None = None,
         **overrides: Any,
     ) -> None:
         built = AdaRagConfig.build(config, **overrides) if overrides else config
-        self._resources = Resources(built or AdaRagConfig(), generator, engine_lock)
+        self._resources = Resources(built or AdaRagConfig(), engine, engine_lock)
         self.retriever = retriever
         self._augmentation: AugmentedPrefill | None = None
 
@@ -86,7 +86,7 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         config: AdaRagConfig | None = None,
         *,
         retriever: Retriever | None = None,
-        generator: Engine | None = None,
+        engine: Engine | None = None,
         **overrides: Any,
     ) -> AdaRAG:
         """A pipeline configured by a named policy (``adarag.policies.POLICIES``).
@@ -99,19 +99,17 @@ class AdaRAG(ResourceViews, AsyncAnswering):
             name: The policy, e.g. ``"adacache"``, ``"cacheblend"``, ``"fusionrag"``.
             config: The configuration the policy's overrides apply to; defaults when None.
             retriever: Where chunks come from when a call passes none.
-            generator: A ready generator (shares its weights); built from the config when None.
+            engine: A ready engine (shares its weights); built from the config when None.
             **overrides: Config overrides applied over the policy's.
 
         Raises:
             ConfigError: No policy has that name (the message lists the known ones), or an
                 override is invalid.
         """
-        return cls(
-            policy_config(name, config, **overrides), retriever=retriever, generator=generator
-        )
+        return cls(policy_config(name, config, **overrides), retriever=retriever, engine=engine)
 
     def with_config(self, **overrides: Any) -> AdaRAG:
-        """A pipeline with config overrides that shares this one's generator and engine lock.
+        """A pipeline with config overrides that shares this one's engine and engine lock.
 
         Example:
             >>> terse = rag.with_config(prompt={"system_prompt": "Answer in one word."})
@@ -121,7 +119,7 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         """
         resources = self._resources.derive(AdaRagConfig.build(self.config, **overrides))
         clone = AdaRAG(resources.config, retriever=self.retriever)
-        clone._resources = resources  # the generator, engine lock and (same config) store shared
+        clone._resources = resources  # the engine, engine lock and (same config) store shared
         return clone
 
     # --- retrieval and warming
@@ -241,7 +239,7 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         What :meth:`query`, :meth:`stream`, :meth:`aquery` and :meth:`astream` run, each with
         the :class:`~adarag.pipeline.request.Request` it built (its question checked once).
         """
-        _ = self.generator  # loads the model once, outside the timed request
+        _ = self.engine  # loads the model once, outside the timed request
         started = time.perf_counter()
         found = request.chunks
         if found is None:
@@ -281,7 +279,7 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         """
         texts = [c.text if isinstance(c, Chunk) else c for c in chunks]
         layout = self.prompts.layout(question, texts)
-        self.generator.check_fits(layout, (params or GenerationParams()).max_new_tokens)
+        self.engine.check_fits(layout, (params or GenerationParams()).max_new_tokens)
         return layout
 
     def generate(
@@ -300,14 +298,14 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         Raises:
             InputError: The prompt is empty or does not fit the context.
         """
-        generator = self.generator
+        engine = self.engine
         started = time.perf_counter()
         params = params or GenerationParams()
-        prepared = plain_answer(generator, self.engine_lock, self.prompts, prompt, params, started)
+        prepared = plain_answer(engine, self.engine_lock, self.prompts, prompt, params, started)
         return AnswerStream(prepared, self._decoder(params))
 
     # --- internals
 
     def _decoder(self, params: GenerationParams) -> DecodeSteps:
         """Decodes a prepared answer with ``params``."""
-        return decoder(self.generator, self.engine_lock, params)
+        return decoder(self.engine, self.engine_lock, params)

@@ -1,8 +1,8 @@
-"""The lazily built resources a pipeline shares: generator, profile, store, cache and prompts.
+"""The lazily built resources a pipeline shares: engine, profile, store, cache and prompts.
 
 :class:`Resources` builds each on first use, under the engine lock, so requests arriving together
 on a fresh pipeline share one of each. :meth:`Resources.derive` makes a pipeline's resources for
-other config overrides, sharing the generator, the engine lock and (for the same store config)
+other config overrides, sharing the engine, the engine lock and (for the same store config)
 the store.
 """
 
@@ -19,9 +19,9 @@ from adarag.cache.tiers import TieredCache
 from adarag.cache.variants import VariantIndex
 from adarag.config import AdaRagConfig
 from adarag.engine.checkpoint import HASH_CACHE_FILE
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.kv import ChunkKV
-from adarag.pipeline.backends import load_generator
+from adarag.pipeline.backends import load_engine
 from adarag.pipeline.learned import LearnedControls, learned_controls
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.profiles import ModelProfile, find_profile, generic_profile
@@ -32,23 +32,23 @@ logger = logging.getLogger("adarag.pipeline.rag")
 
 
 class Resources:
-    """One pipeline's generator, profile, store, cache and prompt builder, built on first use.
+    """One pipeline's engine, profile, store, cache and prompt builder, built on first use.
 
     Args:
         config: The pipeline's configuration.
-        generator: A ready generator (shares its weights); built from ``config`` when None.
+        engine: A ready engine (shares its weights); built from ``config`` when None.
         engine_lock: The lock serialising engine work; a new one when None.
     """
 
     def __init__(
         self,
         config: AdaRagConfig,
-        generator: Engine | None = None,
+        engine: Engine | None = None,
         engine_lock: threading.RLock | None = None,
     ) -> None:
         self.config = config
         self.engine_lock = engine_lock or threading.RLock()
-        self._generator = generator
+        self._engine = engine
         self._store: LayeredKVStore | None = None
         self._variants: VariantIndex | None = None  # Cache-Craft's metadata, beside the store
         self._cache: TieredCache | None = None
@@ -56,34 +56,34 @@ class Resources:
         self._learned: LearnedControls | None = None
 
     @property
-    def generator(self) -> Engine:
-        """The backend generator (loaded on first use)."""
-        if self._generator is None:
+    def engine(self) -> Engine:
+        """The backend engine (loaded on first use)."""
+        if self._engine is None:
             with self.engine_lock:
-                if self._generator is None:
+                if self._engine is None:
                     config = self.config
-                    self._generator = load_generator(config.engine, config.kernels, config.home)
-        return self._generator
+                    self._engine = load_engine(config.engine, config.kernels, config.home)
+        return self._engine
 
     @property
     def profile(self) -> ModelProfile:
         """The model's attention-sink profile and calibration (generic when never profiled)."""
         if self._profile is None:
-            generator = self.generator
+            engine = self.engine
             with self.engine_lock:  # first use may come from several threads at once
                 if self._profile is None:
-                    checkpoint, home = generator.checkpoint, self.config.home
-                    name, num_layers = checkpoint.name, generator.spec.num_layers
+                    checkpoint, home = engine.checkpoint, self.config.home
+                    name, num_layers = checkpoint.name, engine.spec.num_layers
                     found = find_profile(
                         name,
-                        generator.fingerprint,
+                        engine.fingerprint,
                         num_layers,
                         [home / "profiles"],
                         lambda: checkpoint.weights_fingerprint(home / HASH_CACHE_FILE),
                     )
                     if found is None:
                         logger.warning("no attention profile for %s; run `adarag profile`", name)
-                        found = generic_profile(name, generator.fingerprint, num_layers)
+                        found = generic_profile(name, engine.fingerprint, num_layers)
                     self._profile = found
         return self._profile
 
@@ -101,9 +101,7 @@ class Resources:
     def kv_namespace(self) -> str:
         """The checkpoint, the dtype KV is computed in and the dtype it is stored in."""
         engine_dtype = self.config.engine.dtype
-        return (
-            f"{self.generator.fingerprint}-{engine_dtype}-{self.config.cache.store.storage_dtype}"
-        )
+        return f"{self.engine.fingerprint}-{engine_dtype}-{self.config.cache.store.storage_dtype}"
 
     @property
     def cache(self) -> TieredCache:
@@ -144,9 +142,9 @@ class Resources:
         """The store of this pipeline's cache (opened on first use)."""
         with self.engine_lock:  # one store per pipeline, also when first used concurrently
             if self._store is None:
-                spec = self.generator.spec
+                spec = self.engine.spec
                 # the model's positions (not this run's context cap, which may change)
-                max_positions = max(spec.max_position_embeddings, self.generator.max_context_tokens)
+                max_positions = max(spec.max_position_embeddings, self.engine.max_context_tokens)
                 layout = TokenLayout(
                     spec.num_layers, spec.num_kv_heads, spec.head_dim, max_positions
                 )
@@ -158,11 +156,11 @@ class Resources:
     @cached_property
     def prompts(self) -> PromptBuilder:
         """The prompt builder for ``config.prompt`` (the only layout maker)."""
-        return PromptBuilder(self.generator.tokenizer, self.config.prompt)
+        return PromptBuilder(self.engine.tokenizer, self.config.prompt)
 
     def derive(self, config: AdaRagConfig) -> Resources:
-        """Resources for ``config`` sharing this generator, engine lock and (same config) store."""
-        derived = Resources(config, self.generator, self.engine_lock)
+        """Resources for ``config`` sharing this engine, engine lock and (same config) store."""
+        derived = Resources(config, self.engine, self.engine_lock)
         if config.cache.store == self.config.cache.store:
             derived._store = self.open_store()  # one store per directory: entries and stats shared
             if config.experimental.variants == self.config.experimental.variants:
@@ -178,7 +176,7 @@ class Resources:
             with self.engine_lock:  # computed once, also when first requests arrive together
                 system_kv = cache.system_kv()
                 if system_kv is None:
-                    output = self.generator.prefill(PromptLayout((), (), system_ids))
+                    output = self.engine.prefill(PromptLayout((), (), system_ids))
                     computed = output.kv.segment(0, len(system_ids))
                     cache.put_system(computed)
                     # as stored (in the storage format), so this process computes what a
@@ -193,6 +191,6 @@ class Resources:
             kv = cache.independent_kv(ids)
             if kv is None:
                 system_ids, system_kv = self.prompts.system_ids, self.system_kv()
-                kv = self.generator.compute_chunk(system_ids, ids, system_kv)
+                kv = self.engine.compute_chunk(system_ids, ids, system_kv)
                 cache.put_independent(ids, kv)
             return kv

@@ -26,7 +26,7 @@ from adarag.cache.tiers import TieredCache, TierHit
 from adarag.cache.variants import VariantStats, variant_stats
 from adarag.config import AdaRagConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.engine.routing import ROUTING_FEATURES
 from adarag.kv import ChunkKV
 from adarag.pipeline.learned import LearnedControls
@@ -70,10 +70,10 @@ class PrefillStep:
 
 
 class AugmentedPrefill:
-    """Runs the augmentation steps of one request over a generator and the tiered cache.
+    """Runs the augmentation steps of one request over an engine and the tiered cache.
 
     Args:
-        generator: The backend.
+        engine: The backend.
         cache: The three-tier chunk-KV cache.
         config: Which tiers are on, the selection rule and its levers (sent with every
             prefill), whether to augment and the stop rules' levers (the logit-lens layers).
@@ -87,7 +87,7 @@ class AugmentedPrefill:
 
     def __init__(
         self,
-        generator: Engine,
+        engine: Engine,
         cache: TieredCache,
         config: AdaRagConfig,
         controller: AugmentationController,
@@ -96,7 +96,7 @@ class AugmentedPrefill:
         learned: LearnedControls | None = None,
         probe_layers: Sequence[int] = (),
     ) -> None:
-        self._generator = generator
+        self._engine = engine
         self._cache = cache
         self._tiers = config.cache
         self._strategies = config.experimental
@@ -172,7 +172,7 @@ class AugmentedPrefill:
         final = taken[-1][1]
         trace = QueryTrace(
             steps=tuple(
-                _step_trace(scored, step, self._generator.tokenizer) for scored, step in taken
+                _step_trace(scored, step, self._engine.tokenizer) for scored, step in taken
             ),
             stop_reason=reason,
             ttft_s=time.perf_counter() - started,
@@ -223,8 +223,8 @@ class AugmentedPrefill:
             )
             last = step
             with self._engine_lock:
-                tokens = list(self._generator.decode_tokens(step.layout, step.output, params))
-                deltas = decode_text(iter(tokens), self._generator.tokenizer, params)
+                tokens = list(self._engine.decode_tokens(step.layout, step.output, params))
+                deltas = decode_text(iter(tokens), self._engine.tokenizer, params)
                 answer = "".join(deltas).strip()
                 self._keep(step)
             # a greedy answer long enough already holds the prefix; else decode it on its own
@@ -238,7 +238,7 @@ class AugmentedPrefill:
             result = dataclasses.replace(step.result, answer_prefix=prefix, is_stable=stable)
             previous = prefix
             scored = self._controller.score(num_chunks, result)
-            trace = _step_trace(scored, step, self._generator.tokenizer)
+            trace = _step_trace(scored, step, self._engine.tokenizer)
             results.append((trace, answer, result))
         return results
 
@@ -300,7 +300,7 @@ class AugmentedPrefill:
             reuse = self._levers.reuse_step_kv and previous is not None
             resident_rows = _resident_rows(layout, hits, previous) if reuse else 0
             started = time.perf_counter()
-            output = self._generator.prefill(
+            output = self._engine.prefill(
                 layout,
                 sources,
                 max_new_tokens=max_new_tokens,
@@ -332,7 +332,7 @@ class AugmentedPrefill:
         """
         output, hits, prefill_s = self.fused_prefill(layout, max_new_tokens, previous, min_capacity)
         lens_started = time.perf_counter()
-        kl, entropy = self._generator.lens_signals(output, self._levers.num_lens_layers)
+        kl, entropy = self._engine.lens_signals(output, self._levers.num_lens_layers)
         top2 = torch.softmax(output.logits.float().reshape(-1), dim=-1).topk(2).values
         result = StepResult(
             LensSignals(tuple(kl), entropy),
@@ -360,7 +360,7 @@ class AugmentedPrefill:
         """The first ``stability_tokens`` greedy answer tokens (the prompt's KV is unchanged)."""
         greedy = GenerationParams(max_new_tokens=self._levers.stability_tokens)
         with self._engine_lock:
-            return tuple(self._generator.decode_tokens(layout, output, greedy))
+            return tuple(self._engine.decode_tokens(layout, output, greedy))
 
     def write_back(self, layout: PromptLayout, output: PrefillOutput, hits: list[TierHit]) -> None:
         """Store each cached segment under its hard and soft keys (Algorithm 1, line 18)."""

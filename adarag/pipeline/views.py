@@ -14,7 +14,7 @@ from typing import Any, Self
 from adarag.cache.store import LayeredKVStore, StoreStats
 from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.pipeline.resources import Resources
 from adarag.profiles import ModelProfile
@@ -29,7 +29,7 @@ class CacheReport:
 
 
 class ResourceViews:
-    """The pipeline's configuration, generator, profile, cache and prompt builder, and its close.
+    """The pipeline's configuration, engine, profile, cache and prompt builder, and its close.
 
     Attributes:
         _resources: What the views read (set by the pipeline's constructor).
@@ -48,14 +48,14 @@ class ResourceViews:
         return self._resources.engine_lock
 
     @property
-    def generator(self) -> Engine:
-        """The backend generator (loaded on first use)."""
-        return self._resources.generator
+    def engine(self) -> Engine:
+        """The backend engine (loaded on first use)."""
+        return self._resources.engine
 
     @property
     def model_name(self) -> str:
         """The checkpoint's name (``SmolLM2-135M-Instruct``), for traces and usage (loads it)."""
-        return str(self.generator.checkpoint.name)
+        return str(self.engine.checkpoint.name)
 
     @property
     def profile(self) -> ModelProfile:
@@ -120,4 +120,4 @@ class ResourceViews:
     @property
     def tokenizer(self) -> Any:
         """The model's Hugging Face tokenizer (for token-sized chunking and counting)."""
-        return self.generator.tokenizer
+        return self.engine.tokenizer

@@ -23,7 +23,7 @@ def warm_chunks(
     """Precompute the KV of chunks not cached yet; returns how many were new.
 
     Args:
-        resources: The pipeline's generator, cache and prompt builder.
+        resources: The pipeline's engine, cache and prompt builder.
         retriever: Where FusionRAG finds each chunk's most similar chunks; among ``chunks``
             when None.
         chunks: The chunks to warm.
@@ -42,7 +42,7 @@ def warm_chunks(
     config = resources.config.experimental.fusion
     if config.enabled and given:
         fuser = ChunkFuser(
-            config, resources.generator, resources.prompts, system_kv, resources.independent_kv
+            config, resources.engine, resources.prompts, system_kv, resources.independent_kv
         )
         warmer = FusionWarmer(fuser, resources.cache)
         finder = retriever or MemoryRetriever(given)

@@ -233,6 +233,6 @@ def _describe_invalid(err: RequestValidationError) -> APIError:
 def _checkpoint_name(rag: AdaRAG) -> str:
     """The model id to list: the loaded checkpoint's name (loads the model)."""
     started = time.perf_counter()
-    name = str(rag.generator.checkpoint.name)
+    name = str(rag.engine.checkpoint.name)
     logger.info("model %s ready in %.1f s", name, time.perf_counter() - started)
     return name

@@ -73,7 +73,7 @@ def knowledge_base(kb_config, corpus_path, shared_rag):
 def shared_rag(kb_config) -> AdaRAG:
     """The one pipeline (and model) the integration tests share."""
     rag = AdaRAG(kb_config)
-    _ = rag.generator
+    _ = rag.engine
     return rag
 
 

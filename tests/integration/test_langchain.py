@@ -117,7 +117,7 @@ def test_usage_handler_counts_the_generation(chain):
     handler = UsageMetadataCallbackHandler()
     out = chain.invoke(LOTHAIR_QUESTION, config={"callbacks": [handler]})
     (name,) = handler.usage_metadata  # one model: the pipeline's, by its checkpoint's name
-    assert name == chain.rag.generator.checkpoint.name != "default"
+    assert name == chain.rag.engine.checkpoint.name != "default"
     usage = handler.usage_metadata[name]
     assert usage["input_tokens"] == out["usage_metadata"]["input_tokens"] > 0
     assert usage["output_tokens"] == out["usage_metadata"]["output_tokens"] > 0
@@ -128,7 +128,7 @@ def test_the_chat_model_names_its_checkpoint_in_metadata_usage_and_traces(kb_rag
     model = ChatAdaRag(rag=kb_rag, max_tokens=4)
     handler = UsageMetadataCallbackHandler()
     reply = model.invoke("Say hi.", config={"callbacks": [handler]})
-    name = kb_rag.generator.checkpoint.name
+    name = kb_rag.engine.checkpoint.name
     assert reply.response_metadata["model_name"] == name != "default"
     assert list(handler.usage_metadata) == [name]
     assert model._get_ls_params()["ls_model_name"] == name

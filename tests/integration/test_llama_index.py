@@ -460,7 +460,7 @@ def test_llm_completes_chats_and_streams_with_usage(kb_rag):
     deltas = [part.delta for part in llm.stream_complete("Count: one, two,")]
     assert len([d for d in deltas if d]) > 1
     assert llm.metadata.is_chat_model and llm.metadata.context_window > 0
-    assert llm.metadata.model_name == kb_rag.generator.checkpoint.name  # not "default"
+    assert llm.metadata.model_name == kb_rag.engine.checkpoint.name  # not "default"
 
     async def run_async():
         answer = await llm.acomplete("Name a fruit.")

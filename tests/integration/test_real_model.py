@@ -10,39 +10,39 @@ import torch
 
 from adarag.schema import GenerationParams
 from tests.tiny_models import load_hf_model
-from tests.unit.engine.helpers import independent_sources, layout_of, load_generator
+from tests.unit.engine.helpers import independent_sources, layout_of, load_engine
 
 pytestmark = pytest.mark.integration
 DATA = Path(__file__).resolve().parents[1] / "data" / "musique_sample.jsonl"
 
 
 @pytest.fixture(scope="module")
-def generator(real_config):
-    return load_generator(real_config)
+def engine(real_config):
+    return load_engine(real_config)
 
 
 @pytest.fixture(scope="module")
-def hf_model(generator):
-    return load_hf_model(generator.checkpoint.path)
+def hf_model(engine):
+    return load_hf_model(engine.checkpoint.path)
 
 
 @pytest.fixture(scope="module")
-def layout(generator):
+def layout(engine):
     record = json.loads(DATA.read_text().splitlines()[0])
-    return layout_of(generator, record["question"], [p["text"] for p in record["passages"][:2]])
+    return layout_of(engine, record["question"], [p["text"] for p in record["passages"][:2]])
 
 
-def test_real_model_full_prefill_matches_hf(generator, hf_model, layout):
-    output = generator.prefill(layout)
+def test_real_model_full_prefill_matches_hf(engine, hf_model, layout):
+    output = engine.prefill(layout)
     with torch.inference_mode():
         reference = hf_model(torch.tensor([layout.token_ids])).logits[0, -1]
     torch.testing.assert_close(output.logits, reference, atol=2e-4, rtol=1e-4)
 
 
-def test_real_model_greedy_decode_matches_hf_generate(generator, hf_model, layout):
+def test_real_model_greedy_decode_matches_hf_generate(engine, hf_model, layout):
     params = GenerationParams(max_new_tokens=32)
-    output = generator.prefill(layout, max_new_tokens=32)
-    ours = list(generator.decode_tokens(layout, output, params))
+    output = engine.prefill(layout, max_new_tokens=32)
+    ours = list(engine.decode_tokens(layout, output, params))
     with torch.inference_mode():
         generated = hf_model.generate(
             torch.tensor([layout.token_ids]), max_new_tokens=32, do_sample=False
@@ -52,10 +52,10 @@ def test_real_model_greedy_decode_matches_hf_generate(generator, hf_model, layou
     assert ours == reference[: len(ours)]
 
 
-def test_real_model_ratio_one_matches_full_prefill(generator, layout):
-    full = generator.prefill(layout)
-    sources, _, _ = independent_sources(generator, layout, ratio=1.0)
-    fused = generator.prefill(layout, sources)
+def test_real_model_ratio_one_matches_full_prefill(engine, layout):
+    full = engine.prefill(layout)
+    sources, _, _ = independent_sources(engine, layout, ratio=1.0)
+    fused = engine.prefill(layout, sources)
     rows = slice(0, layout.num_tokens)
     torch.testing.assert_close(fused.kv.k[:, rows], full.kv.k[:, rows], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(fused.logits, full.logits, atol=1e-4, rtol=1e-4)

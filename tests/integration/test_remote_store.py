@@ -62,13 +62,13 @@ def _config(real_config, directory: Path, url: str | None) -> AdaRagConfig:
     )
 
 
-def _pipeline(real_config, generator, directory: Path, url: str | None) -> AdaRAG:
-    return AdaRAG(_config(real_config, directory, url), generator=generator)
+def _pipeline(real_config, engine, directory: Path, url: str | None) -> AdaRAG:
+    return AdaRAG(_config(real_config, directory, url), engine=engine)
 
 
 @pytest.fixture(scope="module")
-def generator(real_config):
-    return AdaRAG(real_config).generator
+def engine(real_config):
+    return AdaRAG(real_config).engine
 
 
 def _warm_in_another_process(real_config, tmp_path: Path, url: str) -> None:
@@ -111,11 +111,11 @@ def _remote_warnings(caplog) -> list[str]:
 
 
 def test_chunks_warmed_by_another_process_are_served_from_the_server(
-    real_config, generator, server, tmp_path
+    real_config, engine, server, tmp_path
 ):
     chunks = PASSAGES[:3]
 
-    rag = _pipeline(real_config, generator, tmp_path / "process-b-kv", url_of(server))
+    rag = _pipeline(real_config, engine, tmp_path / "process-b-kv", url_of(server))
     answer = rag.query(QUESTION, chunks=chunks, params=PARAMS)
     # the first chunk's KV computed alone is also its exact (hard) KV at the prompt's start
     assert answer.trace.steps[-1].tiers == ("hard", "independent", "independent")
@@ -125,7 +125,7 @@ def test_chunks_warmed_by_another_process_are_served_from_the_server(
     assert report.store.remote_read_bytes > 0
 
     # the same KV warmed locally in this process gives the same answer
-    local = _pipeline(real_config, generator, tmp_path / "local-kv", None)
+    local = _pipeline(real_config, engine, tmp_path / "local-kv", None)
     assert local.warm(chunks) == 3
     reference = local.query(QUESTION, chunks=chunks, params=PARAMS)
     assert reference.trace.steps[-1].tiers == answer.trace.steps[-1].tiers
@@ -133,17 +133,17 @@ def test_chunks_warmed_by_another_process_are_served_from_the_server(
 
 
 def test_a_server_killed_mid_run_leaves_the_answers_unchanged(
-    real_config, generator, server, tmp_path, caplog
+    real_config, engine, server, tmp_path, caplog
 ):
     # the first question brings its chunks into the local tiers; the second reorders them
     contexts = [[0, 1, 2], [2, 0, 1]]
     questions = [(QUESTION, [PASSAGES[idx] for idx in context]) for context in contexts]
 
-    up = _pipeline(real_config, generator, tmp_path / "up-kv", url_of(server))
+    up = _pipeline(real_config, engine, tmp_path / "up-kv", url_of(server))
     expected = [up.query(q, chunks=chunks, params=PARAMS) for q, chunks in questions]
     assert up.cache_stats().store.remote_failures == 0
 
-    killed = _pipeline(real_config, generator, tmp_path / "killed-kv", url_of(server))
+    killed = _pipeline(real_config, engine, tmp_path / "killed-kv", url_of(server))
     with caplog.at_level(logging.WARNING, logger="adarag.cache.remote"):
         answers = [killed.query(q, chunks=chunks, params=PARAMS) for q, chunks in questions[:1]]
         server.terminate()  # SIGKILL, mid-run
@@ -160,10 +160,10 @@ def test_a_server_killed_mid_run_leaves_the_answers_unchanged(
 
 
 def test_a_damaged_value_on_the_server_is_dropped_and_recomputed(
-    real_config, generator, server, tmp_path, caplog
+    real_config, engine, server, tmp_path, caplog
 ):
     chunks = PASSAGES[:3]
-    rag = _pipeline(real_config, generator, tmp_path / "process-b-kv", url_of(server))
+    rag = _pipeline(real_config, engine, tmp_path / "process-b-kv", url_of(server))
     remote = rag.cache.store.remote
     independent_key = rag.cache.keys([rag.prompts.chunk_ids(chunks[1])]).independent[0]
     client = client_of(server)
@@ -180,7 +180,7 @@ def test_a_damaged_value_on_the_server_is_dropped_and_recomputed(
     assert not client.exists(remote.key_name(independent_key))
 
     # the answer is the one computed with that chunk recomputed and the others reused
-    local = _pipeline(real_config, generator, tmp_path / "local-kv", None)
+    local = _pipeline(real_config, engine, tmp_path / "local-kv", None)
     local.warm([chunks[0], chunks[2]])
     reference = local.query(QUESTION, chunks=chunks, params=PARAMS)
     assert reference.trace.steps[-1].tiers == ("hard", "miss", "independent")

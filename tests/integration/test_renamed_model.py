@@ -33,7 +33,7 @@ def test_a_renamed_copy_of_the_default_model_keeps_its_packaged_profile(
     config = AdaRagConfig.build(real_config, engine={"model": str(renamed)})
     with caplog.at_level(logging.INFO), AdaRAG(config) as rag:
         profile = rag.profile
-        assert rag.generator.checkpoint.name == "my-assistant"
+        assert rag.engine.checkpoint.name == "my-assistant"
     assert profile.model == "SmolLM2-135M-Instruct" and profile.transition_layer == 3
     assert "no attention profile" not in caplog.text
     assert "my-assistant has the weights of SmolLM2-135M-Instruct" in caplog.text

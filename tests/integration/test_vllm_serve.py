@@ -21,7 +21,7 @@ from adarag.engine.vllm.handoff_files import HandoffFiles
 from adarag.engine.vllm.handoff_format import HandoffSigner
 from adarag.errors import BackendError
 from adarag.schema import GenerationParams, PromptLayout
-from tests.unit.engine.helpers import independent_sources, layout_of, load_generator
+from tests.unit.engine.helpers import independent_sources, layout_of, load_engine
 from tests.vllm_replica import HANDOFF_KEY, front_end_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -42,9 +42,9 @@ def server(vllm_replica):
 
 @pytest.fixture(scope="module")
 def front_end(real_config, vllm_replica):
-    generator = load_generator(front_end_config(real_config, vllm_replica))
-    yield generator
-    generator.close()
+    engine = load_engine(front_end_config(real_config, vllm_replica))
+    yield engine
+    engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +66,9 @@ def _server_config(real_config, vllm_replica, handoff=None, **engine):
     return front_end_config(real_config, vllm_replica, **engine)
 
 
-def _fused(generator, layout, ratio):
-    sources = independent_sources(generator, layout, ratio)[0]
-    return generator.prefill(layout, sources, max_new_tokens=GREEDY.max_new_tokens)
+def _fused(engine, layout, ratio):
+    sources = independent_sources(engine, layout, ratio)[0]
+    return engine.prefill(layout, sources, max_new_tokens=GREEDY.max_new_tokens)
 
 
 def test_ratio_one_through_the_connector_matches_vllm_serve_alone(
@@ -87,10 +87,10 @@ def test_ratio_one_through_the_connector_matches_vllm_serve_alone(
 def test_fused_kv_at_015_decodes_on_the_server_as_on_the_torch_engine(
     front_end, real_config, layout
 ):
-    torch_generator = load_generator(real_config)
-    output = _fused(torch_generator, layout, 0.15)
+    torch_engine = load_engine(real_config)
+    output = _fused(torch_engine, layout, 0.15)
     assert 0 < len(output.recomputed_positions) < layout.num_tokens
-    expected = list(torch_generator.decode_tokens(layout, output, GREEDY))
+    expected = list(torch_engine.decode_tokens(layout, output, GREEDY))
     stream = front_end.decode_tokens(layout, output, GREEDY)
     assert list(stream) == expected
     assert stream.num_cached_tokens == layout.num_tokens
@@ -126,7 +126,7 @@ def test_missing_fused_kv_falls_back_to_vllm_prefill(
 
 def test_pipeline_answers_through_vllm_serve(front_end, real_config, record, server):
     passages = [p["text"] for p in record["passages"][:2]]
-    rag = AdaRAG(real_config, generator=front_end)
+    rag = AdaRAG(real_config, engine=front_end)
     answer = rag.query(record["question"], chunks=passages, params=GREEDY)
     assert answer.text and answer.trace.num_recomputed_tokens < answer.trace.num_prompt_tokens
     stop_at_space = GREEDY.model_copy(update={"stop": (" ",)})
@@ -139,13 +139,13 @@ def test_unreachable_server_is_a_clear_error(real_config, vllm_replica, tmp_path
     url = "http://127.0.0.1:9"  # the discard port: nothing answers
     config = _server_config(real_config, vllm_replica, tmp_path, vllm_server_urls=(url,))
     with pytest.raises(BackendError, match=f"no vLLM server answers at {url}"):
-        load_generator(config)
+        load_engine(config)
 
 
 def test_a_replica_refusing_the_api_key_is_a_clear_error(real_config, vllm_replica):
     config = _server_config(real_config, vllm_replica, vllm_server_api_key="not-the-replicas-key")
     with pytest.raises(BackendError, match=r"refused the API key \(401\).*\$VLLM_API_KEY"):
-        load_generator(config)
+        load_engine(config)
 
 
 def test_handoff_files_of_a_stopped_front_end_are_removed_at_start(real_config, vllm_replica):
@@ -159,8 +159,8 @@ def test_handoff_files_of_a_stopped_front_end_are_removed_at_start(real_config, 
     config = _server_config(
         real_config, vllm_replica, vllm_server_timeout_s=timeout_s, blending_gate="off"
     )
-    generator = load_generator(config)
-    generator.close()
+    engine = load_engine(config)
+    engine.close()
     assert not stale.exists()
 
 
@@ -181,16 +181,16 @@ def test_the_gate_refuses_a_front_end_whose_replica_does_not_read_its_hand_over(
         config = _server_config(real_config, vllm_replica, tmp_path / "elsewhere")
     else:
         config = _server_config(real_config, vllm_replica, vllm_handoff_key="x" * 32)
-    generator = load_generator(config)
+    engine = load_engine(config)
     try:
-        refused = generator.decoder.blending_refused
+        refused = engine.decoder.blending_refused
         assert refused is not None and refused.startswith("hand-over: vLLM reported 0 of the")
         assert "refusing to blend" in caplog.text
         assert logged in Path(vllm_replica.log).read_text()
-        stream = generator.decode_tokens(layout, _fused(generator, layout, 1.0), GREEDY)
+        stream = engine.decode_tokens(layout, _fused(engine, layout, 1.0), GREEDY)
         assert list(stream) == server_alone[0]  # served, by vLLM computing every prompt
     finally:
-        generator.close()
+        engine.close()
 
 
 def _not_rotated(keys, delta_positions, inv_freq, *, backend="auto"):
@@ -203,17 +203,17 @@ def test_a_model_failing_the_blending_gate_is_served_without_blending(
     _, handoff_dir, _ = server
     monkeypatch.setattr("adarag.engine.kv_cache.rope_delta", _not_rotated)
     config = _server_config(real_config, vllm_replica)
-    generator = load_generator(config)
+    engine = load_engine(config)
     try:
-        refused = generator.decoder.blending_refused
+        refused = engine.decoder.blending_refused
         assert refused is not None and refused.startswith("re-rotation:")
         assert "refusing to blend" in caplog.text
-        stream = generator.decode_tokens(layout, _fused(generator, layout, 1.0), GREEDY)
+        stream = engine.decode_tokens(layout, _fused(engine, layout, 1.0), GREEDY)
         assert list(stream) == server_alone[0]  # the server computed the prompt itself
         assert stream.num_cached_tokens < layout.num_tokens - 1
         assert not any(handoff_dir.iterdir())
     finally:
-        generator.close()
+        engine.close()
 
 
 def test_adarag_serve_in_front_of_vllm_serve_answers_openai_clients(
@@ -226,7 +226,7 @@ def test_adarag_serve_in_front_of_vllm_serve_answers_openai_clients(
     question = "When did Lothair II's mother die?"
     store = {**EXACT_STORE, "directory": str(server[1].parent / "kv")}
     config = AdaRagConfig.build(kb_config, cache={**EXACT_TIERS, "store": store})
-    rag = AdaRAG(config, generator=front_end, retriever=knowledge_base)
+    rag = AdaRAG(config, engine=front_end, retriever=knowledge_base)
     layout = rag.layout(question, rag.retrieve(question), GREEDY)
     alone = front_end.decoder.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
     expected = front_end.tokenizer.decode(list(alone), skip_special_tokens=True).strip()

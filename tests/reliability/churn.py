@@ -28,8 +28,8 @@ def entry_for(key: str) -> ChunkKV:
     seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
     num_tokens = 4 + seed % 29
     shape = (LAYOUT.num_layers, num_tokens, LAYOUT.num_kv_heads, LAYOUT.head_dim)
-    generator = torch.Generator().manual_seed(seed)
-    k = torch.randn(shape, generator=generator)
+    rng = torch.Generator().manual_seed(seed)
+    k = torch.randn(shape, generator=rng)
     return ChunkKV(k, -k, seed % 1000)
 
 

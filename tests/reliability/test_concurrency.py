@@ -43,16 +43,14 @@ NUM_TASKS = 4
 
 @pytest.fixture()
 def make_rag(tiny_checkpoints, tiny_config, tmp_path: Path):
-    """Pipelines over the tiny llama, each with its own store, sharing one loaded generator."""
+    """Pipelines over the tiny llama, each with its own store, sharing one loaded engine."""
     loaded: list[AdaRAG] = []
 
     def make(name: str, **overrides) -> AdaRAG:
         cache = {**EXACT_TIERS, "store": {**EXACT_STORE, "directory": str(tmp_path / f"kv-{name}")}}
         config = tiny_config(tiny_checkpoints["llama"], cache=cache, augment=STEPWISE, **overrides)
-        generator = loaded[0].generator if loaded else None
-        rag = AdaRAG(
-            config, retriever=MemoryRetriever([Chunk(t) for t in POOL]), generator=generator
-        )
+        engine = loaded[0].engine if loaded else None
+        rag = AdaRAG(config, retriever=MemoryRetriever([Chunk(t) for t in POOL]), engine=engine)
         loaded.append(rag)
         return rag
 
@@ -100,7 +98,7 @@ def test_first_requests_on_a_fresh_pipeline_share_one_cache(make_rag, monkeypatc
             opened.append(self)
 
     monkeypatch.setattr(resources_module, "TieredCache", SlowToOpen)
-    assert make_rag("warm-up").generator  # the model loads before the requests race
+    assert make_rag("warm-up").engine  # the model loads before the requests race
     rag = make_rag("fresh")
     requests = workload(seed_value=1, count=NUM_THREADS)
     answers = run_threads([lambda r=r: ask(rag, r, PARAMS) for r in requests])
@@ -229,9 +227,9 @@ def test_sixteen_threads_on_the_real_model_answer_as_a_serial_run(real_config, t
     ]
     assert len(set(requests)) == NUM_THREADS
 
-    def make(name: str, generator=None) -> AdaRAG:
+    def make(name: str, engine=None) -> AdaRAG:
         cache = {**EXACT_TIERS, "store": {**EXACT_STORE, "directory": str(tmp_path / name)}}
-        rag = AdaRAG(real_config, generator=generator, cache=cache, augment={"enabled": False})
+        rag = AdaRAG(real_config, engine=engine, cache=cache, augment={"enabled": False})
         rag.warm(REAL_CHUNKS)
         return rag
 
@@ -240,7 +238,7 @@ def test_sixteen_threads_on_the_real_model_answer_as_a_serial_run(real_config, t
         return serial, [Result.of(ask(serial, request, params)) for request in requests]
 
     serial, expected = call_with_timeout(serial_run)
-    rag = call_with_timeout(lambda: make("threads", serial.generator))
+    rag = call_with_timeout(lambda: make("threads", serial.engine))
     answers = run_threads([lambda r=r: ask(rag, r, params) for r in requests])
     got = [Result.of(answer) for answer in answers]
     differing = sum(g != e for g, e in zip(got, expected, strict=True))

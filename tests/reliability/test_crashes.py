@@ -103,7 +103,7 @@ def _check_store_intact(rag: AdaRAG, *, warmed: bool = True) -> int:
     store = rag.cache.store  # opening it removes the dead writer's staging files
     assert _staging(directory) == [], "a partial entry is still visible"
     assert store.disk is not None
-    generator, system_ids = rag.generator, rag.prompts.system_ids
+    engine, system_ids = rag.engine, rag.prompts.system_ids
     system_kv = rag.cache.system_kv()
     checked = 0
     for text in passages(NUM_CHUNKS + 2):
@@ -115,7 +115,7 @@ def _check_store_intact(rag: AdaRAG, *, warmed: bool = True) -> int:
         checked += 1
         if not warmed:
             continue
-        computed = generator.compute_chunk(system_ids, ids, system_kv)
+        computed = engine.compute_chunk(system_ids, ids, system_kv)
         fresh = store.codec.decode(store.codec.encode(computed))  # as the store keeps it
         assert torch.allclose(kv.k, fresh.k, atol=1e-5) and torch.allclose(kv.v, fresh.v, atol=1e-5)
     for header in store.disk.scan():  # every other file (write-backs) is whole

@@ -37,7 +37,7 @@ from tests.reliability.filesystems import (
     remount_read_only,
     small_tmpfs,
 )
-from tests.unit.engine.helpers import CHUNKS, QUESTION, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, load_engine
 
 PARAMS = GenerationParams(max_new_tokens=6)
 STATIC = {"enabled": False}
@@ -49,10 +49,10 @@ QUESTIONS = (QUESTION, "what river runs through rome?", "which city lies on the 
 
 
 @pytest.fixture(scope="module")
-def generator(tiny_checkpoints, tmp_path_factory):
+def engine(tiny_checkpoints, tmp_path_factory):
     home = tmp_path_factory.mktemp("gen-home")
     config = AdaRagConfig.build(home=home, engine={"model": str(tiny_checkpoints["llama"])})
-    return load_generator(config)
+    return load_engine(config)
 
 
 def _answers(rag: AdaRAG) -> list[tuple[str, tuple[str, ...]]]:
@@ -69,7 +69,7 @@ def _files(directory: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture()
-def pipelines(generator, tiny_checkpoints, tiny_config, tmp_path):
+def pipelines(engine, tiny_checkpoints, tiny_config, tmp_path):
     """Pipelines on a KV directory (float32 storage: exact answers), by default inside a 2 MiB
     tmpfs."""
     with small_tmpfs(tmp_path / "mnt", 2048) as mountpoint:
@@ -80,7 +80,7 @@ def pipelines(generator, tiny_checkpoints, tiny_config, tmp_path):
                 augment=STATIC,
                 cache={"store": {"directory": str(directory), "storage_dtype": "float32"}},
             )
-            return AdaRAG(config, generator=generator)
+            return AdaRAG(config, engine=engine)
 
         yield make, mountpoint
 
@@ -134,7 +134,7 @@ def test_a_full_or_read_only_kv_directory_leaves_every_answer_and_every_file(
 
 
 def test_a_server_on_a_full_kv_directory_answers_every_request_and_says_why(
-    pipelines, generator, ledger
+    pipelines, engine, ledger
 ):
     """`adarag serve` used to answer the first question, then fail every request with 500."""
     from adarag import Chunk, MemoryRetriever

@@ -149,7 +149,7 @@ def rag(tiny_checkpoints, tmp_path_factory) -> AdaRAG:
         experimental={"augment": {"num_lens_layers": 2}},
     )
     pipeline = AdaRAG(config, retriever=MemoryRetriever([Chunk(text) for text in CORPUS]))
-    _ = pipeline.generator
+    _ = pipeline.engine
     return pipeline
 
 

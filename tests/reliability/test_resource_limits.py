@@ -51,7 +51,7 @@ def make_rag(tiny_checkpoints, tiny_config):
 def track_prefills(monkeypatch, rag: AdaRAG) -> list[weakref.ref]:
     """Weak references to every prefill output from now on, and to its KV cache and tensors."""
     refs: list[weakref.ref] = []
-    runner = rag.generator.runner
+    runner = rag.engine.runner
     blend = runner.blend
 
     def tracked(batch):
@@ -102,7 +102,7 @@ def test_ten_thousand_long_chunks_tokenize_and_allocate_only_what_fits(
 
     monkeypatch.setattr(rag.prompts, "chunk_ids", counting)
     capacities: list[int] = []
-    runner = rag.generator.runner
+    runner = rag.engine.runner
     new_cache = runner.new_cache
 
     def recording(capacity: int):
@@ -118,7 +118,7 @@ def test_ten_thousand_long_chunks_tokenize_and_allocate_only_what_fits(
     # one chunk past the last that fits is tokenized (to find it does not fit), no more
     assert tokenized == chunks[: kept + 1]
     # every KV allocated fits the model's context
-    assert capacities and max(capacities) <= rag.generator.max_context_tokens
+    assert capacities and max(capacities) <= rag.engine.max_context_tokens
     assert answer.trace.num_prompt_tokens + params.max_new_tokens <= max(capacities)
     # a huge first chunk: tokenized once, left out, nothing after it tokenized or prefilled
     tokenized.clear()
@@ -163,7 +163,7 @@ def test_closing_a_stream_frees_its_kv_and_writes_it_back(
 def test_a_stream_closed_from_another_thread_mid_step_ends_cleanly(make_rag, monkeypatch, ledger):
     """A cancel handler on another thread closes a stream whose decode step is running.
 
-    The close waits for the step (before the fix: ``ValueError: generator already executing``,
+    The close waits for the step (before the fix: ``ValueError: engine already executing``,
     and the stream went on holding its KV).
     """
     rag = make_rag(augment={"enabled": False})
@@ -195,7 +195,7 @@ def test_a_stream_closed_from_another_thread_mid_step_ends_cleanly(make_rag, mon
 def _gate_decode(monkeypatch, rag: AdaRAG) -> tuple[threading.Event, threading.Event]:
     """Make the next decode step wait: ``entered`` is set when it starts, ``release`` lets it go."""
     entered, release = threading.Event(), threading.Event()
-    runner = rag.generator.runner
+    runner = rag.engine.runner
     decode = runner.decode
 
     def gated(token_id, kv):
@@ -242,7 +242,7 @@ def test_a_dropped_unfinished_stream_frees_its_kv_without_waiting_for_the_engine
     """A stream dropped mid-answer frees its KV at once, even while another request's decode
     step holds the engine lock.
 
-    Before the fix the dropped stream's generator wrote its KV back from its ``finally`` under
+    Before the fix the dropped stream's engine wrote its KV back from its ``finally`` under
     the engine lock, wherever the last reference went: dropping it blocked behind any engine
     step, and deadlocked a thread that the step was waiting for.
     """

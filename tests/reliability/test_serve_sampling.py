@@ -3,9 +3,9 @@
 A temperature of 1e-300, 5e-324 (the smallest float) or 1e-40 once overflowed the scaled logits
 into inf and NaN, and a top_p of 1e-300 rounded to 0 in float32 and dropped every token: 500
 for a whole answer, and a stream that stopped after its first event with no error and no
-``[DONE]``. A seed of 2**64 or more overflowed the generator's seed: 500. Now a tiny temperature
+``[DONE]``. A seed of 2**64 or more overflowed the engine's seed: 500. Now a tiny temperature
 or top_p samples the most likely token (greedy decoding is their limit), a seed outside a 64-bit
-generator's range is refused with 400 naming ``seed``, and any failure mid-stream ends the
+engine's range is refused with 400 naming ``seed``, and any failure mid-stream ends the
 stream with an error event and ``[DONE]``.
 """
 

@@ -29,7 +29,7 @@ from adarag.kv import ChunkKV
 from adarag.schema import GenerationParams
 from tests.reliability.conftest import scale
 from tests.remote_server import client_of, free_port, running_server, url_of
-from tests.unit.engine.helpers import CHUNKS, QUESTION, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, load_engine
 
 PARAMS = GenerationParams(max_new_tokens=6)
 SECRET = "s3cr3t/pa?ss#word"
@@ -47,20 +47,20 @@ def _metadata(data: bytes) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def generator(tiny_checkpoints, tmp_path_factory):
+def engine(tiny_checkpoints, tmp_path_factory):
     home = tmp_path_factory.mktemp("gen-home")
     config = AdaRagConfig.build(home=home, engine={"model": str(tiny_checkpoints["llama"])})
-    return load_generator(config)
+    return load_engine(config)
 
 
 def test_an_entry_with_an_absurd_start_position_is_dropped_from_every_tier(
-    generator, tiny_checkpoints, tiny_config, server, ledger
+    engine, tiny_checkpoints, tiny_config, server, ledger
 ):
     store = {"remote_url": url_of(server), "disk_capacity_bytes": 0}
     config = tiny_config(
         tiny_checkpoints["llama"], augment={"enabled": False}, cache={"store": store}
     )
-    clean = AdaRAG(config, generator=generator)
+    clean = AdaRAG(config, engine=engine)
     clean.warm(CHUNKS)
     keys = clean.cache.keys([clean.prompts.chunk_ids(CHUNKS[0])])
     client = client_of(server)
@@ -72,7 +72,7 @@ def test_an_entry_with_an_absurd_start_position_is_dropped_from_every_tier(
         name, save(tensors, metadata={**metadata, "checksum": entry_checksum(metadata, tensors)})
     )
 
-    rag = AdaRAG(config, generator=generator)
+    rag = AdaRAG(config, engine=engine)
     answers, errors = [], []
     for _ in range(2):
         try:
@@ -82,7 +82,7 @@ def test_an_entry_with_an_absurd_start_position_is_dropped_from_every_tier(
             errors.append(err)
     dropped = not client.exists(name) or client.get(name) != genuine  # gone, or rewritten
     client.set(name, genuine)  # the value fixed on the server
-    fresh = AdaRAG(config, generator=generator).query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
+    fresh = AdaRAG(config, engine=engine).query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
     ledger.record(
         "shared-tier entry with an absurd start position",
         cases=2,

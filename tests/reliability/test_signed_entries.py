@@ -25,7 +25,7 @@ from adarag.cache.keys import digest
 from adarag.config import AdaRagConfig
 from adarag.schema import GenerationParams
 from tests.remote_server import client_of, running_server, url_of
-from tests.unit.engine.helpers import CHUNKS, QUESTION, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, load_engine
 
 PARAMS = GenerationParams(max_new_tokens=6)
 STATIC = {"enabled": False}
@@ -54,22 +54,22 @@ def _forge_value(data: bytes) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def generator(tiny_checkpoints, tmp_path_factory):
+def engine(tiny_checkpoints, tmp_path_factory):
     home = tmp_path_factory.mktemp("gen-home")
     config = AdaRagConfig.build(home=home, engine={"model": str(tiny_checkpoints["llama"])})
-    return load_generator(config)
+    return load_engine(config)
 
 
 @pytest.fixture(scope="module")
-def clean_answer(generator, tiny_checkpoints, tmp_path_factory):
+def clean_answer(engine, tiny_checkpoints, tmp_path_factory):
     config = AdaRagConfig.build(
         home=tmp_path_factory.mktemp("clean"),
         engine={"model": str(tiny_checkpoints["llama"])},
         augment=STATIC,
         experimental={"augment": {"num_lens_layers": 2}},
     )
-    AdaRAG(config, generator=generator).warm(CHUNKS)
-    return _answer(AdaRAG(config, generator=generator))
+    AdaRAG(config, engine=engine).warm(CHUNKS)
+    return _answer(AdaRAG(config, engine=engine))
 
 
 def _answer(rag: AdaRAG) -> tuple[str, tuple[str, ...]]:
@@ -82,21 +82,21 @@ def _entry_id(rag: AdaRAG, chunk: str) -> str:
     return digest(*sorted([keys.independent[0], keys.alone[0]]))
 
 
-def _make(generator, tiny_checkpoints, tiny_config, **store):
+def _make(engine, tiny_checkpoints, tiny_config, **store):
     config = tiny_config(tiny_checkpoints["llama"], augment=STATIC, cache={"store": store})
-    return AdaRAG(config, generator=generator)
+    return AdaRAG(config, engine=engine)
 
 
 @pytest.mark.parametrize("signing", [True, False], ids=["signing on", "signing off"])
 def test_a_forged_disk_entry_is_rejected_only_with_a_signing_key(
-    generator, tiny_checkpoints, tiny_config, clean_answer, signing, ledger
+    engine, tiny_checkpoints, tiny_config, clean_answer, signing, ledger
 ):
-    writer = _make(generator, tiny_checkpoints, tiny_config, signing_key=KEY)
+    writer = _make(engine, tiny_checkpoints, tiny_config, signing_key=KEY)
     writer.warm(CHUNKS)
     path = writer.kv_directory / f"{_entry_id(writer, CHUNKS[0])}{SUFFIX}"
     _forge_file(path)
 
-    reader = _make(generator, tiny_checkpoints, tiny_config, signing_key=KEY if signing else None)
+    reader = _make(engine, tiny_checkpoints, tiny_config, signing_key=KEY if signing else None)
     text, tiers = _answer(reader)
     stats = reader.cache.store.snapshot()
     if signing:
@@ -110,7 +110,7 @@ def test_a_forged_disk_entry_is_rejected_only_with_a_signing_key(
         assert stats.signature_failures == 1
         # deleted: what the directory holds now is recomputed and signed
         reader.close()
-        again = _make(generator, tiny_checkpoints, tiny_config, signing_key=KEY)
+        again = _make(engine, tiny_checkpoints, tiny_config, signing_key=KEY)
         assert _answer(again)[0] == clean_answer[0]
         assert again.cache.store.snapshot().signature_failures == 0
     else:  # documented: without a key, whoever writes the directory is trusted
@@ -124,12 +124,12 @@ def test_a_forged_disk_entry_is_rejected_only_with_a_signing_key(
 
 @pytest.mark.parametrize("signing", [True, False], ids=["signing on", "signing off"])
 def test_a_forged_shared_tier_entry_is_rejected_only_with_a_signing_key(
-    generator, tiny_checkpoints, tiny_config, clean_answer, signing, ledger, tmp_path
+    engine, tiny_checkpoints, tiny_config, clean_answer, signing, ledger, tmp_path
 ):
     with running_server() as server:
         url = url_of(server)
         shared = {"remote_url": url, "disk_capacity_bytes": 0}
-        writer = _make(generator, tiny_checkpoints, tiny_config, signing_key=KEY, **shared)
+        writer = _make(engine, tiny_checkpoints, tiny_config, signing_key=KEY, **shared)
         writer.warm(CHUNKS)
         client = client_of(server)
         (name,) = client.keys(f"*:e:{_entry_id(writer, CHUNKS[0])}")
@@ -137,7 +137,7 @@ def test_a_forged_shared_tier_entry_is_rejected_only_with_a_signing_key(
         client.set(name, forged)
 
         key = KEY if signing else None
-        reader = _make(generator, tiny_checkpoints, tiny_config, signing_key=key, **shared)
+        reader = _make(engine, tiny_checkpoints, tiny_config, signing_key=key, **shared)
         text, tiers = _answer(reader)
         stats = reader.cache.store.snapshot()
         if signing:
@@ -159,19 +159,19 @@ def test_a_forged_shared_tier_entry_is_rejected_only_with_a_signing_key(
 
 
 def test_unsigned_entries_are_recomputed_once_a_key_is_set(
-    generator, tiny_checkpoints, tiny_config, clean_answer
+    engine, tiny_checkpoints, tiny_config, clean_answer
 ):
-    _make(generator, tiny_checkpoints, tiny_config).warm(CHUNKS)  # written without a key
-    reader = _make(generator, tiny_checkpoints, tiny_config, signing_key=KEY)
+    _make(engine, tiny_checkpoints, tiny_config).warm(CHUNKS)  # written without a key
+    reader = _make(engine, tiny_checkpoints, tiny_config, signing_key=KEY)
     assert _answer(reader) == (clean_answer[0], ("miss", "miss", "miss"))
     # the three chunks and the system prompt's KV
     assert reader.cache.store.snapshot().signature_failures == 4
 
 
 def test_the_signing_key_never_reaches_a_log_or_a_message(
-    generator, tiny_checkpoints, tiny_config, caplog, tmp_path
+    engine, tiny_checkpoints, tiny_config, caplog, tmp_path
 ):
-    rag = _make(generator, tiny_checkpoints, tiny_config, signing_key=KEY)
+    rag = _make(engine, tiny_checkpoints, tiny_config, signing_key=KEY)
     rag.warm(CHUNKS)
     rag.close()
     assert KEY not in repr(rag.config) and KEY not in str(rag.config.model_dump())
@@ -179,7 +179,7 @@ def test_the_signing_key_never_reaches_a_log_or_a_message(
     key_file = tmp_path / "signing.key"
     key_file.write_text(KEY + "\n")
     key_file.chmod(0o600)
-    from_file = _make(generator, tiny_checkpoints, tiny_config, signing_key_file=str(key_file))
+    from_file = _make(engine, tiny_checkpoints, tiny_config, signing_key_file=str(key_file))
     assert _answer(from_file)[1][0] == "hard"  # the same key, read from the file
 
 
@@ -188,15 +188,15 @@ def _entry_files(rag: AdaRAG) -> dict[str, bytes]:
 
 
 def test_a_store_given_another_key_keeps_the_shared_entries(
-    generator, tiny_checkpoints, tiny_config, clean_answer, ledger
+    engine, tiny_checkpoints, tiny_config, clean_answer, ledger
 ):
     """Regression (issue 45): one process with a mistyped key deleted every correctly signed
     entry of the directory it shares with the others."""
-    writer = _make(generator, tiny_checkpoints, tiny_config, signing_key=KEY)
+    writer = _make(engine, tiny_checkpoints, tiny_config, signing_key=KEY)
     writer.warm(CHUNKS)
     writer.close()
     before = _entry_files(writer)
-    mistyped = _make(generator, tiny_checkpoints, tiny_config, signing_key="x" + KEY[1:])
+    mistyped = _make(engine, tiny_checkpoints, tiny_config, signing_key="x" + KEY[1:])
     text, tiers = _answer(mistyped)
     failures = mistyped.cache.store.snapshot().signature_failures
     mistyped.close()  # its own entries stay in memory: nothing is overwritten on disk
@@ -218,5 +218,5 @@ def test_a_store_given_another_key_keeps_the_shared_entries(
     assert {name: after.get(name) for name in before} == before
     # the right key still reuses them (a key the other store's newer write-back claims is
     # looked up further down the tiers)
-    text, tiers = _answer(_make(generator, tiny_checkpoints, tiny_config, signing_key=KEY))
+    text, tiers = _answer(_make(engine, tiny_checkpoints, tiny_config, signing_key=KEY))
     assert text == clean_answer[0] and "miss" not in tiers

@@ -75,7 +75,7 @@ def jobs(count: int) -> list[Job]:
     return made
 
 
-def make_pipeline(tiny_checkpoints, tiny_config, directory: Path, generator=None) -> AdaRAG:
+def make_pipeline(tiny_checkpoints, tiny_config, directory: Path, engine=None) -> AdaRAG:
     store = {
         **EXACT_STORE,
         "directory": str(directory),
@@ -86,7 +86,7 @@ def make_pipeline(tiny_checkpoints, tiny_config, directory: Path, generator=None
         tiny_checkpoints["llama"], cache={**EXACT_TIERS, "store": store}, augment=STEPWISE
     )
     retriever = MemoryRetriever([Chunk(text) for text in POOL])
-    return AdaRAG(config, retriever=retriever, generator=generator)
+    return AdaRAG(config, retriever=retriever, engine=engine)
 
 
 def full_text(rag: AdaRAG, job: Job) -> str:
@@ -104,7 +104,7 @@ def test_soak(tiny_checkpoints, tiny_config, tmp_path: Path, ledger):
     seed(serial, PARAMS)
     expected = [None if job.kind == "warm" else full_text(serial, job) for job in all_jobs]
 
-    rag = make_pipeline(tiny_checkpoints, tiny_config, tmp_path / "kv-soak", serial.generator)
+    rag = make_pipeline(tiny_checkpoints, tiny_config, tmp_path / "kv-soak", serial.engine)
     seed(rag, PARAMS)
     got: list[str | None] = [None] * len(all_jobs)
     finished = [False] * len(all_jobs)

@@ -30,7 +30,7 @@ from adarag.cache.entry_format import entry_checksum
 from adarag.cache.keys import digest
 from adarag.config import AdaRagConfig
 from adarag.schema import GenerationParams
-from tests.unit.engine.helpers import CHUNKS, QUESTION, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, load_engine
 
 PARAMS = GenerationParams(max_new_tokens=6)
 STATIC = {"enabled": False}
@@ -172,16 +172,16 @@ SURVIVES_ON_DISK = {"two entries' files swapped"}  # both files are damaged by t
 
 
 @pytest.fixture(scope="module")
-def generator(tiny_checkpoints, tmp_path_factory):
+def engine(tiny_checkpoints, tmp_path_factory):
     home = tmp_path_factory.mktemp("gen-home")
     config = AdaRagConfig.build(home=home, engine={"model": str(tiny_checkpoints["llama"])})
-    return load_generator(config)
+    return load_engine(config)
 
 
 @pytest.fixture()
-def make(generator, tiny_checkpoints, tiny_config):
+def make(engine, tiny_checkpoints, tiny_config):
     config = tiny_config(tiny_checkpoints["llama"], augment=STATIC)
-    return lambda: AdaRAG(config, generator=generator)
+    return lambda: AdaRAG(config, engine=engine)
 
 
 def _answer(rag: AdaRAG) -> tuple[str, tuple[str, ...]]:
@@ -195,16 +195,16 @@ def _entry_path(rag: AdaRAG, chunk: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def clean_answer(generator, tiny_checkpoints, tmp_path_factory):
+def clean_answer(engine, tiny_checkpoints, tmp_path_factory):
     config = AdaRagConfig.build(
         home=tmp_path_factory.mktemp("clean"),
         engine={"model": str(tiny_checkpoints["llama"])},
         augment=STATIC,
         experimental={"augment": {"num_lens_layers": 2}},
     )
-    rag = AdaRAG(config, generator=generator)
+    rag = AdaRAG(config, engine=engine)
     rag.warm(CHUNKS)
-    return _answer(AdaRAG(config, generator=generator))
+    return _answer(AdaRAG(config, engine=engine))
 
 
 def test_the_undamaged_store_serves_every_chunk(make, clean_answer):

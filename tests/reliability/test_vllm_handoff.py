@@ -24,7 +24,7 @@ from adarag.engine.vllm.handoff_files import HandoffFiles
 from adarag.engine.vllm.handoff_format import HandoffSigner
 from adarag.engine.vllm.handoff_redis import KEY_PREFIX, HandoffRedis
 from tests.reliability.conftest import scale
-from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 from tests.vllm_replica import (
     AUTH,
     HANDOFF_KEY,
@@ -66,9 +66,9 @@ def _listed(prompt_length: int) -> list[object]:
 
 @pytest.fixture(scope="module")
 def torch_engine(real_config):
-    generator = load_generator(real_config)
-    yield generator
-    generator.close()
+    engine = load_engine(real_config)
+    yield engine
+    engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -250,18 +250,18 @@ def test_fused_kv_handed_over_through_a_valkey_server(real_config, redis_replica
     from tests.remote_server import client_of
 
     replica, valkey = redis_replica
-    generator = load_generator(front_end_config(real_config, replica))
+    engine = load_engine(front_end_config(real_config, replica))
     try:
-        assert generator.decoder.blending_refused is None  # the gate saw the hand-over used
-        decoder = generator.decoder
+        assert engine.decoder.blending_refused is None  # the gate saw the hand-over used
+        decoder = engine.decoder
         alone = list(decoder.generate(prompt.token_ids, _greedy(), uuid.uuid4().hex))
-        output = generator.prefill(prompt, max_new_tokens=ANSWER_TOKENS)
-        stream = generator.decode_tokens(prompt, output, _greedy())
+        output = engine.prefill(prompt, max_new_tokens=ANSWER_TOKENS)
+        stream = engine.decode_tokens(prompt, output, _greedy())
         assert list(stream) == alone
         assert stream.num_cached_tokens == prompt.num_tokens
         assert client_of(valkey).keys(f"{KEY_PREFIX}*") == []  # deleted when done
     finally:
-        generator.close()
+        engine.close()
 
 
 def _greedy():

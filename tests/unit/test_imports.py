@@ -16,7 +16,7 @@ def test_public_names_are_importable():
 
 def test_import_adarag_pulls_in_no_framework():
     code = (
-        "import sys, adarag, adarag.engine.generator, adarag.kernels;"
+        "import sys, adarag, adarag.engine.core, adarag.kernels;"
         "heavy = {'chromadb', 'llama_index', 'langchain_core', 'vllm', 'triton', 'transformers'};"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
     )

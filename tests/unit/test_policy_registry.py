@@ -46,7 +46,7 @@ def test_a_new_preset_is_one_module_and_one_register_call(example_module):
         config = policy_config("example")
         assert config.cache.soft.enabled
         assert not config.cache.hard.enabled and not config.cache.independent.enabled
-        rag = AdaRAG.from_policy("example")  # the generator loads on first use, not here
+        rag = AdaRAG.from_policy("example")  # the engine loads on first use, not here
         assert rag.config == config
     finally:
         unregister("example")

@@ -10,7 +10,7 @@ kv_connector_module_path="adarag.engine.vllm.connector", kv_role="kv_both")``:
 - the **worker** one writes the fused rows into every layer's paged blocks in
   :meth:`start_load_kv`, before vLLM's forward of the last prompt token (under ``vllm serve``,
   the first answer token, which the front end already streamed). It takes them from the
-  generator's :class:`KVHandoff` when adarag runs vLLM in its own process (bound after
+  engine's :class:`KVHandoff` when adarag runs vLLM in its own process (bound after
   start-up), or, under ``vllm serve``, from where an adarag front end handed it over: the
   directory or ``redis://`` server named by ``kv_connector_extra_config.handoff``
   (:mod:`~adarag.engine.vllm.handoff_store`), signed with the hand-over key both sides hold;
@@ -94,7 +94,7 @@ class AdaRagConnector(KVConnectorBase_V1):
     # --- worker side
 
     def bind_handoff(self, handoff: KVHandoff) -> None:
-        """Attach the generator's handoff, where fused KV waits under its handoff id."""
+        """Attach the engine's handoff, where fused KV waits under its handoff id."""
         assert self.role == KVConnectorRole.WORKER, "only the worker side writes KV"
         self._handoff = handoff
 

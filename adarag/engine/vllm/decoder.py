@@ -1,6 +1,6 @@
 """vLLM as the decoder: adarag fuses the context KV, vLLM decodes, samples and streams.
 
-The generator runs adarag's fusion loop over the layers of the model vLLM loaded (through
+The engine runs adarag's fusion loop over the layers of the model vLLM loaded (through
 :class:`~adarag.engine.vllm.adapter.VLLMDecoderAdapter`, no second copy of the weights), so the
 pipeline gets logits and logit-lens signals as from the torch engine. :class:`VLLMDecoder` hands
 the fused KV to vLLM, which computes the last prompt token and decodes.
@@ -133,7 +133,7 @@ class VLLMDecoder(FusedKVDecoder):
         return self._stream(token_ids, self._sampling(params, None), cache_salt, None)
 
     def close(self) -> None:
-        """Shut vLLM down; the generator is unusable afterwards."""
+        """Shut vLLM down; the engine is unusable afterwards."""
         self.driver.shutdown()
 
     def _sampling(
@@ -196,7 +196,7 @@ class VLLMDecoder(FusedKVDecoder):
 
 
 def _bind_handoff(worker: WorkerBase, handoff: KVHandoff) -> None:
-    """Runs in vLLM's worker: attach the generator's handoff to the worker-side connector."""
+    """Runs in vLLM's worker: attach the engine's handoff to the worker-side connector."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     connector = get_kv_transfer_group()

@@ -1,6 +1,6 @@
 """The in-process vLLM engine with adarag's connector, and the loop that steps it.
 
-vLLM runs in the generator's process: its worker-side connector must reach the generator's
+vLLM runs in the engine's process: its worker-side connector must reach the engine's
 :class:`~adarag.engine.vllm.handoff.KVHandoff`, and the fusion loop must run over the model
 vLLM loaded. :class:`EngineDriver` steps the engine on behalf of whichever request waits for a
 token and keeps every other request's tokens until it asks, so concurrent streams share vLLM's

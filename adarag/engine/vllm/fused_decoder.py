@@ -25,7 +25,7 @@ from contextlib import closing
 from typing import Protocol
 
 from adarag.engine.batch import PrefillOutput
-from adarag.engine.sampler import make_generator, sample_token
+from adarag.engine.sampler import make_rng, sample_token
 from adarag.engine.vllm.handoff import FusedContext, HandoffRequest
 from adarag.errors import InputError
 from adarag.schema import GenerationParams, PromptLayout
@@ -151,7 +151,7 @@ class FusedKVDecoder(ABC):
         The hand-over is written only once the first token is out (and not at all when the
         answer ends there), so it never delays the first token.
         """
-        first = sample_token(output.logits, params, make_generator(params))
+        first = sample_token(output.logits, params, make_rng(params))
         if first in self.eos_token_ids:
             return
         yield first

@@ -1,10 +1,10 @@
-"""The hand-over of fused KV from the generator to vLLM's worker-side connector.
+"""The hand-over of fused KV from the engine to vLLM's worker-side connector.
 
-The generator computes a prompt's fused KV with adarag's fusion loop, puts it here under a fresh
+The engine computes a prompt's fused KV with adarag's fusion loop, puts it here under a fresh
 handoff id, and submits the prompt to vLLM with ``kv_transfer_params`` naming that id and the
 number of context tokens it covers. vLLM's scheduler-side connector reads only those params; the
 worker-side connector, bound to this object once at start-up, takes the tensors and writes them
-into the paged KV blocks. Both sides live in the generator's process (vLLM runs in-process).
+into the paged KV blocks. Both sides live in the engine's process (vLLM runs in-process).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class FusedContext:
 class KVHandoff:
     """Fused contexts waiting for vLLM's worker connector, and how many rows it wrote for each.
 
-    Thread-safe: the generator puts and drops entries, the connector reads them inside vLLM's
+    Thread-safe: the engine puts and drops entries, the connector reads them inside vLLM's
     step, possibly from another thread of the same process.
     """
 

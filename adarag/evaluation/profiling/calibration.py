@@ -92,13 +92,13 @@ def record_questions(
     query would.
     """
     recorded = []
-    generator = rag.generator
+    engine = rag.engine
     for item in questions:
         rag.warm(item.chunks)
         layout = rag.layout(item.question, item.chunks, params)
-        full = generator.prefill(layout, max_new_tokens=params.max_new_tokens)
-        tokens = generator.decode_tokens(layout, full, params)
-        reference = "".join(decode_text(tokens, generator.tokenizer, params)).strip()
+        full = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
+        tokens = engine.decode_tokens(layout, full, params)
+        reference = "".join(decode_text(tokens, engine.tokenizer, params)).strip()
         steps = answer_each_step(rag, layout, params)
         recorded.append(_record(steps, reference, item.answers, layout.num_tokens))
         logger.info("recorded %d steps of %r", len(steps), item.question[:50])

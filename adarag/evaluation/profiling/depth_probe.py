@@ -42,17 +42,17 @@ RECORDING_STORE_BYTES = 1024**3
 
 
 def exact_steps(
-    config: AdaRagConfig, storage_dtype: str = "float32", **augment: object
+    config: AdaRagConfig, storage_dtype: str = "float32", **levers: object
 ) -> AdaRagConfig:
     """``config`` with the hard tier only, its store in memory: what records are measured with.
 
     Augmentation step k then finds chunks 1..k-1 as the previous step computed them and computes
     chunk k and the question; with a float32 store its answer is static top-k's, which the
-    records' labels assume.
+    records' labels assume. ``levers`` set ``experimental.augment`` (e.g. ``reuse_step_kv``).
     """
     return AdaRagConfig.build(
         config,
-        augment=augment,
+        experimental={"augment": levers},
         cache={
             "soft": {"enabled": False},
             "independent": {"enabled": False},

@@ -158,14 +158,12 @@ def fit_mlp(
 
 def _seeded_layers(width: int, hidden: int, seed: int) -> tuple[torch.nn.Linear, torch.nn.Linear]:
     """The network's two layers, weights uniform in ±1/sqrt(fan-in) from ``seed``, biases 0."""
-    generator = torch.Generator().manual_seed(seed)
+    rng = torch.Generator().manual_seed(seed)
     first, second = torch.nn.Linear(width, hidden), torch.nn.Linear(hidden, 1)
     with torch.no_grad():
         for layer in (first, second):
             bound = 1.0 / layer.in_features**0.5
-            layer.weight.copy_(
-                torch.rand(layer.weight.shape, generator=generator) * 2 * bound - bound
-            )
+            layer.weight.copy_(torch.rand(layer.weight.shape, generator=rng) * 2 * bound - bound)
             layer.bias.zero_()
     return first, second
 

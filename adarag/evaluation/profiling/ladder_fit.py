@@ -98,16 +98,16 @@ def record_chain(
     The rung of ratio 1.0 equals a full prefill, so its answer is ``reference`` and it is not
     run.
     """
-    generator = rag.generator
+    engine = rag.engine
     layout = rag.layout(item.question, item.chunks, params)
-    system_kv, chunk_kvs = independent_chunks(generator, layout)
+    system_kv, chunk_kvs = independent_chunks(engine, layout)
     sources = reuse_sources(system_kv, chunk_kvs, base_ratio)
     selection = RecomputeConfig(selection_policy="learned")
     below_full = [ratio for ratio in rungs if ratio < 1.0]
     out = []
     for depth in range(len(below_full) + 1):
         climbed = tuple(below_full[:depth])
-        output = generator.prefill(
+        output = engine.prefill(
             layout,
             sources,
             max_new_tokens=params.max_new_tokens,
@@ -116,8 +116,8 @@ def record_chain(
             ladder=RoutingLadder.fixed(climbed or (1.0,), climb=bool(climbed)),
         )
         trace = output.routing[-1]  # the rung the prefill ended on
-        tokens = generator.decode_tokens(layout, output, params)
-        answer = "".join(decode_text(tokens, generator.tokenizer, params)).strip()
+        tokens = engine.decode_tokens(layout, output, params)
+        answer = "".join(decode_text(tokens, engine.tokenizer, params)).strip()
         out.append(
             Rung(
                 ratio=trace.ratio,

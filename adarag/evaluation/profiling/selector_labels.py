@@ -104,14 +104,14 @@ def label_question(
     ratios: Sequence[float] = LABEL_RATIOS,
 ) -> SelectorRecord:
     """Features and oracle labels of one question's reused tokens."""
-    generator = rag.generator
+    engine = rag.engine
     layout = rag.layout(item.question, item.chunks, params)
-    full = generator.prefill(layout, max_new_tokens=params.max_new_tokens)
-    reference_ids = list(generator.decode_tokens(layout, full, params))
+    full = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
+    reference_ids = list(engine.decode_tokens(layout, full, params))
     reference = _text(rag, reference_ids, params)
-    system_kv, chunk_kvs = independent_chunks(generator, layout)
+    system_kv, chunk_kvs = independent_chunks(engine, layout)
     first = min(ratio for ratio in ratios if ratio > 0.0)
-    fused = generator.prefill(
+    fused = engine.prefill(
         layout,
         reuse_sources(system_kv, chunk_kvs, first),
         max_new_tokens=params.max_new_tokens,
@@ -119,14 +119,14 @@ def label_question(
         collect_features=True,
     )
     assert fused.candidate_features is not None, "the learned rule collects features"
-    baseline = _text(rag, list(generator.decode_tokens(layout, fused, params)), params)
-    reused = generator.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
+    baseline = _text(rag, list(engine.decode_tokens(layout, fused, params)), params)
+    reused = engine.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
     cu = layout.cu_segments
     positions = torch.arange(cu[1], cu[-2])
     assert positions.numel() == fused.candidate_features.shape[0], "every chunk token competes"
     answer_ids = reference_ids or [int(full.logits.argmax())]
     with torch.inference_mode(False), torch.enable_grad():
-        loss_of = AnswerLoss(generator, layout, reused.kv, full.kv, answer_ids)
+        loss_of = AnswerLoss(engine, layout, reused.kv, full.kv, answer_ids)
         gain = loss_of.gain(torch.zeros(cu[-2]))
         oracle = {
             ratio: oracle_ranking(loss_of, layout, ratio, first_gain=gain)[positions]
@@ -135,7 +135,7 @@ def label_question(
     return SelectorRecord(
         dataset=dataset,
         qid=item.qid,
-        columns=raw_columns(generator.spec.num_layers),
+        columns=raw_columns(engine.spec.num_layers),
         features=fused.candidate_features.float(),
         positions=positions,
         token_ids=torch.tensor(layout.token_ids)[positions],
@@ -151,7 +151,7 @@ def label_question(
 
 
 def _text(rag: AdaRAG, token_ids: list[int], params: GenerationParams) -> str:
-    return "".join(decode_text(iter(token_ids), rag.generator.tokenizer, params)).strip()
+    return "".join(decode_text(iter(token_ids), rag.engine.tokenizer, params)).strip()
 
 
 # --- storage

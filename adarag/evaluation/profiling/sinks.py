@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.errors import ConfigError
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.profiles.model_profile import LayerBand, ModelProfile, Pattern
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 def chunk_attention(
-    generator: Engine,
+    engine: Engine,
     prompts: PromptBuilder,
     questions: Iterable[tuple[str, Sequence[str]]],
     num_chunks: int,
@@ -42,7 +42,7 @@ def chunk_attention(
         if len(chunks) != num_chunks:
             continue
         layout = prompts.layout(question, chunks)
-        output = generator.prefill(layout, collect_segment_attention=True)
+        output = engine.prefill(layout, collect_segment_attention=True)
         assert output.segment_attention is not None
         total = output.segment_attention if total is None else total + output.segment_attention
         count += 1
@@ -53,15 +53,15 @@ def chunk_attention(
 
 
 def build_profile(
-    generator: Engine, attention: torch.Tensor, num_prompts: int, model_name: str
+    engine: Engine, attention: torch.Tensor, num_prompts: int, model_name: str
 ) -> ModelProfile:
-    """Analyse mean chunk attention into a profile of ``generator``'s model."""
+    """Analyse mean chunk attention into a profile of ``engine``'s model."""
     patterns, predecessor, sink, sink_chunk = analyse_chunk_attention(attention)
     bands = bands_of(patterns)
     transition = bands[1].start if len(bands) > 1 else None
     return ModelProfile(
         model=model_name,
-        fingerprint=generator.fingerprint,
+        fingerprint=engine.fingerprint,
         num_layers=attention.shape[0],
         transition_layer=transition,
         sink_chunk_idx=sink_chunk,
@@ -73,7 +73,7 @@ def build_profile(
         chunk_attention=tuple(
             tuple(tuple(round(float(x), 4) for x in row) for row in layer) for layer in attention
         ),
-        weights_fingerprint=generator.checkpoint.weights_fingerprint(),
+        weights_fingerprint=engine.checkpoint.weights_fingerprint(),
     )
 
 

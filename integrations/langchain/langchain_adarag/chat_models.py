@@ -1,4 +1,4 @@
-"""ChatAdaRag: adarag's local generator as a LangChain chat model."""
+"""ChatAdaRag: adarag's local engine as a LangChain chat model."""
 
 from __future__ import annotations
 

@@ -147,7 +147,7 @@ def test_a_variant_under_its_own_prefix_is_reused_exactly(craft):
     assert [hit.tier for hit in hits] == ["variant"] * 3
     assert [hit.recompute_ratio for hit in hits] == [0.0] * 3
     assert output.num_recomputed_tokens == len(layout.query_ids)
-    full = craft.generator.prefill(layout)
+    full = craft.engine.prefill(layout)
     torch.testing.assert_close(output.logits, full.logits, atol=1e-5, rtol=1e-5)
 
 

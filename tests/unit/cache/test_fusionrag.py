@@ -152,7 +152,7 @@ def test_fusionrag_scores_with_the_final_layer_only(tiny_checkpoints, tiny_confi
     policy = POLICIES["fusionrag"]
     config = tiny_config(tiny_checkpoints["llama"], **policy.overrides)
     rag = AdaRAG(config, retriever=MemoryRetriever([Chunk(text) for text in CORPUS]))
-    num_layers = rag.generator.spec.num_layers
+    num_layers = rag.engine.spec.num_layers
     assert query_layers(config.selection, num_layers) == (num_layers - 1, num_layers)
 
 

@@ -60,7 +60,7 @@ def test_kv_of_another_model_is_never_served(warmed, tiny_checkpoints, tiny_conf
 
 def test_the_namespace_names_model_and_both_dtypes(warmed):
     rag = warmed(cache={"store": {"storage_dtype": "bfloat16"}})
-    assert rag.kv_namespace == f"{rag.generator.fingerprint}-float32-bfloat16"
+    assert rag.kv_namespace == f"{rag.engine.fingerprint}-float32-bfloat16"
     assert (rag.config.home / "kv" / warmed().kv_namespace).is_dir()
 
 

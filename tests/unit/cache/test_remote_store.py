@@ -22,8 +22,8 @@ NAMESPACE = "model-a"
 
 
 def _kv(seed: int, shape: tuple[int, ...] = SHAPE) -> ChunkKV:
-    generator = torch.Generator().manual_seed(seed)
-    k, v = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+    rng = torch.Generator().manual_seed(seed)
+    k, v = torch.randn(shape, generator=rng), torch.randn(shape, generator=rng)
     return ChunkKV(k, v, 3)
 
 

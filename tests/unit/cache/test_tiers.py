@@ -25,7 +25,7 @@ def rag(tiny_checkpoints, tiny_config):
 
 
 def _full_logits(rag, layout):
-    return rag.generator.prefill(layout).logits
+    return rag.engine.prefill(layout).logits
 
 
 def test_identical_prompt_from_hard_tier_reproduces_full_prefill_logits(rag):
@@ -133,7 +133,7 @@ def test_corrupted_cache_file_is_recomputed_and_the_answer_still_comes(
     assert files
     for path in files:
         path.write_bytes(path.read_bytes()[:100])
-    fresh = AdaRAG(rag.config, generator=rag.generator)
+    fresh = AdaRAG(rag.config, engine=rag.engine)
     again = fresh.query(QUESTION, chunks=list(CHUNKS))
     assert "corrupted KV cache file" in caplog.text
     assert again.trace.steps[0].tiers == ("miss", "miss", "miss")

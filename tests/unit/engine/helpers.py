@@ -7,7 +7,7 @@ from transformers import DynamicCache
 
 from adarag.config import AdaRagConfig, PromptConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.kv import ChunkKV
 from adarag.pipeline import backends
@@ -23,31 +23,31 @@ CHUNKS = (
 QUESTION = "what is the capital of france?"
 
 
-def load_generator(config: AdaRagConfig) -> Engine:
-    """The generator of ``config`` (as the pipeline loads it)."""
-    return backends.load_generator(config.engine, config.kernels, config.home)
+def load_engine(config: AdaRagConfig) -> Engine:
+    """The engine of ``config`` (as the pipeline loads it)."""
+    return backends.load_engine(config.engine, config.kernels, config.home)
 
 
 def layout_of(
-    generator: Engine, question: str, chunks, prompt: PromptConfig | None = None
+    engine: Engine, question: str, chunks, prompt: PromptConfig | None = None
 ) -> PromptLayout:
     """The pipeline's prompt layout of ``question`` over ``chunks``."""
-    return PromptBuilder(generator.tokenizer, prompt or PromptConfig()).layout(question, chunks)
+    return PromptBuilder(engine.tokenizer, prompt or PromptConfig()).layout(question, chunks)
 
 
 def answer_text(
-    generator: Engine, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
+    engine: Engine, layout: PromptLayout, output: PrefillOutput, params: GenerationParams
 ) -> str:
     """The decoded answer of a prefill."""
-    tokens = generator.decode_tokens(layout, output, params)
-    return "".join(decode_text(tokens, generator.tokenizer, params))
+    tokens = engine.decode_tokens(layout, output, params)
+    return "".join(decode_text(tokens, engine.tokenizer, params))
 
 
 def independent_sources(
-    generator: Engine, layout: PromptLayout, ratio: float
+    engine: Engine, layout: PromptLayout, ratio: float
 ) -> tuple[list[SegmentSource], list[ChunkKV], ChunkKV]:
     """Sources that reuse the exact system KV and each chunk's independent KV at ``ratio``."""
-    system_kv, chunk_kvs = independent_chunks(generator, layout)
+    system_kv, chunk_kvs = independent_chunks(engine, layout)
     return reuse_sources(system_kv, chunk_kvs, ratio), chunk_kvs, system_kv
 
 

@@ -6,27 +6,26 @@ import pytest
 import torch
 
 from adarag.schema import GenerationParams
-from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 
 QUESTIONS = [QUESTION, "Which city is the capital of Germany?", "What does the fox jump over?"]
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "llama-hd32"])
 def test_batched_decode_matches_each_sequence_alone(family, tiny_checkpoints, tiny_config):
-    generator = load_generator(tiny_config(tiny_checkpoints[family]))
-    decoder = generator.decoder
+    engine = load_engine(tiny_config(tiny_checkpoints[family]))
+    decoder = engine.decoder
     # prompts of different lengths, so the sequences sit at different positions
     layouts = [
-        layout_of(generator, question, CHUNKS[: index + 1])
-        for index, question in enumerate(QUESTIONS)
+        layout_of(engine, question, CHUNKS[: index + 1]) for index, question in enumerate(QUESTIONS)
     ]
     assert len({layout.num_tokens for layout in layouts}) == len(layouts)
     params = GenerationParams(max_new_tokens=12)
     alone = [
-        list(generator.decode_tokens(layout, generator.prefill(layout, max_new_tokens=12), params))
+        list(engine.decode_tokens(layout, engine.prefill(layout, max_new_tokens=12), params))
         for layout in layouts
     ]
-    outputs = [generator.prefill(layout, max_new_tokens=12) for layout in layouts]
+    outputs = [engine.prefill(layout, max_new_tokens=12) for layout in layouts]
     batched = decoder.decode_batch(layouts, outputs, params)
     assert batched == alone
     assert any(len(tokens) > 1 for tokens in batched)
@@ -35,27 +34,27 @@ def test_batched_decode_matches_each_sequence_alone(family, tiny_checkpoints, ti
     for layout, kv in zip(layouts, kvs, strict=True):
         kv.length = layout.num_tokens
     first = [tokens[0] for tokens in batched]
-    together = generator.runner.decode_batch(first, kvs)
+    together = engine.runner.decode_batch(first, kvs)
     for row, (layout, kv) in enumerate(zip(layouts, kvs, strict=True)):
         kv.length = layout.num_tokens
-        single = generator.runner.decode(first[row], kv)
+        single = engine.runner.decode(first[row], kv)
         torch.testing.assert_close(together[row], single, atol=1e-4, rtol=1e-4)
 
 
 def test_a_sequence_that_ends_leaves_the_batch(tiny_checkpoints, tiny_config):
-    generator = load_generator(tiny_config(tiny_checkpoints["llama"]))
-    layouts = [layout_of(generator, question, CHUNKS[:2]) for question in QUESTIONS[:2]]
+    engine = load_engine(tiny_config(tiny_checkpoints["llama"]))
+    layouts = [layout_of(engine, question, CHUNKS[:2]) for question in QUESTIONS[:2]]
     # the first prefill reserves room for 2 new rows, the second for 10: the first sequence runs
     # out of room after 3 tokens and leaves; the second decodes on alone
     outputs = [
-        generator.prefill(layouts[0], max_new_tokens=2),
-        generator.prefill(layouts[1], max_new_tokens=10),
+        engine.prefill(layouts[0], max_new_tokens=2),
+        engine.prefill(layouts[1], max_new_tokens=10),
     ]
     params = GenerationParams(max_new_tokens=10)
     alone = [
-        list(generator.decode_tokens(layout, output, params))
+        list(engine.decode_tokens(layout, output, params))
         for layout, output in zip(layouts, outputs, strict=True)
     ]
-    batched = generator.decoder.decode_batch(layouts, outputs, params)
+    batched = engine.decoder.decode_batch(layouts, outputs, params)
     assert batched == alone
     assert len(batched[0]) < len(batched[1])

@@ -13,7 +13,7 @@ from adarag.engine.selection import allocate, layer_budget_factor
 from adarag.errors import InputError
 from adarag.kernels import lens_signals_from_logits
 from tests.unit.engine.helpers import CHUNKS, QUESTION, independent_sources, layout_of
-from tests.unit.engine.test_fusion import _generator
+from tests.unit.engine.test_fusion import _engine
 from tests.unit.engine.test_selection import _plan
 
 LEVERS = {
@@ -58,19 +58,19 @@ def test_gradual_schedule_averages_to_the_ratio():
 
 
 @pytest.fixture()
-def generator(tiny_checkpoints, tiny_config):
-    return _generator(tiny_checkpoints, tiny_config)
+def engine(tiny_checkpoints, tiny_config):
+    return _engine(tiny_checkpoints, tiny_config)
 
 
 @pytest.mark.parametrize("lever", LEVERS)
-def test_each_lever_changes_the_fused_prefill_at_one_budget(generator, lever):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+def test_each_lever_changes_the_fused_prefill_at_one_budget(engine, lever):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
     # cross_attention scores at layer 0, so the layers above it are the schedule's to narrow
     base = RecomputeConfig(selection_policy="cross_attention")
     other = base.model_copy(update=LEVERS[lever])
-    first = generator.prefill(layout, sources, selection=base)
-    second = generator.prefill(layout, sources, selection=other)
+    first = engine.prefill(layout, sources, selection=base)
+    second = engine.prefill(layout, sources, selection=other)
     rows = slice(0, layout.num_tokens)
     if lever == "gradual":  # more tokens start; none of them reaches the last layer
         assert second.num_recomputed_tokens > first.num_recomputed_tokens
@@ -80,11 +80,11 @@ def test_each_lever_changes_the_fused_prefill_at_one_budget(generator, lever):
         assert not torch.equal(first.recomputed_positions, second.recomputed_positions)
 
 
-def test_chunk_start_lever_recomputes_each_chunks_first_tokens(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+def test_chunk_start_lever_recomputes_each_chunks_first_tokens(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
     selection = RecomputeConfig(chunk_start_tokens=2)
-    chosen = set(generator.prefill(layout, sources, selection=selection).recomputed_positions)
+    chosen = set(engine.prefill(layout, sources, selection=selection).recomputed_positions)
     for start in layout.cu_segments[1:-2]:
         assert {start, start + 1} <= {int(p) for p in chosen}
 
@@ -92,11 +92,11 @@ def test_chunk_start_lever_recomputes_each_chunks_first_tokens(generator):
 @pytest.mark.parametrize("lever", LEVERS)
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_ratio_one_with_a_lever_matches_full_prefill(lever, family, tiny_checkpoints, tiny_config):
-    generator = _generator(tiny_checkpoints, tiny_config, family)
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    full = generator.prefill(layout)
-    sources, _, _ = independent_sources(generator, layout, ratio=1.0)
-    fused = generator.prefill(layout, sources, selection=RecomputeConfig(**LEVERS[lever]))
+    engine = _engine(tiny_checkpoints, tiny_config, family)
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    full = engine.prefill(layout)
+    sources, _, _ = independent_sources(engine, layout, ratio=1.0)
+    fused = engine.prefill(layout, sources, selection=RecomputeConfig(**LEVERS[lever]))
     rows = slice(0, layout.num_tokens)
     torch.testing.assert_close(fused.kv.k[:, rows], full.kv.k[:, rows], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fused.kv.v[:, rows], full.kv.v[:, rows], atol=1e-5, rtol=1e-5)
@@ -113,32 +113,32 @@ def test_a_raised_plan_lifts_only_the_candidate_chunks_below_the_ratio():
 
 
 @pytest.mark.parametrize("rule", ["query_deviation", "kv_deviation"])
-def test_uncertainty_routing_raises_the_ratio_of_an_uncertain_request(generator, rule):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, chunk_kvs, system_kv = independent_sources(generator, layout, ratio=0.3)
+def test_uncertainty_routing_raises_the_ratio_of_an_uncertain_request(engine, rule):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, chunk_kvs, system_kv = independent_sources(engine, layout, ratio=0.3)
     # the query pass's next-token distribution is the one over the reused KV: ratio 0's
-    reused, _, _ = independent_sources(generator, layout, ratio=0.0)
-    uncertainty = float(lens_signals_from_logits(generator.prefill(layout, reused).logits[None])[1])
+    reused, _, _ = independent_sources(engine, layout, ratio=0.0)
+    uncertainty = float(lens_signals_from_logits(engine.prefill(layout, reused).logits[None])[1])
     base = RecomputeConfig(selection_policy=rule)
-    plain = generator.prefill(layout, sources, selection=base)
+    plain = engine.prefill(layout, sources, selection=base)
     rows = slice(0, layout.num_tokens)
 
     def routed(threshold: float, ratio: float = 1.0):
         update = {"uncertain_entropy": threshold, "uncertain_ratio": ratio}
-        return generator.prefill(layout, sources, selection=base.model_copy(update=update))
+        return engine.prefill(layout, sources, selection=base.model_copy(update=update))
 
     confident = routed(uncertainty * 1.01)  # below the threshold: the request's own ratio
     assert torch.equal(confident.recomputed_positions, plain.recomputed_positions)
     torch.testing.assert_close(confident.logits, plain.logits, atol=1e-6, rtol=1e-6)
-    full = generator.prefill(layout)
+    full = engine.prefill(layout)
     to_full = routed(uncertainty * 0.99)  # above it at uncertain_ratio 1: full recomputation
     torch.testing.assert_close(to_full.kv.v[:, rows], full.kv.v[:, rows], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(to_full.logits, full.logits, atol=1e-5, rtol=1e-5)
     reused_rows = layout.num_tokens - len(layout.system_ids)  # the system prefix is exact
     assert plain.num_recomputed_tokens < to_full.num_recomputed_tokens == reused_rows
     # routed to 0.6: the positions a request at ratio 0.6 chooses
-    at_six = generator.prefill(
-        layout, independent_sources(generator, layout, ratio=0.6)[0], selection=base
+    at_six = engine.prefill(
+        layout, independent_sources(engine, layout, ratio=0.6)[0], selection=base
     )
     to_six = routed(uncertainty * 0.99, 0.6)
     assert torch.equal(to_six.recomputed_positions, at_six.recomputed_positions)
@@ -151,16 +151,16 @@ def test_uncertainty_routing_raises_the_ratio_of_an_uncertain_request(generator,
     assert plain.routing == ()
 
 
-def test_output_oracle_recomputes_the_positions_scored_highest(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.2)
+def test_output_oracle_recomputes_the_positions_scored_highest(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.2)
     selection = RecomputeConfig(selection_policy="output_oracle")
     with pytest.raises(InputError, match="output_oracle.*position_scores"):
-        generator.prefill(layout, sources, selection=selection)
+        engine.prefill(layout, sources, selection=selection)
     scores = torch.zeros(layout.num_tokens)
     first_chunk = range(layout.cu_segments[1], layout.cu_segments[2])
     scores[list(first_chunk)] = torch.arange(1, len(first_chunk) + 1, dtype=torch.float32)
-    output = generator.prefill(layout, sources, selection=selection, position_scores=scores)
+    output = engine.prefill(layout, sources, selection=selection, position_scores=scores)
     chosen = [int(p) for p in output.recomputed_positions if p < layout.cu_segments[-2]]
     chosen = [p for p in chosen if p >= layout.cu_segments[1]]
     assert 0 < len(chosen) < len(first_chunk)
@@ -187,11 +187,11 @@ def test_key_bias_adds_to_the_logits_and_never_unmasks_the_future():
     torch.testing.assert_close(changed[0], out[0])
 
 
-def test_attention_rescaling_changes_reused_rows_only(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.0)
-    plain = generator.prefill(layout, sources)
-    rescaled = generator.prefill(
+def test_attention_rescaling_changes_reused_rows_only(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.0)
+    plain = engine.prefill(layout, sources)
+    rescaled = engine.prefill(
         layout, sources, selection=RecomputeConfig(context_temperature=0.9, context_scale=0.9)
     )
     assert not torch.allclose(plain.logits, rescaled.logits)
@@ -199,9 +199,9 @@ def test_attention_rescaling_changes_reused_rows_only(generator):
     torch.testing.assert_close(rescaled.kv.k[:, system], plain.kv.k[:, system])  # exact prefix
     chunk = slice(layout.cu_segments[1], layout.cu_segments[2])
     torch.testing.assert_close(rescaled.kv.k[:, chunk], plain.kv.k[:, chunk] / 0.9)
-    full_sources, _, _ = independent_sources(generator, layout, ratio=1.0)
-    full = generator.prefill(layout)
-    at_one = generator.prefill(
+    full_sources, _, _ = independent_sources(engine, layout, ratio=1.0)
+    full = engine.prefill(layout)
+    at_one = engine.prefill(
         layout, full_sources, selection=RecomputeConfig(context_temperature=0.9, context_scale=0.9)
     )
     torch.testing.assert_close(at_one.logits, full.logits, atol=1e-5, rtol=1e-5)

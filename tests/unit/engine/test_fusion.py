@@ -17,7 +17,7 @@ from tests.unit.engine.helpers import (
     hf_logits_with_past,
     independent_sources,
     layout_of,
-    load_generator,
+    load_engine,
 )
 
 POLICIES = [
@@ -33,29 +33,29 @@ POLICIES = [
 QUERY_BLIND = [p for p in POLICIES if p not in ("query_attention", "query_deviation")]
 
 
-def _generator(tiny_checkpoints, tiny_config, family="llama"):
-    return load_generator(tiny_config(tiny_checkpoints[family]))
+def _engine(tiny_checkpoints, tiny_config, family="llama"):
+    return load_engine(tiny_config(tiny_checkpoints[family]))
 
 
 def _selection(policy, **knobs):
     return RecomputeConfig(selection_policy=policy, **knobs)
 
 
-def _fused(generator, layout, sources, policy, **knobs):
+def _fused(engine, layout, sources, policy, **knobs):
     """A fused prefill with ``policy`` (the oracle's reference is a full prefill of ``layout``)."""
-    reference = generator.prefill(layout).kv if policy == "oracle" else None
+    reference = engine.prefill(layout).kv if policy == "oracle" else None
     selection = _selection(policy, **knobs)
-    return generator.prefill(layout, sources, selection=selection, reference_kv=reference)
+    return engine.prefill(layout, sources, selection=selection, reference_kv=reference)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "llama-hd32"])
 def test_ratio_one_matches_full_prefill(family, policy, tiny_checkpoints, tiny_config):
-    generator = _generator(tiny_checkpoints, tiny_config, family)
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    full = generator.prefill(layout)
-    sources, _, _ = independent_sources(generator, layout, ratio=1.0)
-    fused = _fused(generator, layout, sources, policy)
+    engine = _engine(tiny_checkpoints, tiny_config, family)
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    full = engine.prefill(layout)
+    sources, _, _ = independent_sources(engine, layout, ratio=1.0)
+    fused = _fused(engine, layout, sources, policy)
     rows = slice(0, layout.num_tokens)
     torch.testing.assert_close(fused.kv.k[:, rows], full.kv.k[:, rows], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fused.kv.v[:, rows], full.kv.v[:, rows], atol=1e-5, rtol=1e-5)
@@ -64,37 +64,37 @@ def test_ratio_one_matches_full_prefill(family, policy, tiny_checkpoints, tiny_c
 
 
 def test_ratio_zero_is_repositioned_cache_plus_recomputed_query(tiny_checkpoints, tiny_config):
-    generator = _generator(tiny_checkpoints, tiny_config)
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, chunk_kvs, system_kv = independent_sources(generator, layout, ratio=0.0)
-    fused = generator.prefill(layout, sources)
+    engine = _engine(tiny_checkpoints, tiny_config)
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, chunk_kvs, system_kv = independent_sources(engine, layout, ratio=0.0)
+    fused = engine.prefill(layout, sources)
     cu = layout.cu_segments
     # chunk rows are exactly the cached KV rotated to their new positions
     for idx, chunk_kv in enumerate(chunk_kvs):
         start, end = cu[idx + 1], cu[idx + 2]
         delta = torch.full((end - start,), start - chunk_kv.start_position)
-        expected_k = rope_delta(chunk_kv.k, delta, generator.runner.inv_freq)
+        expected_k = rope_delta(chunk_kv.k, delta, engine.runner.inv_freq)
         assert torch.equal(fused.kv.k[:, start:end], expected_k)
         assert torch.equal(fused.kv.v[:, start:end], chunk_kv.v)
     assert torch.equal(fused.kv.k[:, : cu[1]], system_kv.k)
     # the query is computed against that KV exactly as transformers would
-    hf_model = load_hf_model(generator.checkpoint.path)
+    hf_model = load_hf_model(engine.checkpoint.path)
     reference = hf_logits_with_past(hf_model, fused, cu[-2], list(layout.query_ids))
     torch.testing.assert_close(fused.logits, reference, atol=2e-5, rtol=1e-5)
     assert fused.recomputed_positions.tolist() == list(range(cu[-2], cu[-1]))
 
 
 def test_repositioned_key_equals_key_computed_at_target(tiny_checkpoints, tiny_config):
-    generator = _generator(tiny_checkpoints, tiny_config)
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    _, chunk_kvs, _ = independent_sources(generator, layout, ratio=0.0)
+    engine = _engine(tiny_checkpoints, tiny_config)
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    _, chunk_kvs, _ = independent_sources(engine, layout, ratio=0.0)
     # Layer-0 keys depend only on token and position: compare the third chunk moved from right
     # after the system prefix to its place in the full prompt with the full prefill's keys.
-    full = generator.prefill(layout)
+    full = engine.prefill(layout)
     start, end = layout.cu_segments[3], layout.cu_segments[4]
     moved = chunk_kvs[2]
     delta = torch.full((moved.num_tokens,), start - moved.start_position)
-    rotated = rope_delta(moved.k[0], delta, generator.runner.inv_freq)
+    rotated = rope_delta(moved.k[0], delta, engine.runner.inv_freq)
     torch.testing.assert_close(rotated, full.kv.k[0, start:end], atol=1e-5, rtol=1e-5)
 
 
@@ -102,19 +102,19 @@ def test_repositioned_key_equals_key_computed_at_target(tiny_checkpoints, tiny_c
 def test_changing_a_later_token_never_changes_earlier_outputs(
     policy, tiny_checkpoints, tiny_config
 ):
-    generator = _generator(tiny_checkpoints, tiny_config)
+    engine = _engine(tiny_checkpoints, tiny_config)
     selection = _selection(policy)
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.5)
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.5)
     changed_query = (
         *layout.query_ids[:-3],
         (layout.query_ids[-3] + 7) % 250,
         *layout.query_ids[-2:],
     )
     other = PromptLayout(layout.system_ids, layout.chunk_ids, changed_query)
-    reference = generator.prefill(layout).kv  # the oracle scores chunk rows only
-    first = generator.prefill(layout, sources, selection=selection, reference_kv=reference)
-    second = generator.prefill(other, sources, selection=selection, reference_kv=reference)
+    reference = engine.prefill(layout).kv  # the oracle scores chunk rows only
+    first = engine.prefill(layout, sources, selection=selection, reference_kv=reference)
+    second = engine.prefill(other, sources, selection=selection, reference_kv=reference)
     changed_at = layout.num_tokens - 3
     torch.testing.assert_close(
         first.kv.k[:, :changed_at], second.kv.k[:, :changed_at], atol=1e-6, rtol=0
@@ -132,11 +132,11 @@ def test_changing_a_later_token_never_changes_earlier_outputs(
 def test_selection_recomputes_ceil_ratio_of_each_chunk(
     policy, ratio, tiny_checkpoints, tiny_config
 ):
-    generator = _generator(tiny_checkpoints, tiny_config)
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=ratio)
-    fused = _fused(generator, layout, sources, policy, budget="per_chunk")
-    again = _fused(generator, layout, sources, policy, budget="per_chunk")
+    engine = _engine(tiny_checkpoints, tiny_config)
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=ratio)
+    fused = _fused(engine, layout, sources, policy, budget="per_chunk")
+    again = _fused(engine, layout, sources, policy, budget="per_chunk")
     assert torch.equal(fused.recomputed_positions, again.recomputed_positions)
     cu = layout.cu_segments
     positions = fused.recomputed_positions
@@ -147,16 +147,16 @@ def test_selection_recomputes_ceil_ratio_of_each_chunk(
 
 
 def test_higher_ratio_brings_kv_closer_to_full_prefill(tiny_checkpoints, tiny_config):
-    generator = _generator(tiny_checkpoints, tiny_config)
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    full = generator.prefill(layout)
+    engine = _engine(tiny_checkpoints, tiny_config)
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    full = engine.prefill(layout)
     errors = []
     # cross_attention scores at layer 0 only; kv_deviation (check layer 1) would recompute both
     # layers of a 2-layer model for every candidate, exact at any ratio
     selection = _selection("cross_attention")
     for ratio in (0.0, 0.5, 1.0):
-        sources, _, _ = independent_sources(generator, layout, ratio=ratio)
-        fused = generator.prefill(layout, sources, selection=selection)
+        sources, _, _ = independent_sources(engine, layout, ratio=ratio)
+        fused = engine.prefill(layout, sources, selection=selection)
         rows = slice(0, layout.num_tokens)
         errors.append(float((fused.kv.v[:, rows] - full.kv.v[:, rows]).norm()))
     assert errors[0] > errors[1] > errors[2]
@@ -164,9 +164,9 @@ def test_higher_ratio_brings_kv_closer_to_full_prefill(tiny_checkpoints, tiny_co
 
 
 def test_segment_attention_rows_sum_to_one(tiny_checkpoints, tiny_config):
-    generator = _generator(tiny_checkpoints, tiny_config)
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    output = generator.prefill(layout, collect_segment_attention=True)
+    engine = _engine(tiny_checkpoints, tiny_config)
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    output = engine.prefill(layout, collect_segment_attention=True)
     assert output.segment_attention is not None
     num_segments = len(layout.segments)
     assert output.segment_attention.shape == (2, num_segments, num_segments)
@@ -185,17 +185,17 @@ def test_default_config_has_no_tiny_model_knobs():
 def test_prefill_lens_logits_give_the_signals_of_a_separate_lens_pass(
     family, tiny_checkpoints, tiny_config
 ):
-    generator = _generator(tiny_checkpoints, tiny_config, family)
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
-    plain = generator.prefill(layout, sources)
-    num_layers = generator.spec.num_layers
-    with_lens = generator.prefill(layout, sources, num_lens_layers=num_layers + 1)  # clamped
+    engine = _engine(tiny_checkpoints, tiny_config, family)
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
+    plain = engine.prefill(layout, sources)
+    num_layers = engine.spec.num_layers
+    with_lens = engine.prefill(layout, sources, num_lens_layers=num_layers + 1)  # clamped
     assert plain.lens_logits is None and with_lens.lens_logits.shape[0] == num_layers
     torch.testing.assert_close(with_lens.lens_logits[-1], with_lens.logits)
     torch.testing.assert_close(with_lens.logits, plain.logits)
-    fused_kl, fused_entropy = generator.lens_signals(with_lens, num_layers)
-    separate_kl, separate_entropy = generator.lens_signals(plain, num_layers)  # from hidden
+    fused_kl, fused_entropy = engine.lens_signals(with_lens, num_layers)
+    separate_kl, separate_entropy = engine.lens_signals(plain, num_layers)  # from hidden
     assert len(fused_kl) == num_layers - 1
     assert fused_kl == pytest.approx(separate_kl, rel=1e-4, abs=1e-6)
     assert fused_entropy == pytest.approx(separate_entropy, rel=1e-5)

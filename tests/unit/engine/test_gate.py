@@ -11,17 +11,17 @@ from adarag.engine.gate import check_blending
 from adarag.errors import InputError
 from adarag.kernels import rope_delta
 from tests.tiny_models import TINY_FAMILIES
-from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 
 
-def _generator(tiny_checkpoints, tiny_config, family="llama"):
-    return load_generator(tiny_config(tiny_checkpoints[family]))
+def _engine(tiny_checkpoints, tiny_config, family="llama"):
+    return load_engine(tiny_config(tiny_checkpoints[family]))
 
 
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
 def test_the_gate_passes_every_tiny_family(tiny_checkpoints, tiny_config, family):
-    generator = _generator(tiny_checkpoints, tiny_config, family)
-    report = check_blending(generator)
+    engine = _engine(tiny_checkpoints, tiny_config, family)
+    report = check_blending(engine)
     assert report.passed, report.summary()
     assert report.reasons == ()
     # float32: re-rotating by +37 then -37 positions leaves the keys within a few ulps
@@ -32,8 +32,8 @@ def test_the_gate_passes_every_tiny_family(tiny_checkpoints, tiny_config, family
 
 
 def test_the_gate_passes_on_the_pipelines_prompt_layout(tiny_checkpoints, tiny_config):
-    generator = _generator(tiny_checkpoints, tiny_config)
-    report = check_blending(generator, layout_of(generator, QUESTION, CHUNKS), shift=500)
+    engine = _engine(tiny_checkpoints, tiny_config)
+    report = check_blending(engine, layout_of(engine, QUESTION, CHUNKS), shift=500)
     assert report.passed, report.summary()
     assert report.shift == 500
 
@@ -54,9 +54,9 @@ def _wrong_sign(keys, delta_positions, inv_freq, *, backend="auto"):
 def test_a_wrong_re_rotation_fails_the_gate_naming_it(
     tiny_checkpoints, tiny_config, monkeypatch, wrong
 ):
-    generator = _generator(tiny_checkpoints, tiny_config)
+    engine = _engine(tiny_checkpoints, tiny_config)
     monkeypatch.setattr("adarag.engine.kv_cache.rope_delta", wrong)
-    report = check_blending(generator)
+    report = check_blending(engine)
     assert not report.passed
     assert len(report.reasons) == 1 and report.reasons[0].startswith("re-rotation:")
     assert report.max_key_error > 1e-2
@@ -66,12 +66,12 @@ def test_a_wrong_re_rotation_fails_the_gate_naming_it(
 
 
 def test_a_layout_without_chunks_or_a_zero_shift_is_refused(tiny_checkpoints, tiny_config):
-    generator = _generator(tiny_checkpoints, tiny_config)
-    layout = layout_of(generator, QUESTION, CHUNKS)
+    engine = _engine(tiny_checkpoints, tiny_config)
+    layout = layout_of(engine, QUESTION, CHUNKS)
     with pytest.raises(InputError, match="no chunk"):
-        check_blending(generator, layout.with_chunks(0))
+        check_blending(engine, layout.with_chunks(0))
     with pytest.raises(InputError, match="nonzero shift"):
-        check_blending(generator, layout, shift=0)
+        check_blending(engine, layout, shift=0)
 
 
 def _argv(tiny_checkpoints, tmp_path):

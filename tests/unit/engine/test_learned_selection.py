@@ -12,15 +12,15 @@ from adarag.engine.selection import value_deviation
 from adarag.engine.token_features import RAW_COLUMNS, derive_features, raw_columns
 from adarag.fitted import FittedModel
 from tests.unit.engine.helpers import CHUNKS, QUESTION, independent_sources, layout_of
-from tests.unit.engine.test_fusion import _generator
+from tests.unit.engine.test_fusion import _engine
 from tests.unit.engine.test_selection import _plan
 
 LEARNED = RecomputeConfig(selection_policy="learned")
 
 
 @pytest.fixture()
-def generator(tiny_checkpoints, tiny_config):
-    return _generator(tiny_checkpoints, tiny_config)
+def engine(tiny_checkpoints, tiny_config):
+    return _engine(tiny_checkpoints, tiny_config)
 
 
 def _scorer(weights: dict[str, float]) -> FittedModel:
@@ -28,41 +28,41 @@ def _scorer(weights: dict[str, float]) -> FittedModel:
     return FittedModel(names, (0.0,) * len(names), (1.0,) * len(names), tuple(weights.values()), 0)
 
 
-def test_learned_without_a_scorer_is_query_deviation(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
-    learned = generator.prefill(layout, sources, selection=LEARNED)
-    default = generator.prefill(layout, sources, selection=RecomputeConfig())
+def test_learned_without_a_scorer_is_query_deviation(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
+    learned = engine.prefill(layout, sources, selection=LEARNED)
+    default = engine.prefill(layout, sources, selection=RecomputeConfig())
     assert torch.equal(learned.recomputed_positions, default.recomputed_positions)
     torch.testing.assert_close(learned.logits, default.logits)
 
 
-def test_a_scorer_changes_the_positions_and_ratio_one_is_still_full(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
-    default = generator.prefill(layout, sources, selection=LEARNED)
+def test_a_scorer_changes_the_positions_and_ratio_one_is_still_full(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
+    default = engine.prefill(layout, sources, selection=LEARNED)
     late = _scorer({"rel_offset": 1.0})  # the last tokens of every chunk first
-    scored = generator.prefill(layout, sources, selection=LEARNED, token_scorer=late)
+    scored = engine.prefill(layout, sources, selection=LEARNED, token_scorer=late)
     assert not torch.equal(scored.recomputed_positions, default.recomputed_positions)
     assert scored.num_recomputed_tokens == default.num_recomputed_tokens
     cu = layout.cu_segments
     chosen = [int(p) for p in scored.recomputed_positions if cu[1] <= p < cu[-2]]
     ends = {cu[i + 1] - 1 for i in range(1, len(cu) - 2)}  # each chunk's last token
     assert ends <= set(chosen)
-    full = generator.prefill(layout)
-    everything, _, _ = independent_sources(generator, layout, ratio=1.0)
-    at_one = generator.prefill(layout, everything, selection=LEARNED, token_scorer=late)
+    full = engine.prefill(layout)
+    everything, _, _ = independent_sources(engine, layout, ratio=1.0)
+    at_one = engine.prefill(layout, everything, selection=LEARNED, token_scorer=late)
     rows = slice(0, layout.num_tokens)
     torch.testing.assert_close(at_one.kv.v[:, rows], full.kv.v[:, rows], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(at_one.logits, full.logits, atol=1e-5, rtol=1e-5)
 
 
-def test_collected_features_are_the_rules_own_inputs(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, chunk_kvs, _ = independent_sources(generator, layout, ratio=0.3)
-    output = generator.prefill(layout, sources, selection=LEARNED, collect_features=True)
+def test_collected_features_are_the_rules_own_inputs(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, chunk_kvs, _ = independent_sources(engine, layout, ratio=0.3)
+    output = engine.prefill(layout, sources, selection=LEARNED, collect_features=True)
     features = output.candidate_features
-    num_layers = generator.spec.num_layers
+    num_layers = engine.spec.num_layers
     cu = layout.cu_segments
     assert features is not None and features.shape == (cu[-2] - cu[1], len(raw_columns(num_layers)))
     column = {name: features[:, idx] for idx, name in enumerate(raw_columns(num_layers))}
@@ -133,11 +133,11 @@ def test_windows_stay_inside_their_chunk():
     assert windowed.tolist()[:2] == [4, 5]
 
 
-def test_a_ladder_that_never_climbs_changes_nothing(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
-    plain = generator.prefill(layout, sources, selection=LEARNED)
-    kept = generator.prefill(
+def test_a_ladder_that_never_climbs_changes_nothing(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
+    plain = engine.prefill(layout, sources, selection=LEARNED)
+    kept = engine.prefill(
         layout, sources, selection=LEARNED, ladder=RoutingLadder.fixed((0.6, 1.0), climb=False)
     )
     assert torch.equal(kept.recomputed_positions, plain.recomputed_positions)
@@ -147,15 +147,15 @@ def test_a_ladder_that_never_climbs_changes_nothing(generator):
     assert len(kept.routing[0].features) == len(ROUTING_FEATURES)
 
 
-def test_climbing_tops_up_and_the_top_rung_equals_full_prefill(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
-    plain = generator.prefill(layout, sources, selection=LEARNED)
-    halfway = generator.prefill(
+def test_climbing_tops_up_and_the_top_rung_equals_full_prefill(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
+    plain = engine.prefill(layout, sources, selection=LEARNED)
+    halfway = engine.prefill(
         layout, sources, selection=LEARNED, ladder=RoutingLadder.fixed((0.6,), climb=True)
     )
-    at_six, _, _ = independent_sources(generator, layout, ratio=0.6)
-    six = generator.prefill(layout, at_six, selection=LEARNED)
+    at_six, _, _ = independent_sources(engine, layout, ratio=0.6)
+    six = engine.prefill(layout, at_six, selection=LEARNED)
     # the climb adds the tokens a request at 0.6 chooses, keeping those recomputed at 0.3
     assert set(plain.recomputed_positions.tolist()) < set(halfway.recomputed_positions.tolist())
     assert set(six.recomputed_positions.tolist()) <= set(halfway.recomputed_positions.tolist())
@@ -163,8 +163,8 @@ def test_climbing_tops_up_and_the_top_rung_equals_full_prefill(generator):
     assert [rung.climbed for rung in halfway.routing] == [True, False]
     assert halfway.routing[-1].probability is None
     assert not torch.allclose(halfway.logits, plain.logits)
-    full = generator.prefill(layout)
-    top = generator.prefill(
+    full = engine.prefill(layout)
+    top = engine.prefill(
         layout, sources, selection=LEARNED, ladder=RoutingLadder.fixed((0.6, 1.0), climb=True)
     )
     rows = slice(0, layout.num_tokens)

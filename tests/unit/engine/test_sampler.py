@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adarag.engine.sampler import make_generator, sample_token
+from adarag.engine.sampler import make_rng, sample_token
 from adarag.schema import GenerationParams
 
 
@@ -25,7 +25,7 @@ def test_a_tiny_temperature_or_top_p_picks_the_most_likely_token(options, dtype)
     kept = logits.clone()
     params = GenerationParams(seed=7, **options)
     for _ in range(5):
-        assert sample_token(logits, params, make_generator(params)) == int(torch.argmax(logits))
+        assert sample_token(logits, params, make_rng(params)) == int(torch.argmax(logits))
     assert torch.equal(logits, kept)  # the caller's logits are left as they were
 
 
@@ -34,8 +34,8 @@ def test_a_seeded_sample_at_the_largest_seed_is_reproducible_and_spread():
     params = GenerationParams(temperature=1.0, seed=2**64 - 1)
 
     def draws() -> list[int]:
-        generator = make_generator(params)
-        return [sample_token(logits, params, generator) for _ in range(64)]
+        rng = make_rng(params)
+        return [sample_token(logits, params, rng) for _ in range(64)]
 
     first = draws()
     assert draws() == first and len(set(first)) > 4

@@ -21,7 +21,7 @@ from tests.unit.engine.helpers import (
     QUESTION,
     independent_sources,
     layout_of,
-    load_generator,
+    load_engine,
 )
 
 RULES = [
@@ -35,35 +35,35 @@ RULES = [
 
 
 @pytest.fixture()
-def generator(tiny_checkpoints, tiny_config):
-    return load_generator(tiny_config(tiny_checkpoints["llama"]))
+def engine(tiny_checkpoints, tiny_config):
+    return load_engine(tiny_config(tiny_checkpoints["llama"]))
 
 
-def _recomputed(generator, layout, sources, rule, **knobs):
-    reference = generator.prefill(layout).kv
+def _recomputed(engine, layout, sources, rule, **knobs):
+    reference = engine.prefill(layout).kv
     selection = RecomputeConfig(selection_policy=rule, **knobs)
-    output = generator.prefill(layout, sources, selection=selection, reference_kv=reference)
+    output = engine.prefill(layout, sources, selection=selection, reference_kv=reference)
     return tuple(output.recomputed_positions.tolist())
 
 
-def test_every_rule_recomputes_different_positions_at_one_ratio(generator):
+def test_every_rule_recomputes_different_positions_at_one_ratio(engine):
     """Issue 12: two selection policies at one ratio must not compute the same thing."""
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
-    chosen = {rule: _recomputed(generator, layout, sources, rule) for rule in RULES}
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
+    chosen = {rule: _recomputed(engine, layout, sources, rule) for rule in RULES}
     for first, second in itertools.combinations(RULES, 2):
         assert chosen[first] != chosen[second], f"{first} and {second} chose the same tokens"
     assert len({len(positions) for positions in chosen.values()}) == 1  # one budget
 
 
-def test_query_layers_change_what_query_deviation_recomputes(generator):
+def test_query_layers_change_what_query_deviation_recomputes(engine):
     """The query's attention read in the upper layers only is another rule, not a relabel."""
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
-    num_layers = generator.spec.num_layers
-    every_layer = _recomputed(generator, layout, sources, "query_deviation")
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
+    num_layers = engine.spec.num_layers
+    every_layer = _recomputed(engine, layout, sources, "query_deviation")
     upper = _recomputed(
-        generator, layout, sources, "query_deviation", query_layers=(num_layers - 1, num_layers)
+        engine, layout, sources, "query_deviation", query_layers=(num_layers - 1, num_layers)
     )
     assert len(upper) == len(every_layer) and upper != every_layer
 
@@ -76,7 +76,7 @@ def test_with_config_pipeline_recomputes_with_its_own_selection_rule(tiny_checkp
     rag.warm(list(CHUNKS))
     layout = rag.prompts.layout(QUESTION, CHUNKS)
     other = rag.with_config(cache={"recompute": {"selection_policy": "cross_attention"}})
-    assert other.generator is rag.generator
+    assert other.engine is rag.engine
     base_output, base_hits, _ = rag.augmentation.fused_prefill(layout, 0)
     other_output, other_hits, _ = other.augmentation.fused_prefill(layout, 0)
     # the first chunk's independent KV is also its exact KV after the system prefix (hard)
@@ -86,37 +86,37 @@ def test_with_config_pipeline_recomputes_with_its_own_selection_rule(tiny_checkp
     assert not torch.equal(base_output.recomputed_positions, other_output.recomputed_positions)
 
 
-def test_random_rule_follows_its_seed(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
-    first = _recomputed(generator, layout, sources, "random", seed=1)
-    assert _recomputed(generator, layout, sources, "random", seed=1) == first
-    assert _recomputed(generator, layout, sources, "random", seed=2) != first
+def test_random_rule_follows_its_seed(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
+    first = _recomputed(engine, layout, sources, "random", seed=1)
+    assert _recomputed(engine, layout, sources, "random", seed=1) == first
+    assert _recomputed(engine, layout, sources, "random", seed=2) != first
 
 
-def test_oracle_without_a_reference_is_a_clear_error(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+def test_oracle_without_a_reference_is_a_clear_error(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
     with pytest.raises(InputError, match="oracle.*reference"):
-        generator.prefill(layout, sources, selection=RecomputeConfig(selection_policy="oracle"))
+        engine.prefill(layout, sources, selection=RecomputeConfig(selection_policy="oracle"))
 
 
-def test_query_layers_outside_the_model_are_a_clear_error(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.3)
+def test_query_layers_outside_the_model_are_a_clear_error(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.3)
     selection = RecomputeConfig(selection_policy="query_attention", query_layers=(1, 5))
     with pytest.raises(InputError, match="query_layers"):
-        generator.prefill(layout, sources, selection=selection)
+        engine.prefill(layout, sources, selection=selection)
 
 
-def test_global_budget_keeps_the_total_and_the_cap(generator):
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    sources, _, _ = independent_sources(generator, layout, ratio=0.2)
-    per_chunk = _recomputed(generator, layout, sources, "query_attention")
-    pooled = _recomputed(generator, layout, sources, "query_attention", budget="global")
+def test_global_budget_keeps_the_total_and_the_cap(engine):
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    sources, _, _ = independent_sources(engine, layout, ratio=0.2)
+    per_chunk = _recomputed(engine, layout, sources, "query_attention")
+    pooled = _recomputed(engine, layout, sources, "query_attention", budget="global")
     assert len(per_chunk) == len(pooled)
     capped = _recomputed(
-        generator, layout, sources, "query_attention", budget="global", max_chunk_ratio=0.25
+        engine, layout, sources, "query_attention", budget="global", max_chunk_ratio=0.25
     )
     cu = layout.cu_segments
     for idx, ids in enumerate(layout.chunk_ids):

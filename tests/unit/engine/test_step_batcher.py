@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from adarag.schema import GenerationParams
-from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 
 QUESTIONS = [
     QUESTION,
@@ -21,8 +21,8 @@ QUESTIONS = [
 def test_concurrent_requests_decode_together_and_get_their_own_tokens(
     family, tiny_checkpoints, tiny_config
 ):
-    lone = load_generator(tiny_config(tiny_checkpoints[family]))
-    batched = load_generator(tiny_config(tiny_checkpoints[family], engine={"batch_decode": True}))
+    lone = load_engine(tiny_config(tiny_checkpoints[family]))
+    batched = load_engine(tiny_config(tiny_checkpoints[family], engine={"batch_decode": True}))
     assert lone.decoder.batcher is None and batched.decoder.batcher is not None
     params = GenerationParams(max_new_tokens=16)
     layouts = [layout_of(lone, q, CHUNKS[: i % 3 + 1]) for i, q in enumerate(QUESTIONS)]
@@ -50,21 +50,17 @@ def test_concurrent_requests_decode_together_and_get_their_own_tokens(
 
 
 def test_a_cancelled_request_leaves_the_batch(tiny_checkpoints, tiny_config):
-    generator = load_generator(
-        tiny_config(tiny_checkpoints["llama"], engine={"batch_decode": True})
-    )
-    layout = layout_of(generator, QUESTION, CHUNKS)
+    engine = load_engine(tiny_config(tiny_checkpoints["llama"], engine={"batch_decode": True}))
+    layout = layout_of(engine, QUESTION, CHUNKS)
     params = GenerationParams(max_new_tokens=8)
-    stream = generator.decode_tokens(layout, generator.prefill(layout, max_new_tokens=8), params)
+    stream = engine.decode_tokens(layout, engine.prefill(layout, max_new_tokens=8), params)
     next(stream)
-    assert generator.decoder.batcher._decoding == 1
+    assert engine.decoder.batcher._decoding == 1
     stream.close()  # a client that went away
-    assert generator.decoder.batcher._decoding == 0
+    assert engine.decoder.batcher._decoding == 0
     # a lone request afterwards steps alone, without waiting for the one that left
-    tokens = list(
-        generator.decode_tokens(layout, generator.prefill(layout, max_new_tokens=8), params)
-    )
-    assert tokens and generator.decoder.batcher.batch_sizes[-1] == 1
+    tokens = list(engine.decode_tokens(layout, engine.prefill(layout, max_new_tokens=8), params))
+    assert tokens and engine.decoder.batcher.batch_sizes[-1] == 1
 
 
 def test_pipeline_streams_of_concurrent_requests_are_batched(tiny_checkpoints, tiny_config):
@@ -91,4 +87,4 @@ def test_pipeline_streams_of_concurrent_requests_are_batched(tiny_checkpoints, t
     for thread in threads:
         thread.join(timeout=120)
     assert [text.strip() for text in got] == [text.strip() for text in expected]
-    assert max(rag.generator.decoder.batcher.batch_sizes) > 1
+    assert max(rag.engine.decoder.batcher.batch_sizes) > 1

@@ -11,7 +11,7 @@ from adarag.engine.model import DecoderModel
 from adarag.engine.runner import Runner
 from adarag.engine.vllm.adapter import SUPPORTED_ARCHITECTURES, VLLMDecoderAdapter, check_supported
 from adarag.errors import ModelLoadError
-from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 
 
 class _Linear(nn.Module):
@@ -60,20 +60,20 @@ def _vllm_like(model: DecoderModel, class_name: str) -> nn.Module:
 def test_adapter_over_vllm_modules_prefills_like_our_model(
     family, class_name, tiny_checkpoints, tiny_config
 ):
-    generator = load_generator(tiny_config(tiny_checkpoints[family]))
-    adapter = VLLMDecoderAdapter(_vllm_like(generator.model, class_name), generator.spec)
+    engine = load_engine(tiny_config(tiny_checkpoints[family]))
+    adapter = VLLMDecoderAdapter(_vllm_like(engine.model, class_name), engine.spec)
     config = tiny_config(tiny_checkpoints[family])
     runner = Runner(adapter, config.engine, config.kernels)
-    layout = layout_of(generator, QUESTION, CHUNKS)
+    layout = layout_of(engine, QUESTION, CHUNKS)
     batch = ForwardBatch(
         torch.tensor(layout.token_ids), (SegmentPlan(0, layout.num_tokens),), extra_capacity=0
     )
-    ours, theirs = generator.runner.prefill(batch), runner.prefill(batch)
+    ours, theirs = engine.runner.prefill(batch), runner.prefill(batch)
     torch.testing.assert_close(theirs.logits, ours.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(theirs.kv.k, ours.kv.k, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(theirs.layer_hidden, ours.layer_hidden, atol=1e-5, rtol=1e-5)
-    assert torch.equal(adapter.lm_head_weight, generator.model.lm_head_weight)
-    assert torch.equal(adapter.final_norm_weight, generator.model.final_norm_weight)
+    assert torch.equal(adapter.lm_head_weight, engine.model.lm_head_weight)
+    assert torch.equal(adapter.final_norm_weight, engine.model.final_norm_weight)
 
 
 def test_unknown_vllm_model_class_names_the_supported_ones():

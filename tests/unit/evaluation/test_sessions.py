@@ -84,15 +84,15 @@ def test_multi_user_requests_share_popular_documents(data_dir):
 def test_the_harness_carries_conversations_and_schedules_ragboost(
     data_dir, tiny_checkpoints, tiny_config, tmp_path
 ):
-    from adarag.engine.generator import Engine
+    from adarag.engine.core import Engine
     from adarag.evaluation.harness import BenchRunner
     from adarag.policies import POLICIES
     from adarag.schema import GenerationParams
 
     config = tiny_config(tiny_checkpoints["llama"])
-    generator = Engine.load(config.engine, config.kernels, config.home)
+    engine = Engine.load(config.engine, config.kernels, config.home)
     runner = BenchRunner(
-        generator, config, tmp_path / "bench", GenerationParams(max_new_tokens=2), True
+        engine, config, tmp_path / "bench", GenerationParams(max_new_tokens=2), True
     )
     turns, turn_stream = multi_turn_workload(data_dir, 2, top_k=3, seed=1)
     runner.ingest(turns)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from adarag.config import AdaRagConfig
-from adarag.engine.generator import Engine
+from adarag.engine.core import Engine
 from adarag.errors import ConfigError
 from adarag.pipeline.backends import BACKENDS, start_vllm, start_vllm_server
 
 
 def test_the_engine_refuses_a_backend_it_is_not_given_a_starter_for(tmp_path):
     config = AdaRagConfig.build(home=tmp_path, engine={"backend": "vllm"})
-    with pytest.raises(ConfigError, match="adarag.pipeline.backends.load_generator"):
+    with pytest.raises(ConfigError, match="adarag.pipeline.backends.load_engine"):
         Engine.load(config.engine, config.kernels, config.home)
 
 
@@ -30,8 +30,8 @@ def test_a_given_starter_supplies_the_model_and_decoder(tiny_checkpoints, tiny_c
         started.append((checkpoint.name, engine.backend, max_context_tokens, eos_token_ids))
         return reference.model, reference.decoder
 
-    generator = Engine.load(config.engine, config.kernels, config.home, {"vllm": start})
-    assert generator.model is reference.model and generator.decoder is reference.decoder
+    engine = Engine.load(config.engine, config.kernels, config.home, {"vllm": start})
+    assert engine.model is reference.model and engine.decoder is reference.decoder
     assert started == [
         (
             reference.checkpoint.name,

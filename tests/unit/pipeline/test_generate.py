@@ -33,7 +33,7 @@ def test_generate_rejects_an_empty_prompt_or_message(rag):
 
 def test_with_config_shares_model_and_lock_and_applies_the_prompt(rag):
     terse = rag.with_config(prompt={"context_intro": "Facts:\n"})
-    assert terse.generator is rag.generator and terse.engine_lock is rag.engine_lock
+    assert terse.engine is rag.engine and terse.engine_lock is rag.engine_lock
     assert terse.prompts is not rag.prompts
     assert terse.prompts.system_ids != rag.prompts.system_ids
     answer = terse.query("the fox?", chunks=[Chunk("the quick brown fox")])

@@ -143,11 +143,11 @@ def _write_agreement_profile(rag: AdaRAG, threshold: float, probability: float =
         "confidence", (0.0, 1.0), (probability, probability), threshold, 0.05, 2
     )
     profile = generic_profile(
-        rag.generator.checkpoint.name, rag.generator.fingerprint, rag.generator.spec.num_layers
+        rag.engine.checkpoint.name, rag.engine.fingerprint, rag.engine.spec.num_layers
     ).with_calibration(Calibration(agreement=agreement))
     directory = rag.config.home / "profiles"
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{rag.generator.fingerprint}.json").write_text(profile.to_json())
+    (directory / f"{rag.engine.fingerprint}.json").write_text(profile.to_json())
 
 
 def test_the_agreement_rule_stops_at_the_first_stable_answer_past_the_floor(make_rag):
@@ -172,12 +172,10 @@ def test_a_calibration_that_saves_too_few_tokens_says_so_once_and_answers_static
     rag = make_rag(augment={"stop_rule": "agreement"})
     agreement = AgreementCalibration("confidence", (0.0,), (1.0,), None, 0.05, 2, 0.0, 0.93)
     profile = generic_profile(
-        rag.generator.checkpoint.name, rag.generator.fingerprint, rag.generator.spec.num_layers
+        rag.engine.checkpoint.name, rag.engine.fingerprint, rag.engine.spec.num_layers
     ).with_calibration(Calibration(agreement=agreement))
     (rag.config.home / "profiles").mkdir(parents=True, exist_ok=True)
-    (rag.config.home / "profiles" / f"{rag.generator.fingerprint}.json").write_text(
-        profile.to_json()
-    )
+    (rag.config.home / "profiles" / f"{rag.engine.fingerprint}.json").write_text(profile.to_json())
     with caplog.at_level("INFO", logger="adarag"):
         answers = [rag.query(QUESTION, chunks=list(CHUNKS), params=PARAMS) for _ in range(2)]
     assert caplog.text.count("93% of the static top-k's prefill time") == 1
@@ -223,9 +221,9 @@ def test_chunks_that_do_not_fit_the_context_are_left_out_lowest_ranked_first(mak
     assert trace.num_dropped_chunks > 0 and "retrieved chunks (lowest-ranked first)" in caplog.text
     kept = len(chunks) - trace.num_dropped_chunks
     assert [c.text for c in answer.chunks] == chunks[:kept]
-    assert trace.num_prompt_tokens + PARAMS.max_new_tokens <= rag.generator.max_context_tokens
+    assert trace.num_prompt_tokens + PARAMS.max_new_tokens <= rag.engine.max_context_tokens
     with_one_more = rag.prompts.layout(QUESTION, chunks[: kept + 1])
-    assert with_one_more.num_tokens + PARAMS.max_new_tokens > rag.generator.max_context_tokens
+    assert with_one_more.num_tokens + PARAMS.max_new_tokens > rag.engine.max_context_tokens
 
 
 def test_a_question_that_alone_exceeds_the_context_is_a_clear_error(make_rag):
@@ -274,7 +272,7 @@ def test_a_step_whose_prefix_differs_gets_a_cache_of_its_own(make_rag):
     other = rag.layout(QUESTION, [CHUNKS[2], CHUNKS[1]], PARAMS)
     second, _, _ = augmented.fused_prefill(other, 4, first)
     assert second.kv is first.output.kv  # room enough; only the system prefix is kept
-    full = rag.generator.prefill(other, max_new_tokens=4)
+    full = rag.engine.prefill(other, max_new_tokens=4)
     assert torch.allclose(second.logits, full.logits, atol=1e-4)
 
 

@@ -73,7 +73,7 @@ def test_the_reordered_answer_is_exactly_a_full_prefill_of_the_hinted_prompt(mak
     listed = [c.text for c in stream.chunks]
     stream.answer()
     layout = rag.prompts.layout(QUESTION, listed, note=stream.trace.order_hint)
-    full = rag.generator.prefill(layout)
+    full = rag.engine.prefill(layout)
     assert stream.trace.num_prompt_tokens == layout.num_tokens
     torch.testing.assert_close(reused, full.logits, rtol=1e-4, atol=1e-4)
 

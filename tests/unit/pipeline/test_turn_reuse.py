@@ -50,9 +50,9 @@ def test_the_third_turn_computes_only_the_turn_it_adds_and_its_question(make_rag
     (joined_step,) = _converse(joined, [CHUNKS] * 3)[2][1].trace.steps
     assert joined_step.num_recomputed_tokens > step.num_recomputed_tokens
     # hard hits stored in float32 are exact: the answer is the full prefill's
-    generator = rag.generator
-    full = generator.prefill(layout, max_new_tokens=PARAMS.max_new_tokens)
-    assert answer.text == answer_text(generator, layout, full, PARAMS).strip()
+    engine = rag.engine
+    full = engine.prefill(layout, max_new_tokens=PARAMS.max_new_tokens)
+    assert answer.text == answer_text(engine, layout, full, PARAMS).strip()
 
 
 def test_turns_reused_after_other_chunks_at_ratio_one_match_a_full_prefill(make_rag):
@@ -65,12 +65,12 @@ def test_turns_reused_after_other_chunks_at_ratio_one_match_a_full_prefill(make_
     layout = rag.prompts.layout(QUESTIONS[2], chunks_per_turn[2], history)
     (step,) = answer.trace.steps
     assert "miss" not in step.tiers  # every chunk was seen in an earlier turn
-    generator = rag.generator
-    full = generator.prefill(layout, max_new_tokens=PARAMS.max_new_tokens)
-    assert answer.text == answer_text(generator, layout, full, PARAMS).strip()
+    engine = rag.engine
+    full = engine.prefill(layout, max_new_tokens=PARAMS.max_new_tokens)
+    assert answer.text == answer_text(engine, layout, full, PARAMS).strip()
     hits = rag.cache.lookup(layout.cached_segments)
     assert hits[-2].tier != "miss"  # the first turn's KV is found, though its chunks changed
-    reused = generator.prefill(
+    reused = engine.prefill(
         layout,
         [
             _source(None),

@@ -53,7 +53,7 @@ def test_calibrate_writes_an_agreement_calibration_the_pipeline_reads(tiny_check
     # the pipeline reads what calibrate wrote (from the home, by fingerprint)
     rag = AdaRAG(AdaRagConfig.build(**settings))
     (rag.config.home / "profiles").mkdir(parents=True, exist_ok=True)
-    fingerprint_path = rag.config.home / "profiles" / f"{rag.generator.fingerprint}.json"
+    fingerprint_path = rag.config.home / "profiles" / f"{rag.engine.fingerprint}.json"
     fingerprint_path.write_text(output.read_text())
     assert rag.profile.calibration.agreement == agreement
 

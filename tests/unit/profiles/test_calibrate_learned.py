@@ -109,17 +109,15 @@ def test_selector_shards_then_fits_a_profile_the_learned_rule_reads(calibrated, 
         "where did person 2 of musique live?",
         [f"person {i} lived in {t}." for i, t in enumerate(TOWNS)],
     )
-    system_kv, chunk_kvs = independent_chunks(rag.generator, layout)
+    system_kv, chunk_kvs = independent_chunks(rag.engine, layout)
     learned = RecomputeConfig(selection_policy="learned")
     at_half = reuse_sources(system_kv, chunk_kvs, 0.5)
-    plain = rag.generator.prefill(layout, at_half, selection=learned)
-    fitted = rag.generator.prefill(
-        layout, at_half, selection=learned, token_scorer=profile.selector
-    )
+    plain = rag.engine.prefill(layout, at_half, selection=learned)
+    fitted = rag.engine.prefill(layout, at_half, selection=learned, token_scorer=profile.selector)
     assert plain.num_recomputed_tokens == fitted.num_recomputed_tokens
     assert not torch.equal(plain.recomputed_positions, fitted.recomputed_positions)
-    full = rag.generator.prefill(layout)
-    at_one = rag.generator.prefill(
+    full = rag.engine.prefill(layout)
+    at_one = rag.engine.prefill(
         layout,
         reuse_sources(system_kv, chunk_kvs, 1.0),
         selection=learned,
@@ -182,7 +180,7 @@ def test_depth_records_in_shards_then_fits_a_probe_the_stop_rule_reads(
     settings["augment"] = {"stop_rule": "probe"}
     rag = AdaRAG(AdaRagConfig.build(**settings))
     probe = rag.profile.depth_probe
-    assert probe is not None and probe.layers == probe_layers(rag.generator.spec.num_layers)
+    assert probe is not None and probe.layers == probe_layers(rag.engine.spec.num_layers)
     chunks = [f"p{i} is in {t}." for i, t in enumerate(TOWNS)]
     trace = rag.query("where is p2?", chunks=chunks).trace
     assert trace.stop_reason in ("confident", "exhausted")

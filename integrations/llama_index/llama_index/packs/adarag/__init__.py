@@ -1,4 +1,4 @@
-"""adarag for LlamaIndex: AdaptiveCachedQueryEngine and the generator as an LLM."""
+"""adarag for LlamaIndex: AdaptiveCachedQueryEngine and the engine as an LLM."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""adarag's local generator as a LlamaIndex LLM: complete, chat and streaming, really async."""
+"""adarag's local engine as a LlamaIndex LLM: complete, chat and streaming, really async."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class AdaRagLLM(CustomLLM):
     @property
     def metadata(self) -> LLMMetadata:
         """Context window, output cap and model name."""
-        spec = self._rag.generator.spec
+        spec = self._rag.engine.spec
         return LLMMetadata(
             context_window=self.config.engine.max_context_tokens or spec.max_position_embeddings,
             num_output=self.max_new_tokens,

@@ -50,9 +50,9 @@ class Engine:
     """Fused prefills, chunk KV, logit-lens signals and decoding over one loaded model.
 
     Example:
-        >>> generator = Engine.load(EngineConfig(), KernelConfig(), home)
-        >>> output = generator.prefill(layout, max_new_tokens=16)
-        >>> tokens = list(generator.decode_tokens(layout, output, GenerationParams()))
+        >>> engine = Engine.load(EngineConfig(), KernelConfig(), home)
+        >>> output = engine.prefill(layout, max_new_tokens=16)
+        >>> tokens = list(engine.decode_tokens(layout, output, GenerationParams()))
 
     Args:
         checkpoint: The checkpoint the model was loaded from.
@@ -92,7 +92,7 @@ class Engine:
             kernels: The kernels' settings.
             home: Where provisioned checkpoints live.
             backends: How to start each backend other than ``"torch"``, by name
-                (``adarag.pipeline.backends.load_generator`` passes them all).
+                (``adarag.pipeline.backends.load_engine`` passes them all).
 
         Raises:
             ConfigError: ``engine.backend`` is not ``"torch"`` and ``backends`` cannot start it.
@@ -105,7 +105,7 @@ class Engine:
             if start_backend is None:
                 raise ConfigError(
                     f"engine.backend={engine.backend!r} is started by the pipeline; load the "
-                    "generator with adarag.pipeline.backends.load_generator (or through AdaRAG)"
+                    "engine with adarag.pipeline.backends.load_engine (or through AdaRAG)"
                 )
         if engine.num_threads is not None:
             # Before vLLM starts: its CPU worker then disables torch.set_num_threads.
@@ -120,10 +120,10 @@ class Engine:
             model, decoder = start_backend(
                 checkpoint, engine, max_context, eos_token_ids(checkpoint)
             )
-            generator = cls(checkpoint, model, Runner(model, engine, kernels), decoder, max_context)
+            loaded = cls(checkpoint, model, Runner(model, engine, kernels), decoder, max_context)
         else:
             model = load_model(checkpoint.path, spec, getattr(torch, engine.dtype), engine.device)
-            generator = cls.for_model(checkpoint, model, engine, kernels)
+            loaded = cls.for_model(checkpoint, model, engine, kernels)
         logger.info(
             "loaded %s (%s, %d layers, %s) in %.1f s",
             checkpoint.name,
@@ -132,7 +132,7 @@ class Engine:
             engine.backend,
             time.perf_counter() - started,
         )
-        return generator
+        return loaded
 
     @classmethod
     def for_model(
