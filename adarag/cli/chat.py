@@ -17,7 +17,7 @@ from adarag.cli.options import (
 )
 from adarag.conversation import Conversation
 from adarag.pipeline import AdaRAG
-from adarag.pipeline.stream import AnswerStream
+from adarag.pipeline.answer_stream import AnswerStream
 from adarag.schema import GenerationParams
 
 HELP = "chat with the knowledge base; each answer shows its sources, TTFT and cache tiers"

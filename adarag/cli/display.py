@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
-from adarag.pipeline.stream import AnswerStream
+from adarag.pipeline.answer_stream import AnswerStream
 from adarag.schema import Answer, Chunk
 
 

@@ -43,9 +43,9 @@ from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.kv import ChunkKV
 from adarag.pipeline import AdaRAG
+from adarag.pipeline.answer_stream import decode_text
 from adarag.pipeline.fusion_warm import ChunkFuser
 from adarag.pipeline.learned import LearnedControls, learned_controls
-from adarag.pipeline.stream import decode_text
 from adarag.profiles import ModelProfile
 from adarag.retrievers.base import Retriever
 from adarag.schema import Chunk, GenerationParams, PromptLayout

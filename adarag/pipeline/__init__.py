@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from adarag.pipeline.answer_stream import NO_CONTEXT_ANSWER, AnswerStream, AsyncAnswerStream
 from adarag.pipeline.prompt import CITATION_KEY, cited_numbers, retrieval_query
 from adarag.pipeline.rag import AdaRAG
 from adarag.pipeline.request import Request
-from adarag.pipeline.stream import NO_CONTEXT_ANSWER, AnswerStream, AsyncAnswerStream
 from adarag.pipeline.views import CacheReport
 
 __all__ = [

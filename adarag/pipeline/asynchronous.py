@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 
+from adarag.pipeline.answer_stream import AnswerStream, AsyncAnswerStream
 from adarag.pipeline.prompt import Turn
 from adarag.pipeline.request import Request
-from adarag.pipeline.stream import AnswerStream, AsyncAnswerStream
 from adarag.schema import Answer, Chunk, GenerationParams
 
 

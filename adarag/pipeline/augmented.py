@@ -11,7 +11,11 @@ import logging
 
 from adarag.augment import stop_rules
 from adarag.config import AugmentConfig, AugmentLevers
-from adarag.pipeline.controller import build_controller, fitted_stops, static_fallback_message
+from adarag.pipeline.augmentation_control import (
+    build_controller,
+    fitted_stops,
+    static_fallback_message,
+)
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.profiles.model_profile import ModelProfile

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from adarag.engine.core import Engine
 from adarag.errors import InputError
+from adarag.pipeline.answer_stream import DecodeSteps, PreparedAnswer, decode_text
 from adarag.pipeline.prompt import PromptBuilder
-from adarag.pipeline.stream import DecodeSteps, PreparedAnswer, decode_text
 from adarag.schema import GenerationParams, PromptLayout, QueryTrace, StepTrace
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from adarag.config import AdaRagConfig
 from adarag.engine.core import Engine
+from adarag.pipeline.answer_stream import AnswerStream, DecodeSteps
 from adarag.pipeline.asynchronous import AsyncAnswering
 from adarag.pipeline.augmented import augmented_prefill
 from adarag.pipeline.context import required, retrieve, top_k_chunks
@@ -18,7 +19,6 @@ from adarag.pipeline.request import Request, prepare_answer, standalone_question
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.schedule import schedule_requests
 from adarag.pipeline.steps import AugmentedPrefill
-from adarag.pipeline.stream import AnswerStream, DecodeSteps
 from adarag.pipeline.views import ResourceViews
 from adarag.pipeline.warm import warm_chunks
 from adarag.policies import policy_config

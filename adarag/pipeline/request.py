@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from adarag.config import ChatConfig
+from adarag.pipeline.answer_stream import PreparedAnswer, no_context
 from adarag.pipeline.context import as_chunks, check_question, numbered, request_context
 from adarag.pipeline.prompt import Turn, condense_prompt, retrieval_query
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
-from adarag.pipeline.stream import PreparedAnswer, no_context
 from adarag.schema import Chunk, GenerationParams
 
 # the records keep the name of the pipeline's logger

@@ -29,8 +29,8 @@ from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.core import Engine
 from adarag.engine.routing import ROUTING_FEATURES
 from adarag.kv import ChunkKV
+from adarag.pipeline.answer_stream import PreparedAnswer, decode_text
 from adarag.pipeline.learned import LearnedControls
-from adarag.pipeline.stream import PreparedAnswer, decode_text
 from adarag.schema import (
     Chunk,
     GenerationParams,

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adarag.pipeline.stream import NO_CONTEXT_ANSWER
+from adarag.pipeline.answer_stream import NO_CONTEXT_ANSWER
 from adarag.schema import GenerationParams, Seed
 
 Turn = tuple[str, str]

@@ -16,7 +16,7 @@ from adarag.cli.ingest import ingest_and_warm
 from adarag.cli.options import build_config, open_knowledge_base
 from adarag.config import RetrievalConfig
 from adarag.errors import KnowledgeBaseError
-from adarag.pipeline.stream import NO_CONTEXT_ANSWER
+from adarag.pipeline.answer_stream import NO_CONTEXT_ANSWER
 from adarag.retrievers import KnowledgeBase
 from adarag.schema import Chunk, GenerationParams
 from tests.integration.conftest import (

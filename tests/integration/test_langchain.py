@@ -39,7 +39,7 @@ from langchain_tests.integration_tests import (  # noqa: E402
 )
 
 from adarag import InputError  # noqa: E402
-from adarag.pipeline.stream import NO_CONTEXT_ANSWER  # noqa: E402
+from adarag.pipeline.answer_stream import NO_CONTEXT_ANSWER  # noqa: E402
 from adarag.retrievers import SentenceEmbedder  # noqa: E402
 from tests.integration.conftest import (  # noqa: E402
     FILM_QUESTION,

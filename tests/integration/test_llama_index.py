@@ -39,7 +39,7 @@ from llama_index.packs.adarag import (  # noqa: E402
 from llama_index.vector_stores.chroma import ChromaVectorStore  # noqa: E402
 
 from adarag import ConfigError  # noqa: E402
-from adarag.pipeline.stream import NO_CONTEXT_ANSWER  # noqa: E402
+from adarag.pipeline.answer_stream import NO_CONTEXT_ANSWER  # noqa: E402
 from tests.integration.conftest import (  # noqa: E402
     FILM_QUESTION,
     LOTHAIR_QUESTION,

@@ -31,7 +31,7 @@ from adarag import AdaRAG, Chunk, MemoryRetriever
 from adarag.cli import main as cli_main
 from adarag.config import SECRET_FIELDS, AdaRagConfig, RetrievalConfig
 from adarag.errors import AdaRagError, ConfigError, InputError, ModelLoadError
-from adarag.pipeline.stream import NO_CONTEXT_ANSWER
+from adarag.pipeline.answer_stream import NO_CONTEXT_ANSWER
 from adarag.retrievers.chunking import read_source_file
 from adarag.schema import GenerationParams
 

@@ -15,7 +15,7 @@ from adarag.augment.step_cost import StepCostModel
 from adarag.errors import InputError
 from adarag.evaluation.metrics import best_f1, exact_match, token_f1
 from adarag.pipeline import AdaRAG
-from adarag.pipeline.stream import decode_text
+from adarag.pipeline.answer_stream import decode_text
 from adarag.schema import GenerationParams, PromptLayout, StepTrace
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.fitted import FittedModel
 from adarag.pipeline import AdaRAG
-from adarag.pipeline.stream import decode_text
+from adarag.pipeline.answer_stream import decode_text
 from adarag.profiles.learned import LadderCalibration
 from adarag.schema import GenerationParams
 

@@ -42,7 +42,7 @@ from adarag.evaluation.output_oracle import AnswerLoss, oracle_ranking
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.pipeline import AdaRAG
-from adarag.pipeline.stream import decode_text
+from adarag.pipeline.answer_stream import decode_text
 from adarag.schema import GenerationParams
 
 logger = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from adarag.engine.core import Engine
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.kv import ChunkKV
 from adarag.pipeline import backends
+from adarag.pipeline.answer_stream import decode_text
 from adarag.pipeline.prompt import PromptBuilder
-from adarag.pipeline.stream import decode_text
 from adarag.schema import GenerationParams, PromptLayout
 
 CHUNKS = (

@@ -10,7 +10,7 @@ import torch
 from adarag import AdaRAG, Chunk, MemoryRetriever
 from adarag.config import AdaRagConfig
 from adarag.errors import ConfigError, InputError
-from adarag.pipeline.stream import NO_CONTEXT_ANSWER
+from adarag.pipeline.answer_stream import NO_CONTEXT_ANSWER
 from adarag.profiles import generic_profile
 from adarag.profiles.model_profile import AgreementCalibration, Calibration
 from adarag.schema import GenerationParams

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from adarag.pipeline.stream import NO_CONTEXT_ANSWER
+from adarag.pipeline.answer_stream import NO_CONTEXT_ANSWER
 from adarag.serve.errors import QueueFullError, RequestTimeoutError, ShuttingDownError
 from adarag.serve.protocol import ChatCompletionRequest
 from adarag.serve.scheduler import EngineSlots, EngineWorker
