@@ -130,11 +130,11 @@ def build_engines(
     return engines, hf_model, reference_model
 
 
-def random_layout(num_tokens: int, chunk_tokens: int, engine: torch.Generator) -> PromptLayout:
+def random_layout(num_tokens: int, chunk_tokens: int, rng: torch.Generator) -> PromptLayout:
     """System prefix, chunks and query suffix of random ids, ``num_tokens`` in all."""
 
     def ids(count: int) -> tuple[int, ...]:
-        return tuple(torch.randint(1000, 128000, (count,), engine=engine).tolist())
+        return tuple(torch.randint(1000, 128000, (count,), generator=rng).tolist())
 
     num_chunks = max(1, (num_tokens - SYSTEM_TOKENS - QUERY_TOKENS) // chunk_tokens)
     return PromptLayout(

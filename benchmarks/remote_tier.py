@@ -158,7 +158,7 @@ def main() -> None:
         url = f"redis://127.0.0.1:{server.port}/0"
         report_a = warm_in_process_a(base, root, url, passages)
         engine = AdaRAG(base).engine
-        probe = AdaRAG(config_for(base, root / "probe", url), engine=engine)
+        probe = AdaRAG(config_for(base, root / "probe", url), loaded_engine=engine)
         layouts = [probe.prompts.layout(question, chunks) for question, chunks in questions]
         overhead = lookup_overhead(
             probe, url, root / "a" / probe.kv_namespace, layouts, args.repeats
@@ -169,13 +169,15 @@ def main() -> None:
         for idx, (question, chunks) in enumerate(questions):
             row: dict[str, Any] = {"question": idx}
             # interleaved per question, so machine noise hits the variants alike
-            recompute = AdaRAG(config_for(base, root / f"recompute-{idx}", None), engine=engine)
+            recompute = AdaRAG(
+                config_for(base, root / f"recompute-{idx}", None), loaded_engine=engine
+            )
             answer = recompute.query(question, chunks=chunks, params=PARAMS)
             row["recompute_ttft_s"], row["recompute_tiers"] = (
                 answer.trace.ttft_s,
                 answer.trace.steps[-1].tiers,
             )
-            shared = AdaRAG(config_for(base, root / f"shared-{idx}", url), engine=engine)
+            shared = AdaRAG(config_for(base, root / f"shared-{idx}", url), loaded_engine=engine)
             answer = shared.query(question, chunks=chunks, params=PARAMS)
             stats = shared.cache_stats()
             assert stats.tiers.hits["miss"] == 0, "a chunk was computed in process B"
@@ -191,7 +193,7 @@ def main() -> None:
             shared_hits += stats.store.remote_hits
             local_directory = root / f"local-{idx}"
             shutil.copytree(root / "a", local_directory)  # process A's files, untimed
-            local = AdaRAG(config_for(base, local_directory, None), engine=engine)
+            local = AdaRAG(config_for(base, local_directory, None), loaded_engine=engine)
             answer = local.query(question, chunks=chunks, params=PARAMS)
             row["local_ttft_s"], row["local_tiers"] = (
                 answer.trace.ttft_s,

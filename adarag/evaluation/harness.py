@@ -84,7 +84,7 @@ class BenchRunner:
         """Precompute every chunk's independent KV once (the ingest path); returns how many."""
         home = self.work_dir / "ingest"
         config = AdaRagConfig.build(self.base_config, home=home)
-        rag = AdaRAG(config, engine=self.engine)
+        rag = AdaRAG(config, loaded_engine=self.engine)
         count = rag.warm(distinct_chunks(questions))
         self._ingest_dir = rag.kv_directory
         return count
@@ -145,7 +145,7 @@ class BenchRunner:
     def _pipeline(self, policy: Policy, questions: Sequence[BenchQuestion], home: Path) -> AdaRAG:
         """``policy``'s pipeline in a fresh ``home``, its cache starting from the ingest."""
         shutil.rmtree(home, ignore_errors=True)
-        rag = AdaRAG(policy.config(self.base_config, home=home), engine=self.engine)
+        rag = AdaRAG(policy.config(self.base_config, home=home), loaded_engine=self.engine)
         kv_dir = rag.kv_directory
         kv_dir.mkdir(parents=True)
         if policy.uses_independent_tier and self._ingest_dir is not None:

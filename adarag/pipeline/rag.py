@@ -59,7 +59,8 @@ class AdaRAG(ResourceViews, AsyncAnswering):
     Args:
         config: The configuration; defaults when None.
         retriever: Where chunks come from when a call passes none.
-        engine: A ready engine (shares its weights); built from ``config`` when None.
+        loaded_engine: A ready engine (shares its weights); built from ``config`` when None
+            (``engine`` names the configuration's section).
         engine_lock: The lock serialising engine work, shared with other pipelines that drive
             the same engine; a new one when None (see :meth:`with_config`).
         **overrides: Config overrides, e.g. ``cache={"soft": {"recompute_ratio": 0.05}}``.
@@ -70,12 +71,12 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         config: AdaRagConfig | None = None,
         *,
         retriever: Retriever | None = None,
-        engine: Engine | None = None,
+        loaded_engine: Engine | None = None,
         engine_lock: threading.RLock | None = None,
         **overrides: Any,
     ) -> None:
         built = AdaRagConfig.build(config, **overrides) if overrides else config
-        self._resources = Resources(built or AdaRagConfig(), engine, engine_lock)
+        self._resources = Resources(built or AdaRagConfig(), loaded_engine, engine_lock)
         self.retriever = retriever
         self._augmentation: AugmentedPrefill | None = None
 
@@ -86,7 +87,7 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         config: AdaRagConfig | None = None,
         *,
         retriever: Retriever | None = None,
-        engine: Engine | None = None,
+        loaded_engine: Engine | None = None,
         **overrides: Any,
     ) -> AdaRAG:
         """A pipeline configured by a named policy (``adarag.policies.POLICIES``).
@@ -99,14 +100,15 @@ class AdaRAG(ResourceViews, AsyncAnswering):
             name: The policy, e.g. ``"adacache"``, ``"cacheblend"``, ``"fusionrag"``.
             config: The configuration the policy's overrides apply to; defaults when None.
             retriever: Where chunks come from when a call passes none.
-            engine: A ready engine (shares its weights); built from the config when None.
+            loaded_engine: A ready engine (shares its weights); built from the config when None.
             **overrides: Config overrides applied over the policy's.
 
         Raises:
             ConfigError: No policy has that name (the message lists the known ones), or an
                 override is invalid.
         """
-        return cls(policy_config(name, config, **overrides), retriever=retriever, engine=engine)
+        config = policy_config(name, config, **overrides)
+        return cls(config, retriever=retriever, loaded_engine=loaded_engine)
 
     def with_config(self, **overrides: Any) -> AdaRAG:
         """A pipeline with config overrides that shares this one's engine and engine lock.

@@ -63,7 +63,7 @@ def _config(real_config, directory: Path, url: str | None) -> AdaRagConfig:
 
 
 def _pipeline(real_config, engine, directory: Path, url: str | None) -> AdaRAG:
-    return AdaRAG(_config(real_config, directory, url), engine=engine)
+    return AdaRAG(_config(real_config, directory, url), loaded_engine=engine)
 
 
 @pytest.fixture(scope="module")

@@ -139,7 +139,7 @@ def test_prefix_cache_never_serves_fused_blocks_to_plain_requests(vllm_engine, l
 
 def test_pipeline_answers_on_the_vllm_backend_and_stops_early(vllm_engine, real_config, record):
     passages = [p["text"] for p in record["passages"][:2]]
-    rag = AdaRAG(real_config, engine=vllm_engine)
+    rag = AdaRAG(real_config, loaded_engine=vllm_engine)
     answer = rag.query(record["question"], chunks=passages, params=GREEDY)
     assert answer.text and answer.trace.num_recomputed_tokens < answer.trace.num_prompt_tokens
     stop_at_space = GREEDY.model_copy(update={"stop": (" ",)})
@@ -163,7 +163,7 @@ def test_ragboost_reorders_to_the_cached_prefix_on_the_vllm_backend(
 
     passages = [p["text"] for p in record["passages"][:3]]
     config = AdaRagConfig.build(real_config, **POLICIES["ragboost"].overrides)
-    rag = AdaRAG(config, engine=vllm_engine)
+    rag = AdaRAG(config, loaded_engine=vllm_engine)
     rag.query(record["question"], chunks=passages[:2], params=GREEDY)
     answer = rag.query(record["question"], chunks=[passages[2], passages[1], passages[0]])
     assert [c.text for c in answer.chunks] == [passages[0], passages[1], passages[2]]

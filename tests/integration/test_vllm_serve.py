@@ -126,7 +126,7 @@ def test_missing_fused_kv_falls_back_to_vllm_prefill(
 
 def test_pipeline_answers_through_vllm_serve(front_end, real_config, record, server):
     passages = [p["text"] for p in record["passages"][:2]]
-    rag = AdaRAG(real_config, engine=front_end)
+    rag = AdaRAG(real_config, loaded_engine=front_end)
     answer = rag.query(record["question"], chunks=passages, params=GREEDY)
     assert answer.text and answer.trace.num_recomputed_tokens < answer.trace.num_prompt_tokens
     stop_at_space = GREEDY.model_copy(update={"stop": (" ",)})
@@ -226,7 +226,7 @@ def test_adarag_serve_in_front_of_vllm_serve_answers_openai_clients(
     question = "When did Lothair II's mother die?"
     store = {**EXACT_STORE, "directory": str(server[1].parent / "kv")}
     config = AdaRagConfig.build(kb_config, cache={**EXACT_TIERS, "store": store})
-    rag = AdaRAG(config, engine=front_end, retriever=knowledge_base)
+    rag = AdaRAG(config, loaded_engine=front_end, retriever=knowledge_base)
     layout = rag.layout(question, rag.retrieve(question), GREEDY)
     alone = front_end.decoder.generate(layout.token_ids, GREEDY, cache_salt=uuid.uuid4().hex)
     expected = front_end.tokenizer.decode(list(alone), skip_special_tokens=True).strip()

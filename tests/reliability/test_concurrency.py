@@ -50,7 +50,9 @@ def make_rag(tiny_checkpoints, tiny_config, tmp_path: Path):
         cache = {**EXACT_TIERS, "store": {**EXACT_STORE, "directory": str(tmp_path / f"kv-{name}")}}
         config = tiny_config(tiny_checkpoints["llama"], cache=cache, augment=STEPWISE, **overrides)
         engine = loaded[0].engine if loaded else None
-        rag = AdaRAG(config, retriever=MemoryRetriever([Chunk(t) for t in POOL]), engine=engine)
+        rag = AdaRAG(
+            config, retriever=MemoryRetriever([Chunk(t) for t in POOL]), loaded_engine=engine
+        )
         loaded.append(rag)
         return rag
 
@@ -229,7 +231,7 @@ def test_sixteen_threads_on_the_real_model_answer_as_a_serial_run(real_config, t
 
     def make(name: str, engine=None) -> AdaRAG:
         cache = {**EXACT_TIERS, "store": {**EXACT_STORE, "directory": str(tmp_path / name)}}
-        rag = AdaRAG(real_config, engine=engine, cache=cache, augment={"enabled": False})
+        rag = AdaRAG(real_config, loaded_engine=engine, cache=cache, augment={"enabled": False})
         rag.warm(REAL_CHUNKS)
         return rag
 

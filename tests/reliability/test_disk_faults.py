@@ -80,7 +80,7 @@ def pipelines(engine, tiny_checkpoints, tiny_config, tmp_path):
                 augment=STATIC,
                 cache={"store": {"directory": str(directory), "storage_dtype": "float32"}},
             )
-            return AdaRAG(config, engine=engine)
+            return AdaRAG(config, loaded_engine=engine)
 
         yield make, mountpoint
 

@@ -60,7 +60,7 @@ def test_an_entry_with_an_absurd_start_position_is_dropped_from_every_tier(
     config = tiny_config(
         tiny_checkpoints["llama"], augment={"enabled": False}, cache={"store": store}
     )
-    clean = AdaRAG(config, engine=engine)
+    clean = AdaRAG(config, loaded_engine=engine)
     clean.warm(CHUNKS)
     keys = clean.cache.keys([clean.prompts.chunk_ids(CHUNKS[0])])
     client = client_of(server)
@@ -72,7 +72,7 @@ def test_an_entry_with_an_absurd_start_position_is_dropped_from_every_tier(
         name, save(tensors, metadata={**metadata, "checksum": entry_checksum(metadata, tensors)})
     )
 
-    rag = AdaRAG(config, engine=engine)
+    rag = AdaRAG(config, loaded_engine=engine)
     answers, errors = [], []
     for _ in range(2):
         try:
@@ -82,7 +82,7 @@ def test_an_entry_with_an_absurd_start_position_is_dropped_from_every_tier(
             errors.append(err)
     dropped = not client.exists(name) or client.get(name) != genuine  # gone, or rewritten
     client.set(name, genuine)  # the value fixed on the server
-    fresh = AdaRAG(config, engine=engine).query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
+    fresh = AdaRAG(config, loaded_engine=engine).query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
     ledger.record(
         "shared-tier entry with an absurd start position",
         cases=2,

@@ -68,8 +68,8 @@ def clean_answer(engine, tiny_checkpoints, tmp_path_factory):
         augment=STATIC,
         experimental={"augment": {"num_lens_layers": 2}},
     )
-    AdaRAG(config, engine=engine).warm(CHUNKS)
-    return _answer(AdaRAG(config, engine=engine))
+    AdaRAG(config, loaded_engine=engine).warm(CHUNKS)
+    return _answer(AdaRAG(config, loaded_engine=engine))
 
 
 def _answer(rag: AdaRAG) -> tuple[str, tuple[str, ...]]:
@@ -84,7 +84,7 @@ def _entry_id(rag: AdaRAG, chunk: str) -> str:
 
 def _make(engine, tiny_checkpoints, tiny_config, **store):
     config = tiny_config(tiny_checkpoints["llama"], augment=STATIC, cache={"store": store})
-    return AdaRAG(config, engine=engine)
+    return AdaRAG(config, loaded_engine=engine)
 
 
 @pytest.mark.parametrize("signing", [True, False], ids=["signing on", "signing off"])

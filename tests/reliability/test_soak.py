@@ -86,7 +86,7 @@ def make_pipeline(tiny_checkpoints, tiny_config, directory: Path, engine=None) -
         tiny_checkpoints["llama"], cache={**EXACT_TIERS, "store": store}, augment=STEPWISE
     )
     retriever = MemoryRetriever([Chunk(text) for text in POOL])
-    return AdaRAG(config, retriever=retriever, engine=engine)
+    return AdaRAG(config, retriever=retriever, loaded_engine=engine)
 
 
 def full_text(rag: AdaRAG, job: Job) -> str:

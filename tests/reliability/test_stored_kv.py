@@ -181,7 +181,7 @@ def engine(tiny_checkpoints, tmp_path_factory):
 @pytest.fixture()
 def make(engine, tiny_checkpoints, tiny_config):
     config = tiny_config(tiny_checkpoints["llama"], augment=STATIC)
-    return lambda: AdaRAG(config, engine=engine)
+    return lambda: AdaRAG(config, loaded_engine=engine)
 
 
 def _answer(rag: AdaRAG) -> tuple[str, tuple[str, ...]]:
@@ -202,9 +202,9 @@ def clean_answer(engine, tiny_checkpoints, tmp_path_factory):
         augment=STATIC,
         experimental={"augment": {"num_lens_layers": 2}},
     )
-    rag = AdaRAG(config, engine=engine)
+    rag = AdaRAG(config, loaded_engine=engine)
     rag.warm(CHUNKS)
-    return _answer(AdaRAG(config, engine=engine))
+    return _answer(AdaRAG(config, loaded_engine=engine))
 
 
 def test_the_undamaged_store_serves_every_chunk(make, clean_answer):

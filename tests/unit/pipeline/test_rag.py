@@ -304,3 +304,13 @@ def test_a_new_stop_rule_is_one_module_and_one_registry_line(make_rag, monkeypat
     monkeypatch.undo()
     with pytest.raises(KeyError):
         AdaRAG(base.model_copy(update={"augment": augment})).query(QUESTION, chunks=CHUNKS)
+
+
+def test_engine_overrides_its_config_section_and_a_loaded_engine_is_shared(
+    tiny_checkpoints, tiny_config
+):
+    rag = AdaRAG(tiny_config(tiny_checkpoints["llama"]), engine={"batch_decode": True})
+    assert rag.config.engine.batch_decode
+    shared = AdaRAG(rag.config, loaded_engine=rag.engine)
+    assert shared.engine is rag.engine
+    assert AdaRAG(rag.config).engine is not rag.engine

@@ -133,7 +133,7 @@ def test_corrupted_cache_file_is_recomputed_and_the_answer_still_comes(
     assert files
     for path in files:
         path.write_bytes(path.read_bytes()[:100])
-    fresh = AdaRAG(rag.config, engine=rag.engine)
+    fresh = AdaRAG(rag.config, loaded_engine=rag.engine)
     again = fresh.query(QUESTION, chunks=list(CHUNKS))
     assert "corrupted KV cache file" in caplog.text
     assert again.trace.steps[0].tiers == ("miss", "miss", "miss")
