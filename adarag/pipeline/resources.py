@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
+from typing import TypeVar
 
 from adarag.cache.codec import TokenLayout
 from adarag.cache.store import LayeredKVStore
@@ -26,6 +28,8 @@ from adarag.pipeline.learned import LearnedControls, learned_controls
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.profiles import ModelProfile, find_profile, generic_profile
 from adarag.schema import PromptLayout
+
+T = TypeVar("T")
 
 # the records keep the name of the pipeline's logger
 logger = logging.getLogger("adarag.pipeline.rag")
@@ -55,47 +59,55 @@ class Resources:
         self._profile: ModelProfile | None = None
         self._learned: LearnedControls | None = None
 
+    def _once(self, attribute: str, build: Callable[[], T]) -> T:
+        """``self.<attribute>``, built on first use under the engine lock.
+
+        Requests arriving together on a fresh pipeline must share one engine, profile and cache.
+        """
+        value = getattr(self, attribute)
+        if value is None:
+            with self.engine_lock:
+                value = getattr(self, attribute)
+                if value is None:
+                    value = build()
+                    setattr(self, attribute, value)
+        return value
+
     @property
     def engine(self) -> Engine:
         """The backend engine (loaded on first use)."""
-        if self._engine is None:
-            with self.engine_lock:
-                if self._engine is None:
-                    config = self.config
-                    self._engine = load_engine(config.engine, config.kernels, config.home)
-        return self._engine
+        config = self.config
+        return self._once(
+            "_engine", lambda: load_engine(config.engine, config.kernels, config.home)
+        )
 
     @property
     def profile(self) -> ModelProfile:
         """The model's attention-sink profile and calibration (generic when never profiled)."""
-        if self._profile is None:
-            engine = self.engine
-            with self.engine_lock:  # first use may come from several threads at once
-                if self._profile is None:
-                    checkpoint, home = engine.checkpoint, self.config.home
-                    name, num_layers = checkpoint.name, engine.spec.num_layers
-                    found = find_profile(
-                        name,
-                        engine.fingerprint,
-                        num_layers,
-                        [home / "profiles"],
-                        lambda: checkpoint.weights_fingerprint(home / HASH_CACHE_FILE),
-                    )
-                    if found is None:
-                        logger.warning("no attention profile for %s; run `adarag profile`", name)
-                        found = generic_profile(name, engine.fingerprint, num_layers)
-                    self._profile = found
-        return self._profile
+        return self._once("_profile", self._find_profile)
+
+    def _find_profile(self) -> ModelProfile:
+        engine, home = self.engine, self.config.home
+        checkpoint = engine.checkpoint
+        name, num_layers = checkpoint.name, engine.spec.num_layers
+        found = find_profile(
+            name,
+            engine.fingerprint,
+            num_layers,
+            [home / "profiles"],
+            lambda: checkpoint.weights_fingerprint(home / HASH_CACHE_FILE),
+        )
+        if found is None:
+            logger.warning("no attention profile for %s; run `adarag profile`", name)
+            found = generic_profile(name, engine.fingerprint, num_layers)
+        return found
 
     @property
     def learned(self) -> LearnedControls:
         """The profile's learned controls this config asks for (resolved, and logged, once)."""
-        if self._learned is None:
-            profile = self.profile
-            with self.engine_lock:
-                if self._learned is None:
-                    self._learned = learned_controls(self.config.cache.recompute, profile)
-        return self._learned
+        return self._once(
+            "_learned", lambda: learned_controls(self.config.cache.recompute, self.profile)
+        )
 
     @property
     def kv_namespace(self) -> str:
@@ -105,22 +117,23 @@ class Resources:
 
     @property
     def cache(self) -> TieredCache:
-        """The three-tier chunk-KV cache of this model (opened on first use)."""
-        if self._cache is None:
-            # Under the lock: requests arriving together on a fresh pipeline must share one
-            # cache (and one store), or the entries and counts of all but one are lost.
-            with self.engine_lock:
-                if self._cache is None:
-                    self._cache = TieredCache(
-                        self.config.cache,
-                        self.open_store(),
-                        self.kv_namespace,
-                        self.prompts.system_ids,
-                        self.profile.sink_chunk_idx,
-                        self._variants,
-                        self.config.experimental,
-                    )
-        return self._cache
+        """The three-tier chunk-KV cache of this model (opened on first use).
+
+        One per pipeline: otherwise the entries and counts of all but one of the requests that
+        arrived together first would be lost.
+        """
+        return self._once(
+            "_cache",
+            lambda: TieredCache(
+                self.config.cache,
+                self.open_store(),
+                self.kv_namespace,
+                self.prompts.system_ids,
+                self.profile.sink_chunk_idx,
+                self._variants,
+                self.config.experimental,
+            ),
+        )
 
     @property
     def opened_cache(self) -> TieredCache | None:
