@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -15,10 +16,12 @@ from adarag.evaluation.machine import machine
 from adarag.evaluation.workload import DATA_DIR_ENV, DEFAULT_DATA_DIR
 
 __all__ = [
+    "CACHE",
     "DEFAULT_DATA_DIR",
     "machine",
     "load_jsonl",
     "musique_prompts",
+    "rows_dir",
     "timed",
     "summary",
     "write_results",
@@ -26,6 +29,21 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+CACHE = Path(os.environ.get("ADARAG_BENCH_CACHE", Path.home() / ".cache" / "adarag-bench"))
+"""What the repository does not keep: per-question rows (so a long run resumes), retrieved
+chunks, probe records. ``$ADARAG_BENCH_CACHE``, else ``~/.cache/adarag-bench``."""
+
+
+def rows_dir(output: Path) -> Path:
+    """Where the per-question rows of the results written under ``output`` go.
+
+    The same path under :data:`CACHE` for a folder of ``benchmarks/results``; ``output`` itself
+    for a folder elsewhere.
+    """
+    try:
+        return CACHE / output.resolve().relative_to(RESULTS)
+    except ValueError:
+        return output
 
 
 def load_jsonl(name: str, data_dir: Path | None = None, limit: int | None = None) -> list[dict]:
@@ -93,15 +111,18 @@ def load_summary(results: list[dict], clients: int, wall_s: float, tokens: int) 
 
 
 def write_results(
-    name: str, payload: Any, table: str, *, directory: Path = RESULTS, indent: int = 2
+    name: str, payload: Any, table: str | None, *, directory: Path = RESULTS, indent: int = 2
 ) -> None:
     """Write ``<directory>/<name>.json`` (``payload``) and ``<directory>/<name>.md`` (``table``).
 
-    ``directory`` is ``benchmarks/results`` unless a script writes under its ``--output``.
+    A None ``payload`` or ``table`` writes no file of that kind. ``directory`` is
+    ``benchmarks/results`` unless a script writes under a folder of it or its ``--output``.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{name}.json").write_text(json.dumps(payload, indent=indent) + "\n")
-    (directory / f"{name}.md").write_text(table + "\n")
+    if payload is not None:
+        (directory / f"{name}.json").write_text(json.dumps(payload, indent=indent) + "\n")
+    if table is not None:
+        (directory / f"{name}.md").write_text(table + "\n")
 
 
 class ChildWorker:

@@ -13,7 +13,7 @@ import argparse
 import json
 
 from common import write_results
-from depth_pareto import CACHE, MAX_K, hard_tier_pipeline
+from depth import CACHE, MAX_K, hard_tier_pipeline
 from step_cost import steps
 
 from adarag.evaluation.machine import describe_machine, machine

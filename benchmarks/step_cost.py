@@ -1,6 +1,6 @@
 """What one augmentation step costs, with and without prefilling into the previous step's KV.
 
-Each question's 12 steps (its top-12 chunks from ``depth_pareto.py retrieve``: step k finds
+Each question's 12 steps (its top-12 chunks from ``depth.py retrieve``: step k finds
 chunks 1..k-1 in the hard tier, computes chunk k and the question) run twice in one process,
 ``augment.reuse_step_kv`` off and on, in alternating order. A step's time is its whole wall time:
 tier lookup, fused prefill, lens check and write-back. The fit ``fixed + per_token x processed``
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from common import machine, write_results
-from depth_pareto import CACHE, MAX_K, hard_tier_pipeline
+from depth import CACHE, MAX_K, hard_tier_pipeline
 
 from adarag import AdaRAG
 from adarag.augment.step_cost import StepCostModel
