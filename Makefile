@@ -71,7 +71,7 @@ lint: install
 bench: install
 	$(BIN)/python benchmarks/engine_ttft.py --vllm
 	$(BIN)/python benchmarks/tier_deviation.py
-	$(BIN)/python benchmarks/confidence_cost.py
+	$(BIN)/python benchmarks/augmentation_cost.py confidence
 	$(BIN)/python benchmarks/vllm_ttft.py
 	$(BIN)/python benchmarks/sustained_traffic.py
 	$(BIN)/adarag bench --dataset musique hotpotqa 2wikimqa --offset 20 --top-k-sweep 2 4 8 \
