@@ -70,7 +70,7 @@ lint: install
 
 bench: install
 	$(BIN)/python benchmarks/engine_ttft.py --vllm
-	$(BIN)/python benchmarks/tier_deviation.py
+	$(BIN)/python benchmarks/fidelity.py tiers
 	$(BIN)/python benchmarks/augmentation_cost.py confidence
 	$(BIN)/python benchmarks/vllm_ttft.py
 	$(BIN)/python benchmarks/sustained_traffic.py
