@@ -69,7 +69,7 @@ lint: install
 	$(BIN)/mypy adarag
 
 bench: install
-	$(BIN)/python benchmarks/engine_ttft.py --vllm
+	$(BIN)/python benchmarks/engine.py ttft --vllm
 	$(BIN)/python benchmarks/fidelity.py tiers
 	$(BIN)/python benchmarks/augmentation_cost.py confidence
 	$(BIN)/python benchmarks/vllm_ttft.py
