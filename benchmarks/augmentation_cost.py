@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import CACHE, DEFAULT_DATA_DIR, machine, write_results
+from common import CACHE, DEFAULT_DATA_DIR, RESULTS, machine, write_results
 from depth import MAX_K, hard_tier_pipeline
 
 from adarag import AdaRAG
@@ -54,6 +54,7 @@ from adarag.evaluation.workload import load_questions
 from adarag.kernels import logit_lens
 from adarag.schema import Chunk, GenerationParams
 
+OUTPUT = RESULTS / "adaptive-augmentation"
 TOP_K = 6
 STEP_VARIANTS = {"new cache per step": False, "previous step's cache": True}
 STEP_CACHE_VARIANTS = {
@@ -163,7 +164,8 @@ def measure_confidence(args: argparse.Namespace, rag: AdaRAG) -> None:
         )
     table = "\n".join(lines)
     print(table)
-    write_results("confidence_cost", {"machine": machine(), **costs, "datasets": results}, table)
+    payload = {"machine": machine(), **costs, "datasets": results}
+    write_results("confidence_cost", payload, table, directory=OUTPUT)
 
 
 def steps(rag: AdaRAG, question: str, chunks: list[Chunk]) -> list[tuple[int, float, torch.Tensor]]:
@@ -241,7 +243,9 @@ def step_cost(args: argparse.Namespace) -> None:
         "fits": {n: {"fixed_s": f.fixed_s, "per_token_s": f.per_token_s} for n, f in fits.items()},
         "steps": timed,
     }
-    write_results(f"step_cost_{model}_{args.storage_dtype}", payload, "\n".join(lines))
+    write_results(
+        f"step_cost_{model}_{args.storage_dtype}", payload, "\n".join(lines), directory=OUTPUT
+    )
     print("\n".join(lines))
 
 
@@ -275,7 +279,7 @@ def step_cache(args: argparse.Namespace) -> None:
         rows[name] = {"same_first_token": same, "steps": len(exact), "max_logit_diff": diff}
         lines.append(f"| {name} | {same}/{len(exact)} | {diff:.3g} |")
     payload = {"machine": machine(), "model": args.model, "variants": rows}
-    write_results(f"step_cache_agreement_{args.model}", payload, "\n".join(lines))
+    write_results(f"step_cache_agreement_{args.model}", payload, "\n".join(lines), directory=OUTPUT)
     print("\n".join(lines))
 
 

@@ -26,7 +26,7 @@ conversation, for reference (recall only).
     python benchmarks/conversations.py turn-reuse --model default --conversations 5
     python benchmarks/conversations.py standalone --model default --questions 20
     python benchmarks/conversations.py standalone \
-        --replay benchmarks/results/standalone_question_<model>.json
+        --replay benchmarks/results/conversations/standalone_question_<model>.json
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import load_jsonl, machine, timed, write_results
+from common import RESULTS, load_jsonl, machine, timed, write_results
 from common import summary as latency_summary
 
 from adarag import AdaRAG, Chunk
@@ -60,6 +60,7 @@ _ROLE = re.compile(
 )
 _RELATIVE = re.compile(r"([A-Z][^?]*?)'s (father|mother|husband|wife|son|daughter|child)\b")
 _REFERENCE = "this person"
+OUTPUT = RESULTS / "conversations"
 MODES = {"turns recomputed (before)": False, "turns reused (after)": True}
 METHODS = ("follow-up alone", "concatenate", "turns", "condense")
 TOP_K = 4
@@ -220,7 +221,7 @@ def turn_reuse(args: argparse.Namespace) -> None:
     )
     lines += ["", f"Turn-3 answers equal in both modes: {same} of {len(followups)}."]
     payload = {"model": model, "machine": host, "summary": summary, "conversations": results}
-    write_results(f"turn_reuse_{model}", payload, "\n".join(lines))
+    write_results(f"turn_reuse_{model}", payload, "\n".join(lines), directory=OUTPUT)
     print("\n".join(lines))
 
 
@@ -286,7 +287,7 @@ def _report(model: str, host: dict[str, Any], rows: list[dict[str, Any]], note: 
         for row in rows[:6]
     ]
     payload = {"model": model, "machine": host, "top_k": TOP_K, "summary": summary, "rows": rows}
-    write_results(f"standalone_question_{model}", payload, "\n".join(lines))
+    write_results(f"standalone_question_{model}", payload, "\n".join(lines), directory=OUTPUT)
     print("\n".join(lines))
 
 

@@ -27,7 +27,7 @@ the recorded questions. Per model, the rules' parameters are chosen on the calib
 of all three sets pooled (the first ``--calibration`` of each), by the largest gold-F1 gain over
 fixed top-k at the same mean prompt tokens; every figure in the tables is on the remaining
 (report) questions. Tables (``summary.md``, ``summary.json``) and plots in
-``results/depth/``.
+``results/adaptive-augmentation/depth/``.
 
     python benchmarks/depth.py retrieve
     python benchmarks/depth.py run --model qwen2.5-coder-0.5b --dataset hotpotqa
@@ -90,7 +90,7 @@ if TYPE_CHECKING:
     from adarag import AdaRAG
 
 MAX_K = 12
-OUTPUT = RESULTS / "depth"
+OUTPUT = RESULTS / "adaptive-augmentation" / "depth"
 STATIC_EVERY = 3  # time full prefills for every third question (the static fit needs a few)
 # questions per data set: the first CALIBRATION choose the rules' thresholds, the rest report
 OFFSETS = {"2wikimqa": 100, "hotpotqa": 100, "musique": 40}

@@ -63,6 +63,7 @@ from pathlib import Path
 
 import torch
 from common import (
+    RESULTS,
     ChildWorker,
     machine,
     musique_prompts,
@@ -85,6 +86,7 @@ from adarag.evaluation.reuse import reuse_sources
 from adarag.pipeline.learned import learned_controls
 from adarag.profiles import ModelProfile
 
+OUTPUT = RESULTS / "engine"
 RATIOS = (0.0, 0.15, 0.2, 0.3, 1.0)
 FAMILIES = (
     (
@@ -341,7 +343,7 @@ def ttft(args: argparse.Namespace) -> None:
         "stats": stats,
         "decode_stats": decode_stats,
     }
-    write_results(args.output, payload, table)
+    write_results(args.output, payload, table, directory=OUTPUT)
 
 
 def family(name: str) -> str:
@@ -430,7 +432,7 @@ def profile_ops(args: argparse.Namespace) -> None:
         }
     table = "\n".join(lines)
     print(table)
-    write_results(args.output, payload, table)
+    write_results(args.output, payload, table, directory=OUTPUT)
 
 
 def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
@@ -500,6 +502,7 @@ def decode_agreement(args: argparse.Namespace) -> None:
         args.output,
         {"machine": info, "args": vars(args) | {"data_dir": str(args.data_dir)}, "rows": rows},
         table,
+        directory=OUTPUT,
     )
 
 
@@ -618,7 +621,8 @@ def decode_streams(args: argparse.Namespace) -> None:
             f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | {max(values):.1f} |"
         )
     table = "\n".join(lines)
-    write_results(args.output, {"machine": measured, "tokens_per_s": per_token}, table)
+    payload = {"machine": measured, "tokens_per_s": per_token}
+    write_results(args.output, payload, table, directory=OUTPUT)
     print(table)
 
 
@@ -654,7 +658,9 @@ def main() -> None:
         help="also time the routing ladder over the learned rule at each ratio: kept at the "
         "ratio, and climbed to each of these rungs in turn",
     )
-    command.add_argument("--output", default="engine_ttft", help="results/<output>.{md,json}")
+    command.add_argument(
+        "--output", default="engine_ttft", help="results/engine/<output>.{md,json}"
+    )
     command.set_defaults(fn=ttft)
     command = sub.add_parser(
         "profile", help="torch.profiler's op families of full prefill, fused prefill and decode"
@@ -665,7 +671,7 @@ def main() -> None:
     command.add_argument("--decode-tokens", type=int, default=32)
     command.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     command.add_argument("--data-dir", type=Path)
-    command.add_argument("--output", default="profile/engine_ops")
+    command.add_argument("--output", default="engine_ops")
     command.set_defaults(fn=profile_ops)
     command = sub.add_parser(
         "agreement", help="greedy answers of our decoder against transformers' generate"

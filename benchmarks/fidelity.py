@@ -575,7 +575,8 @@ def tiers(args: argparse.Namespace) -> None:
             lines.append(f"| {tier} | {ratio} | {means[0]:.4f} | {means[1]:.4f} | {means[2]:.4f} |")
     table = "\n".join(lines)
     print(table)
-    write_results("tier_deviation", {"machine": machine(), "summary": summary}, table)
+    payload = {"machine": machine(), "summary": summary}
+    write_results("tier_deviation", payload, table, directory=RESULTS / "tiers")
 
 
 def main() -> None:

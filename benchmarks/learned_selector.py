@@ -2,7 +2,7 @@
 
 ``features`` reads the oracle labels ``adarag calibrate --selector`` recorded on the calibration
 questions (``--records``, one file per question) and writes
-``results/learned/<model>_features.md``:
+``results/fidelity/learned/<model>_features.md``:
 
 - each feature family as a scorer on its own: the share of the oracle's set it chooses at the
   oracle's budget (recall), the share of the oracle set's first-order gain its set carries, and
@@ -13,14 +13,14 @@ questions (``--records``, one file per question) and writes
 
 ``pareto`` reads the report split's fidelity rows (``fidelity.py run`` with the ``learned``,
 window, ladder and oracle rules; ``--rows``, default the benchmarks' cache) and an
-``engine.py ttft`` run of the same rules side by side,
-and writes ``results/learned/<model>_pareto.md``: per rule and ratio, exact agreement with full
+``engine.py ttft`` run of the same rules side by side, and writes
+``results/fidelity/learned/<model>_pareto.md``: per rule and ratio, exact agreement with full
 recomputation, gold F1 against full's (paired), first-token agreement, and the mean TTFT
 speed-up over full prefill (a ladder's from the share of requests ending on each rung).
 
     python benchmarks/learned_selector.py features --records ~/.cache/adarag-bench/selector/M
     python benchmarks/learned_selector.py pareto --model M \
-        --speed benchmarks/results/engine_ttft_learned_qwen.json
+        --speed benchmarks/results/engine/engine_ttft_learned_qwen.json
 """
 
 from __future__ import annotations
@@ -156,14 +156,14 @@ def main() -> None:
     sub = parser.add_subparsers(dest="stage", required=True)
     stage = sub.add_parser("features", help="feature families and held-out fits, from labels")
     stage.add_argument("--records", type=Path, required=True, help="the labels' directory")
-    stage.add_argument("--output", type=Path, default=RESULTS / "learned")
+    stage.add_argument("--output", type=Path, default=RESULTS / "fidelity" / "learned")
     stage.set_defaults(fn=features)
     stage = sub.add_parser("pareto", help="the report split's table, from fidelity rows")
     stage.add_argument("--model", required=True, help="the checkpoint's directory name")
     stage.add_argument("--rows", type=Path, default=rows_dir(RESULTS / "fidelity"))
     stage.add_argument("--speed", type=Path, help="an `engine.py ttft` result (JSON)")
     stage.add_argument("--baseline", default="query_deviation")
-    stage.add_argument("--output", type=Path, default=RESULTS / "learned")
+    stage.add_argument("--output", type=Path, default=RESULTS / "fidelity" / "learned")
     stage.set_defaults(fn=pareto)
     args = parser.parse_args()
     args.fn(args)

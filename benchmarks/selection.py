@@ -56,7 +56,7 @@ policy's rows are named ``<rule>+routed<H>``. Its cost is the share of requests 
     python benchmarks/selection.py signals --model qwen2.5-coder-0.5b --questions 8 --offset 0
     python benchmarks/selection.py routing --model qwen2.5-coder-0.5b --measure
     python benchmarks/selection.py routing --model qwen2.5-coder-0.5b \
-        --speed benchmarks/results/engine_ttft_routing_qwen.json
+        --speed benchmarks/results/engine/engine_ttft_routing_qwen.json
 """
 
 from __future__ import annotations
@@ -423,7 +423,7 @@ def _split(args: argparse.Namespace, split: str, model: str) -> Split:
 
 
 def _report_routing(args: argparse.Namespace, model: str) -> None:
-    """``results/<output>_<model>.md``: the threshold, calibration and report tables."""
+    """``results/fidelity/<output>_<model>.md``: the threshold, calibration and report tables."""
     splits = {split: _split(args, split, model) for split in SPLITS}
     threshold = splits["calibration"].threshold(args.ratio, args.target)
     if threshold is None:
@@ -468,7 +468,7 @@ def _report_routing(args: argparse.Namespace, model: str) -> None:
         ]
     text = "\n".join(lines)
     print(text)
-    write_results(f"{args.output}_{model}", None, text)
+    write_results(f"{args.output}_{model}", None, text, directory=RESULTS / "fidelity")
 
 
 def _auc(rows: list[FidelityRow], entropies: dict[tuple[str, str], float]) -> float:
@@ -567,7 +567,9 @@ def main() -> None:
     command.add_argument("--threads", type=int)
     command.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     command.add_argument("--speed", type=Path, help="an `engine.py ttft` result (.json)")
-    command.add_argument("--output", default="uncertainty_routing", help="results/<output>.md")
+    command.add_argument(
+        "--output", default="uncertainty_routing", help="results/fidelity/<output>_<model>.md"
+    )
     command.set_defaults(fn=routing)
     args = parser.parse_args()
     args.fn(args)

@@ -55,7 +55,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common import load_jsonl, machine, summary, write_results
+from common import RESULTS, load_jsonl, machine, summary, write_results
 
 from adarag import AdaRAG, AdaRagConfig
 from adarag.cache.codec import TokenLayout
@@ -132,6 +132,7 @@ def storage_formats(args: argparse.Namespace) -> None:
         f"{args.name}_{name}",
         {"machine": measured_on, "model": name, "tokens": tokens, "formats": results},
         "\n".join(lines),
+        directory=RESULTS / "storage-formats",
     )
 
 
@@ -356,7 +357,7 @@ def remote_tier(args: argparse.Namespace) -> None:
         "shared_bytes_per_hit": shared_bytes / max(shared_hits, 1),
         "lookup_overhead": overhead,
     }
-    write_results(args.output, payload, remote_table(payload))
+    write_results(args.output, payload, remote_table(payload), directory=RESULTS / "shared-kv-tier")
     print(remote_table(payload))
 
 
@@ -432,6 +433,7 @@ def fusion_ingest(args: argparse.Namespace) -> None:
             "fused": fused,
         },
         table,
+        directory=RESULTS / "policies",
     )
 
 
@@ -455,7 +457,9 @@ def main() -> None:
     command.add_argument("--passages", type=int, default=4, help="passages (chunks) per prompt")
     command.add_argument("--repeats", type=int, default=3, help="lookup-overhead rounds")
     command.add_argument("--data-dir", type=Path)
-    command.add_argument("--output", default="remote_tier", help="results/<output>.{md,json}")
+    command.add_argument(
+        "--output", default="remote_tier", help="results/shared-kv-tier/<output>.{md,json}"
+    )
     command.add_argument("--warm-child", nargs=2, help=argparse.SUPPRESS)
     command.set_defaults(fn=remote_tier)
     command = sub.add_parser(

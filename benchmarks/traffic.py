@@ -16,7 +16,7 @@ own, capped at ``--memory-chunks`` and ``--disk-chunks`` chunks' worth of bytes:
 Reported: the share of chunk lookups served by each tier, the hit rate (any tier) and TTFT per
 query, their rolling means over ``--window`` queries, and queries 1-50 against the last 50.
 Static top-k makes the store's decisions independent of the model's outputs, so the hit rates do
-not depend on timing. Writes ``results/sustained_traffic.{md,json,png}``.
+not depend on timing. Writes ``results/sustained-traffic/sustained_traffic.{md,json,png}``.
 
 ``prefix-hits``: prefix-cache hits of RAGBoost's ordering and scheduling, replayed without a
 model. The multi-user workload (``adarag.evaluation.sessions``) is replayed through the same
@@ -59,6 +59,7 @@ STORE_POLICIES = {
     "frequency-lru": {"eviction_policy": "lru", "admission": "frequency"},
     "frequency-lfu": {"eviction_policy": "lfu", "admission": "frequency"},
 }
+SUSTAINED = RESULTS / "sustained-traffic"
 TIERS = ("hard", "soft", "independent", "miss")
 ARMS = ("retriever order", "longest cached prefix", "+ scheduling")
 
@@ -323,7 +324,7 @@ def sustained_traffic(args: argparse.Namespace) -> None:
         )
     title = f"{args.queries} novel queries, Zipf s={args.zipf}, cache of {args.memory_chunks}"
     title += f" + {args.disk_chunks} chunks ({rag.generator.checkpoint.name}, CPU)"
-    plot(simulated, timed, window, title, RESULTS / "sustained_traffic.png")
+    plot(simulated, timed, window, title, SUSTAINED / "sustained_traffic.png")
     lines += ["", "![rolling hit rate and TTFT](sustained_traffic.png)"]
     payload = {
         "setup": setup,
@@ -334,7 +335,7 @@ def sustained_traffic(args: argparse.Namespace) -> None:
         "replayed": simulated,
         "timed": timed,
     }
-    write_results("sustained_traffic", payload, "\n".join(lines))
+    write_results("sustained_traffic", payload, "\n".join(lines), directory=SUSTAINED)
     print("\n".join(lines))
 
 

@@ -99,6 +99,7 @@ from adarag.schema import GenerationParams
 
 FIRST_TOKEN = GenerationParams(max_new_tokens=1)
 ADARAG = str(Path(sys.executable).parent / "adarag")
+OUTPUT = RESULTS / "vllm"
 
 
 def first_token_s(start: float, stream) -> tuple[float, int | None]:
@@ -212,7 +213,7 @@ def connector_ttft(args: argparse.Namespace) -> None:
         "num_cached_tokens": cached,
         "stats": stats,
     }
-    write_results(args.output, payload, table)
+    write_results(args.output, payload, table, directory=OUTPUT)
 
 
 def _questions(args: argparse.Namespace) -> list[str]:
@@ -515,10 +516,10 @@ def vllm_serve_load(args: argparse.Namespace) -> None:
     # the hand-over key the replicas and the front ends this run starts share (they inherit it)
     os.environ.setdefault("ADARAG_HANDOFF_KEY", secrets.token_hex(32))
     if args.tables_only:
-        payload = json.loads((RESULTS / f"{args.output}.json").read_text())
+        payload = json.loads((OUTPUT / f"{args.output}.json").read_text())
         model = payload["settings"]["model"]
         _agreement(payload["variants"], AdaRagConfig.build(engine={"model": model}))
-        write_results(args.output, payload, _load_table(payload))
+        write_results(args.output, payload, _load_table(payload), directory=OUTPUT)
         return
 
     with tempfile.TemporaryDirectory(prefix="adarag-vllm-serve-") as tmp:
@@ -546,7 +547,7 @@ def vllm_serve_load(args: argparse.Namespace) -> None:
         "variants": results,
     }
     payload["settings"]["data_dir"] = str(args.data_dir)
-    write_results(args.output, payload, _load_table(payload))
+    write_results(args.output, payload, _load_table(payload), directory=OUTPUT)
 
 
 def _agreement_table(payload: dict) -> str:
@@ -614,7 +615,7 @@ def serve_agreement(args: argparse.Namespace) -> None:
         print(json.dumps(record))
     generator.close()
     payload = {"machine": machine(), "settings": vars(args), "server": served, "rows": rows}
-    write_results(args.output, payload, _agreement_table(payload))
+    write_results(args.output, payload, _agreement_table(payload), directory=OUTPUT)
 
 
 def main() -> None:
@@ -632,7 +633,7 @@ def main() -> None:
     command.add_argument("--threads", type=int, help="torch/OpenMP threads (default: torch's)")
     command.add_argument("--kv-cache-gib", type=float, default=2.0)
     command.add_argument("--data-dir", type=Path)
-    command.add_argument("--output", default="vllm_ttft", help="results/<output>.{md,json}")
+    command.add_argument("--output", default="vllm_ttft", help="results/vllm/<output>.{md,json}")
     command.set_defaults(fn=connector_ttft)
     command = sub.add_parser(
         "serve-load", help="plain vllm serve, with the connector, and adarag serve at 1-16 clients"
