@@ -110,17 +110,16 @@ def load_summary(results: list[dict], clients: int, wall_s: float, tokens: int) 
     }
 
 
-def write_results(
-    name: str, payload: Any, table: str | None, *, directory: Path = RESULTS, indent: int = 2
-) -> None:
+def write_results(name: str, payload: Any, table: str | None, *, directory: Path = RESULTS) -> None:
     """Write ``<directory>/<name>.json`` (``payload``) and ``<directory>/<name>.md`` (``table``).
 
-    A None ``payload`` or ``table`` writes no file of that kind. ``directory`` is
-    ``benchmarks/results`` unless a script writes under a folder of it or its ``--output``.
+    A None ``payload`` or ``table`` writes no file of that kind. The JSON is compact (one line):
+    the table is what a reader reads. ``directory`` is ``benchmarks/results`` unless a script
+    writes under a folder of it or its ``--output``.
     """
     directory.mkdir(parents=True, exist_ok=True)
     if payload is not None:
-        (directory / f"{name}.json").write_text(json.dumps(payload, indent=indent) + "\n")
+        (directory / f"{name}.json").write_text(json.dumps(payload) + "\n")
     if table is not None:
         (directory / f"{name}.md").write_text(table + "\n")
 

@@ -284,7 +284,7 @@ def _report(args: argparse.Namespace, model: str, out: Path) -> None:
             "machine": measured_on,
             "summaries": [asdict(s) for s in summaries],
         }
-        write_results(stem.name, payload, None, directory=out, indent=1)
+        write_results(stem.name, payload, None, directory=out)
         _plot(summaries, title, stem.with_name(stem.name + "_agreement.png"))
         sections.append(_section(title, summaries, model))
     if not pooled:

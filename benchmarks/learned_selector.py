@@ -206,7 +206,7 @@ def features(args: argparse.Namespace) -> None:
     ]
     summary = {"model": model, "questions": counts}
     write_results(
-        f"{model}_features", summary, "\n".join(lines).rstrip("\n"), directory=args.output, indent=1
+        f"{model}_features", summary, "\n".join(lines).rstrip("\n"), directory=args.output
     )
     print(f"wrote {args.output / model}_features.md")
 

@@ -418,7 +418,7 @@ def prefix_hits(args: argparse.Namespace) -> None:
         "RAGBoost (MultihopRAG, k = 15, SGLang + Qwen3-32B on H100): 8.49% -> 20.56% (ordering) "
         "-> 33.97% (+ scheduling); vLLM + Llama3.3-70B: 10.7% -> 30.8% -> 43.2%.",
     ]
-    write_results("prefix_hits", rows, "\n".join(lines), directory=args.output, indent=1)
+    write_results("prefix_hits", rows, "\n".join(lines), directory=args.output)
     print("\n".join(lines))
 
 
