@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import CACHE, DEFAULT_DATA_DIR, RESULTS, machine, write_results
+from common import CACHE, DEFAULT_DATA_DIR, RESULTS, machine, run_subcommand, write_results
 from depth import MAX_K, hard_tier_pipeline
 
 from adarag import AdaRAG
@@ -311,8 +311,7 @@ def main() -> None:
     command.add_argument("--questions", type=int, default=8)
     command.add_argument("--offset", type=int, default=45, help="questions the depth run left out")
     command.set_defaults(fn=step_cache)
-    args = parser.parse_args()
-    args.fn(args)
+    run_subcommand(parser)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
 import os
@@ -22,6 +23,7 @@ __all__ = [
     "load_jsonl",
     "musique_prompts",
     "rows_dir",
+    "run_subcommand",
     "timed",
     "summary",
     "write_results",
@@ -71,6 +73,19 @@ def musique_prompts(
         )
         system_kv, chunk_kvs = independent_chunks(rag.generator, layout)
         yield row, layout, system_kv, chunk_kvs
+
+
+def run_subcommand(parser: argparse.ArgumentParser) -> None:
+    """Parse the command line and run the chosen subcommand's function (its ``fn`` default).
+
+    The function gets the subcommand's options alone, as a script of that one command would:
+    the namespace holds neither the subcommand's name (``command``) nor its function, so the
+    results that record every option record the same ones.
+    """
+    args = parser.parse_args()
+    command = args.fn
+    del args.fn, args.command
+    command(args)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

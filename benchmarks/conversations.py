@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import RESULTS, load_jsonl, machine, timed, write_results
+from common import RESULTS, load_jsonl, machine, run_subcommand, timed, write_results
 from common import summary as latency_summary
 
 from adarag import AdaRAG, Chunk
@@ -395,8 +395,7 @@ def main() -> None:
         "measured for retrieval only (their answer F1 is left blank)",
     )
     command.set_defaults(fn=standalone_question)
-    args = parser.parse_args()
-    args.fn(args)
+    run_subcommand(parser)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ from common import (
     machine,
     musique_prompts,
     parse_rule,
+    run_subcommand,
     summary,
     timed,
     write_results,
@@ -695,8 +696,7 @@ def main() -> None:
     command.add_argument("--data-dir", type=Path)
     command.add_argument("--output", default="decode_streams")
     command.set_defaults(fn=decode_streams)
-    args = parser.parse_args()
-    args.fn(args)
+    run_subcommand(parser)
 
 
 if __name__ == "__main__":

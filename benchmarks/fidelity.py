@@ -68,6 +68,7 @@ from common import (
     machine,
     parse_rule,
     rows_dir,
+    run_subcommand,
     write_results,
 )
 
@@ -592,8 +593,7 @@ def main() -> None:
     command.add_argument("--questions", type=int, default=8)
     command.add_argument("--data-dir", type=Path)
     command.set_defaults(fn=tiers)
-    args = parser.parse_args()
-    args.fn(args)
+    run_subcommand(parser)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from common import DEFAULT_DATA_DIR, RESULTS, rows_dir, write_results
+from common import DEFAULT_DATA_DIR, RESULTS, rows_dir, run_subcommand, write_results
 from fidelity import by_dataset, model_name
 
 from adarag.engine.selection import num_to_recompute
@@ -571,8 +571,7 @@ def main() -> None:
         "--output", default="uncertainty_routing", help="results/fidelity/<output>_<model>.md"
     )
     command.set_defaults(fn=routing)
-    args = parser.parse_args()
-    args.fn(args)
+    run_subcommand(parser)
 
 
 if __name__ == "__main__":

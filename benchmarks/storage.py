@@ -55,7 +55,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, load_jsonl, machine, summary, write_results
+from common import RESULTS, load_jsonl, machine, run_subcommand, summary, write_results
 
 from adarag import AdaRAG, AdaRagConfig
 from adarag.cache.codec import TokenLayout
@@ -471,8 +471,7 @@ def main() -> None:
     command.add_argument("--data-dir", type=Path)
     command.add_argument("--name", default="fusion_ingest")
     command.set_defaults(fn=fusion_ingest)
-    args = parser.parse_args()
-    args.fn(args)
+    run_subcommand(parser)
 
 
 if __name__ == "__main__":

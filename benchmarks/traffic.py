@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import DEFAULT_DATA_DIR, RESULTS, load_jsonl, machine, write_results
+from common import DEFAULT_DATA_DIR, RESULTS, load_jsonl, machine, run_subcommand, write_results
 
 from adarag import AdaRAG, AdaRagConfig
 from adarag.cache.context_index import ContextIndex, schedule_contexts
@@ -466,8 +466,7 @@ def main() -> None:
     command.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     command.add_argument("--output", type=Path, default=RESULTS / "policies")
     command.set_defaults(fn=prefix_hits)
-    args = parser.parse_args()
-    args.fn(args)
+    run_subcommand(parser)
 
 
 if __name__ == "__main__":

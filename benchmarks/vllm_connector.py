@@ -83,6 +83,7 @@ from common import (
     load_summary,
     machine,
     musique_prompts,
+    run_subcommand,
     summary,
     write_results,
 )
@@ -687,8 +688,7 @@ def main() -> None:
     command.add_argument("--server-note", default="", help="how the server was started")
     command.add_argument("--output", default="vllm_serve_agreement")
     command.set_defaults(fn=serve_agreement)
-    args = parser.parse_args()
-    args.fn(args)
+    run_subcommand(parser)
 
 
 if __name__ == "__main__":
