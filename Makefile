@@ -69,11 +69,11 @@ lint: install
 	$(BIN)/mypy adarag
 
 bench: install
-	$(BIN)/python benchmarks/engine_ttft.py --vllm
-	$(BIN)/python benchmarks/tier_deviation.py
-	$(BIN)/python benchmarks/confidence_cost.py
-	$(BIN)/python benchmarks/vllm_ttft.py
-	$(BIN)/python benchmarks/sustained_traffic.py
+	$(BIN)/python benchmarks/engine.py ttft --vllm
+	$(BIN)/python benchmarks/fidelity.py tiers
+	$(BIN)/python benchmarks/augmentation_cost.py confidence
+	$(BIN)/python benchmarks/vllm_connector.py ttft
+	$(BIN)/python benchmarks/traffic.py sustained
 	$(BIN)/adarag bench --dataset musique hotpotqa 2wikimqa --offset 20 --top-k-sweep 2 4 8 \
 		--output benchmarks/results/bench
 

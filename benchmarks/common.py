@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -15,10 +17,13 @@ from adarag.evaluation.machine import machine
 from adarag.evaluation.workload import DATA_DIR_ENV, DEFAULT_DATA_DIR
 
 __all__ = [
+    "CACHE",
     "DEFAULT_DATA_DIR",
     "machine",
     "load_jsonl",
     "musique_prompts",
+    "rows_dir",
+    "run_subcommand",
     "timed",
     "summary",
     "write_results",
@@ -26,6 +31,21 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+CACHE = Path(os.environ.get("ADARAG_BENCH_CACHE", Path.home() / ".cache" / "adarag-bench"))
+"""What the repository does not keep: per-question rows (so a long run resumes), retrieved
+chunks, probe records. ``$ADARAG_BENCH_CACHE``, else ``~/.cache/adarag-bench``."""
+
+
+def rows_dir(output: Path) -> Path:
+    """Where the per-question rows of the results written under ``output`` go.
+
+    The same path under :data:`CACHE` for a folder of ``benchmarks/results``; ``output`` itself
+    for a folder elsewhere.
+    """
+    try:
+        return CACHE / output.resolve().relative_to(RESULTS)
+    except ValueError:
+        return output
 
 
 def load_jsonl(name: str, data_dir: Path | None = None, limit: int | None = None) -> list[dict]:
@@ -53,6 +73,19 @@ def musique_prompts(
         )
         system_kv, chunk_kvs = independent_chunks(rag.engine, layout)
         yield row, layout, system_kv, chunk_kvs
+
+
+def run_subcommand(parser: argparse.ArgumentParser) -> None:
+    """Parse the command line and run the chosen subcommand's function (its ``fn`` default).
+
+    The function gets the subcommand's options alone, as a script of that one command would:
+    the namespace holds neither the subcommand's name (``command``) nor its function, so the
+    results that record every option record the same ones.
+    """
+    args = parser.parse_args()
+    command = args.fn
+    del args.fn, args.command
+    command(args)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -92,16 +125,18 @@ def load_summary(results: list[dict], clients: int, wall_s: float, tokens: int) 
     }
 
 
-def write_results(
-    name: str, payload: Any, table: str, *, directory: Path = RESULTS, indent: int = 2
-) -> None:
+def write_results(name: str, payload: Any, table: str | None, *, directory: Path = RESULTS) -> None:
     """Write ``<directory>/<name>.json`` (``payload``) and ``<directory>/<name>.md`` (``table``).
 
-    ``directory`` is ``benchmarks/results`` unless a script writes under its ``--output``.
+    A None ``payload`` or ``table`` writes no file of that kind. The JSON is compact (one line):
+    the table is what a reader reads. ``directory`` is ``benchmarks/results`` unless a script
+    writes under a folder of it or its ``--output``.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{name}.json").write_text(json.dumps(payload, indent=indent) + "\n")
-    (directory / f"{name}.md").write_text(table + "\n")
+    if payload is not None:
+        (directory / f"{name}.json").write_text(json.dumps(payload) + "\n")
+    if table is not None:
+        (directory / f"{name}.md").write_text(table + "\n")
 
 
 class ChildWorker:

@@ -1,17 +1,18 @@
-"""Fidelity benchmark: selection rules, levers and ratios against full recomputation.
+"""Fidelity: fused KV against full recomputation, by rule, lever, ratio and cache tier.
 
-For each model and data set, every question's prompt is prefilled in full (the reference) and
-fused from its chunks' independent KV at each ratio under each rule (``random``, ``oracle`` and
-``output_oracle`` are controls), then decoded greedily. Every question's rows are appended to
-``<output>/<model>/<dataset><tag>.rows.jsonl`` as soon as it is measured, so a stopped run
-resumes where it stopped (rows already there are not measured again) and several runs can share
-the questions (``--shard i/n``). The report, rebuilt from all rows each time (or alone with
+``run``: selection rules, levers and ratios against full recomputation. For each model and data
+set, every question's prompt is prefilled in full (the reference) and fused from its chunks'
+independent KV at each ratio under each rule (``random``, ``oracle`` and ``output_oracle`` are
+controls), then decoded greedily. Every question's rows are appended to
+``<rows>/<model>/<dataset><tag>.rows.jsonl`` as soon as it is measured, so a stopped run resumes
+where it stopped (rows already there are not measured again) and several runs can share the
+questions (``--shard i/n``). ``<rows>`` is ``--output``'s path under the benchmarks' cache
+(``$ADARAG_BENCH_CACHE``, else ``~/.cache/adarag-bench``; ``--output`` itself when it lies
+outside ``benchmarks/results``). The report, rebuilt from all rows each time (or alone with
 ``--report-only``): ``<output>/<model><tag>.md`` with 95% bootstrap intervals on every figure,
 the paired gold-F1 difference against full recomputation, and each rule's paired difference in
-exact agreement against ``--baseline``; ``<model>/<dataset><tag>.json`` (summaries) and
-``<model>/<dataset><tag>_agreement.png``.
-
-    python benchmarks/fidelity.py --model qwen2.5-coder-0.5b --questions 40 --offset 40
+exact agreement against ``--baseline``; beside the rows, ``<dataset><tag>.json`` (summaries) and
+``<dataset><tag>_agreement.png``.
 
 Rules are named selections; ``--rule name:key=value,...`` adds one (e.g.
 ``sinks:selection_policy=kv_deviation,chunk_start_tokens=4``; the learned selector, windows of 4
@@ -24,18 +25,52 @@ passages of the data set's knowledge base (BM25 with the chunk's text; 2Wiki's c
 and MuSiQue's pooled passages), rows named ``<rule>+fused<n>``; ``--fusion-gate g`` keeps a
 chunk's independent KV unless ``g`` of its neighbours are in the prompt
 (``<rule>+fused<n>in<g>``).
+
+``tables``: the tables of the fidelity results from the rows (``--rows``, default the cache's
+``fidelity`` folder: ``<model>/`` the report split, ``calibration/<model>/`` the calibration
+split): the lever ablation, the report split per data set, the levers against their rule;
+printed as markdown, no model runs.
+
+``tiers``: deviation from full prefill of KV taken from each cache tier, at several
+recomputation ratios. For each musique question, prompt ``P = [c1..c6]``. Chunks 3-6 take their
+KV from one tier at a time (chunks 1-2 are exact in every variant, so rows compare like with
+like):
+
+- hard: their KV from ``P`` itself (exact prefix);
+- soft: ``c_i``'s KV from a real earlier prompt ``[c1, d, c_{i-1}, c_i]`` -- the same effective
+  prefix (predecessor, and the sink chunk c1 of the model's profile) but another full prefix and
+  other positions; the benchmark checks that the soft keys match;
+- independent: ``c_i`` computed alone after the system prefix.
+
+Reported over chunks 3-6's rows: relative L2 of K and of V over all layers, and KL(full || fused)
+of the last-token logits.
+
+    python benchmarks/fidelity.py run --model qwen2.5-coder-0.5b --questions 40 --offset 40
+    python benchmarks/fidelity.py tables
+    python benchmarks/fidelity.py tiers --questions 8
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from common import DEFAULT_DATA_DIR, RESULTS, parse_rule
+import torch
+from common import (
+    DEFAULT_DATA_DIR,
+    RESULTS,
+    load_jsonl,
+    machine,
+    parse_rule,
+    rows_dir,
+    run_subcommand,
+    write_results,
+)
 
 from adarag.config import DEFAULT_MODEL, FusionConfig, RecomputeConfig
 from adarag.engine.provision import DEFAULT_PACKAGED_MODEL, PACKAGED_MODELS
@@ -50,7 +85,7 @@ from adarag.evaluation.fidelity import (
     smallest_ratio_meeting,
     summarize,
 )
-from adarag.evaluation.machine import describe_machine, machine
+from adarag.evaluation.machine import describe_machine
 from adarag.evaluation.plots import pyplot
 from adarag.evaluation.workload import DATASETS, FIDELITY_CHUNKS, load_questions
 from adarag.retrievers.chunking import passage_text
@@ -66,21 +101,28 @@ BUILT_IN_RULES: dict[str, dict[str, Any]] = {
     "oracle": {"selection_policy": "oracle"},
     "output_oracle": {"selection_policy": "output_oracle"},
 }
+MODELS = ("Qwen2.5-Coder-0.5B-Instruct", "SmolLM2-135M-Instruct")
+TABLE_RATIOS = (0.1, 0.2, 0.3)
+PAIRS = (  # (lever, the rule it is measured against), on the questions both ran
+    ("qdev+fused5", "qdev"),
+    ("qdev+fused5in1", "qdev"),
+    ("query_deviation+fused5", "query_deviation"),
+)
+EXTRA_RATIOS = (0.0, 0.3, 0.5)  # besides the configured α and β
 
 
-def main() -> None:
-    args = _parse_args()
+def run(args: argparse.Namespace) -> None:
+    """The ``run`` subcommand: measure the missing rows, then the report from every row."""
     rules = {name: RecomputeConfig(**BUILT_IN_RULES[name]) for name in args.rules}
     rules |= dict(parse_rule(text) for text in args.rule)
-    model = _model_name(args.model)
-    out = args.output / model
+    model = model_name(args.model)
+    rows = rows_dir(args.output) / model
     if not args.report_only:
-        _measure(args, rules, out)
-    _report(args, model, out)
+        _measure(args, rules, rows)
+    _report(args, model, rows)
 
 
-def _parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--dataset", nargs="+", default=list(DATASETS), choices=DATASETS)
     parser.add_argument("--questions", type=int, default=20)
@@ -132,10 +174,10 @@ def _parse_args() -> argparse.Namespace:
         choices=["float32", "float16", "bfloat16", "int8"],
         help="storage formats the reused KV passes through (rules named <rule>@<format>)",
     )
-    return parser.parse_args()
+    parser.set_defaults(fn=run)
 
 
-def _model_name(model: str) -> str:
+def model_name(model: str) -> str:
     """The checkpoint's directory name, without loading it (the report needs no model)."""
     name = DEFAULT_PACKAGED_MODEL if model == DEFAULT_MODEL else model
     packaged = PACKAGED_MODELS.get(name)
@@ -143,6 +185,7 @@ def _model_name(model: str) -> str:
 
 
 def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: Path) -> None:
+    """Every missing row of every question, appended to ``out/<dataset><tag>.rows.jsonl``."""
     from adarag import AdaRAG
     from adarag.evaluation.fidelity import FidelityRun
     from adarag.profiles import ModelProfile
@@ -219,7 +262,10 @@ def _knowledge_base(dataset: str, data_dir: Path) -> MemoryRetriever:
 
 
 def _report(args: argparse.Namespace, model: str, out: Path) -> None:
-    """``<model><tag>.md``: the pooled table, the paired differences, one table per data set."""
+    """``<model><tag>.md``: the pooled table, the paired differences, one table per data set.
+
+    Each data set's summaries (``<dataset><tag>.json``) and plot go beside its rows in ``out``.
+    """
     measured_on = machine()
     sections, pooled = [], []
     for dataset in args.dataset:
@@ -239,7 +285,7 @@ def _report(args: argparse.Namespace, model: str, out: Path) -> None:
             "machine": measured_on,
             "summaries": [asdict(s) for s in summaries],
         }
-        stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+        write_results(stem.name, payload, None, directory=out)
         _plot(summaries, title, stem.with_name(stem.name + "_agreement.png"))
         sections.append(_section(title, summaries, model))
     if not pooled:
@@ -258,7 +304,7 @@ def _report(args: argparse.Namespace, model: str, out: Path) -> None:
         "with full recomputation's.",
         "",
     ]
-    (args.output / f"{model}{args.tag}.md").write_text("\n".join(header + parts) + "\n")
+    write_results(f"{model}{args.tag}", None, "\n".join(header + parts), directory=args.output)
 
 
 def _paired(rows: list[FidelityRow], baseline: str) -> str:
@@ -337,6 +383,215 @@ def _plot(summaries: list[FidelitySummary], title: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def rows_under(folder: Path) -> list[FidelityRow]:
+    """Every row of every data set under ``folder``."""
+    return [row for path in sorted(folder.glob("*.rows.jsonl")) for row in read_rows(path)]
+
+
+def common_questions(rows: list[FidelityRow], rules: list[str]) -> list[FidelityRow]:
+    """The rows of the questions every rule in ``rules`` was measured on (paired tables)."""
+    keys = [{(r.dataset, r.qid) for r in rows if r.rule == rule} for rule in rules]
+    shared = set.intersection(*keys) if keys else set()
+    return [r for r in rows if (r.dataset, r.qid) in shared]
+
+
+def by_dataset(rows: list[FidelityRow]) -> Iterator[tuple[str, list[FidelityRow]]]:
+    """Each data set's rows, in order of appearance, then all of them as ``pooled``."""
+    for dataset in dict.fromkeys(row.dataset for row in rows):
+        yield dataset, [r for r in rows if r.dataset == dataset]
+    yield "pooled", rows
+
+
+def ablation(model: str, rows: list[FidelityRow]) -> str:
+    """Exact agreement [95% interval] per rule and ratio, pooled over the common questions."""
+    rules = list(dict.fromkeys(row.rule for row in rows))
+    rows = common_questions(rows, rules)
+    summaries = {(s.rule, s.ratio): s for s in summarize(rows)}
+    lines = [
+        f"| {model} | n | "
+        + " | ".join(f"exact agree @{r}" for r in TABLE_RATIOS)
+        + " | KL @0.2 |",
+        "|---|---|" + "---|" * (len(TABLE_RATIOS) + 1),
+    ]
+    for rule in rules:
+        cells = [
+            str(summaries[(rule, r)].exact_interval) if (rule, r) in summaries else "-"
+            for r in TABLE_RATIOS
+        ]
+        at = summaries.get((rule, 0.2))
+        count = at.num_questions if at else 0
+        kl = f"{at.first_token_kl:.3f}" if at else "-"
+        lines.append(f"| {rule} | {count} | " + " | ".join(cells) + f" | {kl} |")
+    return "\n".join(lines)
+
+
+def report_table(model: str, rows: list[FidelityRow]) -> str:
+    """Per data set at 0.2: exact and first-token agreement, gold F1 against full."""
+    lines = [
+        f"| {model} | rule | n | exact agree | first-token agree | gold F1 (full) "
+        "| gold F1 - full | paired vs kv_deviation |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for dataset, subset in by_dataset(rows):
+        for s in summarize(subset):
+            if s.ratio != 0.2:
+                continue
+            paired = paired_rules(subset, s.rule, "kv_deviation", 0.2, "exact_agreement")
+            versus = "-" if s.rule == "kv_deviation" or paired is None else str(paired)
+            lines.append(
+                f"| {dataset} | {s.rule} | {s.num_questions} | {s.exact_interval} "
+                f"| {s.first_token_interval} | {s.gold_f1:.1f} ({s.reference_gold_f1:.1f}) "
+                f"| {s.gold_f1_vs_full} | {versus} |"
+            )
+    return "\n".join(lines)
+
+
+def paired_table(model: str, rows: list[FidelityRow]) -> str:
+    """Each lever of :data:`PAIRS` against its rule, per data set and pooled, per ratio."""
+    lines = [
+        f"| {model} | lever vs rule | ratio | n | exact agree: lever / rule | paired "
+        "| first-token agree: lever / rule | gold F1: lever / rule (full) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for lever, rule in PAIRS:
+        both = [r for r in common_questions(rows, [lever, rule]) if r.rule in (lever, rule)]
+        for dataset, subset in by_dataset(both):
+            summaries = {(s.rule, s.ratio): s for s in summarize(subset)}
+            for ratio in TABLE_RATIOS:
+                new, old = summaries.get((lever, ratio)), summaries.get((rule, ratio))
+                if new is None or old is None:
+                    continue
+                versus = paired_rules(subset, lever, rule, ratio, "exact_agreement")
+                lines.append(
+                    f"| {dataset} | {lever} vs {rule} | {ratio} | {new.num_questions} "
+                    f"| {new.exact_interval} / {old.exact_agreement:.0f} | {versus} "
+                    f"| {new.first_token_agreement:.0f} / {old.first_token_agreement:.0f} "
+                    f"| {new.gold_f1:.1f} / {old.gold_f1:.1f} ({new.reference_gold_f1:.1f}) |"
+                )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def tables(args: argparse.Namespace) -> None:
+    """The ``tables`` subcommand: print the tables of the rows under ``--rows``."""
+    for model in MODELS:
+        calibration = rows_under(args.rows / "calibration" / model)
+        if calibration:
+            print(f"### Calibration, {model}\n\n{ablation(model, calibration)}\n")
+        held_out = rows_under(args.rows / model)
+        if held_out:
+            print(f"### Report split, {model}\n\n{report_table(model, held_out)}\n")
+        for split, rows in (("calibration", calibration), ("report split", held_out)):
+            if table := paired_table(model, rows):
+                print(f"### Levers against their rule, {split}, {model}\n\n{table}\n")
+
+
+def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """KL(reference || other) of two logit vectors, in nats."""
+    log_p, log_q = torch.log_softmax(reference, -1), torch.log_softmax(other, -1)
+    return float((log_p.exp() * (log_p - log_q)).sum())
+
+
+def tiers(args: argparse.Namespace) -> None:
+    """The ``tiers`` subcommand: each tier's deviation from full prefill, per ratio."""
+    from adarag import AdaRAG
+    from adarag.engine.batch import SegmentSource
+
+    rag = AdaRAG()
+    engine, cache = rag.engine, rag.cache
+    config = rag.config.cache
+    ratios = sorted(
+        {*EXTRA_RATIOS, config.soft.recompute_ratio, config.independent.recompute_ratio}
+    )
+    rows = load_jsonl("musique_dev.jsonl", args.data_dir)
+    results: dict[str, dict[float, list[tuple[float, float, float]]]] = {
+        tier: {r: [] for r in ratios} for tier in ("hard", "soft", "independent")
+    }
+    for q_idx in range(args.questions):
+        row = rows[q_idx]
+        chunks = [p["text"] for p in row["passages"][:6]]
+        distractor = rows[(q_idx + 1) % len(rows)]["passages"][7]["text"]
+        layout = rag.prompts.layout(row["question"], chunks)
+        cu = layout.cu_segments
+        full = engine.prefill(layout)
+        exact = [full.kv.segment(cu[i + 1], cu[i + 2]) for i in range(6)]
+        system_kv = full.kv.segment(0, cu[1])
+        keys = cache.keys(layout.chunk_ids)
+        soft, independent = {}, {}
+        for i in range(2, 6):
+            earlier = rag.prompts.layout(
+                row["question"], [chunks[0], distractor, chunks[i - 1], chunks[i]]
+            )
+            earlier_keys = cache.keys(earlier.chunk_ids)
+            assert earlier_keys.soft[3] == keys.soft[i], "earlier prompt must share the soft key"
+            assert earlier_keys.hard[3] != keys.hard[i]
+            ecu = earlier.cu_segments
+            soft[i] = engine.prefill(earlier).kv.segment(ecu[4], ecu[5])
+            independent[i] = engine.compute_chunk(layout.system_ids, layout.chunk_ids[i], system_kv)
+        rows_slice = slice(cu[3], cu[7])
+        variants = {
+            "hard": dict(enumerate(exact)).get,
+            "soft": soft.get,
+            "independent": independent.get,
+        }
+        for tier, source_of in variants.items():
+            for ratio in ratios if tier != "hard" else (0.0,):
+                sources = [
+                    SegmentSource(system_kv),
+                    SegmentSource(exact[0]),
+                    SegmentSource(exact[1]),
+                ]
+                sources += [SegmentSource(source_of(i), ratio) for i in range(2, 6)]
+                sources.append(SegmentSource())
+                fused = engine.prefill(layout, sources)
+                dk = (fused.kv.k[:, rows_slice] - full.kv.k[:, rows_slice]).norm()
+                dv = (fused.kv.v[:, rows_slice] - full.kv.v[:, rows_slice]).norm()
+                rel_k = float(dk / full.kv.k[:, rows_slice].norm())
+                rel_v = float(dv / full.kv.v[:, rows_slice].norm())
+                results[tier][ratio].append(
+                    (rel_k, rel_v, kl_divergence(full.logits, fused.logits))
+                )
+        print(f"{row['id']} done")
+
+    lines = [
+        f"Deviation from full prefill, chunks 3-6 of {args.questions} musique prompts "
+        f"(6 passages each), real model; configured α = {config.soft.recompute_ratio}, "
+        f"β = {config.independent.recompute_ratio}; selection policy "
+        f"{config.recompute.selection_policy}.",
+        f"Machine: {machine()['cpu']}, {machine()['cores']} cores.",
+        "",
+        "| tier | recompute ratio | rel. L2 of K | rel. L2 of V | KL of last-token logits |",
+        "|---|---|---|---|---|",
+    ]
+    summary = {}
+    for tier, by_ratio in results.items():
+        for ratio, values in by_ratio.items():
+            if not values:
+                continue
+            means = [statistics.fmean(v[i] for v in values) for i in range(3)]
+            summary[f"{tier}@{ratio}"] = dict(zip(("rel_k", "rel_v", "kl"), means, strict=True))
+            lines.append(f"| {tier} | {ratio} | {means[0]:.4f} | {means[1]:.4f} | {means[2]:.4f} |")
+    table = "\n".join(lines)
+    print(table)
+    payload = {"machine": machine(), "summary": summary}
+    write_results("tier_deviation", payload, table, directory=RESULTS / "tiers")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_arguments(sub.add_parser("run", help="rules, levers and ratios against full"))
+    command = sub.add_parser("tables", help="the fidelity tables, from the rows")
+    command.add_argument("--rows", type=Path, default=rows_dir(RESULTS / "fidelity"))
+    command.set_defaults(fn=tables)
+    command = sub.add_parser("tiers", help="each cache tier's deviation from full prefill")
+    command.add_argument("--questions", type=int, default=8)
+    command.add_argument("--data-dir", type=Path)
+    command.set_defaults(fn=tiers)
+    run_subcommand(parser)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ L2 errors of the last-token logits against transformers' forward of the same wei
 The fused prefill at ``--ratio`` is compared between the two backends and reported (bfloat16
 near-ties can pick a few different tokens, so its logits are not held to a tolerance).
 
-    python benchmarks/fused_prefill_gpu.py                    # writes results/fused_prefill_gpu.*
+    python benchmarks/fused_prefill_gpu.py    # writes results/kernels-gpu/fused_prefill_gpu.*
     python benchmarks/fused_prefill_gpu.py --layers 4 --contexts 8192 --no-write
     python benchmarks/fused_prefill_gpu.py --ratio 0.2 --output fused_prefill_gpu_routing
 
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import REPO, machine, write_results
+from common import REPO, RESULTS, machine, write_results
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from adarag.config import AdaRagConfig, RecomputeConfig
@@ -315,7 +315,9 @@ def main() -> None:
         "--device", default="cuda", help="cpu: a smoke run (TRITON_INTERPRET=1), never written"
     )
     parser.add_argument("--no-write", action="store_true", help="print only; keep results/")
-    parser.add_argument("--output", default="fused_prefill_gpu", help="results/<output>.{md,json}")
+    parser.add_argument(
+        "--output", default="fused_prefill_gpu", help="results/kernels-gpu/<output>.{md,json}"
+    )
     args = parser.parse_args()
     on_gpu = args.device.startswith("cuda")
     if on_gpu and not torch.cuda.is_available():
@@ -350,7 +352,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, write: bool) -> No
     table = markdown(results, args)
     print(table, flush=True)
     if write:
-        write_results(args.output, results, table)
+        write_results(args.output, results, table, directory=RESULTS / "kernels-gpu")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,5 @@ echo "== fused_prefill_gpu"
 (cd benchmarks && timeout "${FUSED_S:-280}" python3 fused_prefill_gpu.py) >"$out/fused.log" 2>&1
 echo "exit $?" >>"$out/fused.log"
 tail -n 30 "$out/fused.log"
-cp benchmarks/results/kernels_gpu.md benchmarks/results/fused_prefill_gpu.json "$out/" 2>/dev/null
-cp benchmarks/results/kernels_gpu.json benchmarks/results/fused_prefill_gpu.md "$out/" 2>/dev/null
+cp benchmarks/results/kernels-gpu/{kernels_gpu,fused_prefill_gpu}.{md,json} "$out/" 2>/dev/null
 true

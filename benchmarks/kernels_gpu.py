@@ -17,7 +17,7 @@ Rows:
 - kv_scatter: the recomputed rows of one layer written into the fused cache.
 - logit_lens: 4 lens layers against the LM head.
 
-    python benchmarks/kernels_gpu.py                       # full grid, writes results/kernels_gpu.*
+    python benchmarks/kernels_gpu.py    # full grid, writes results/kernels-gpu/kernels_gpu.*
     python benchmarks/kernels_gpu.py --contexts 8192 --ratios 0.15 --sweep-tiles
 
 The issue's target: selective attention at least 1.5x faster than masked SDPA at 15%.
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from common import machine, write_results
+from common import RESULTS, machine, write_results
 
 from adarag.kernels.kv_scatter import kv_scatter_ref, kv_scatter_triton
 from adarag.kernels.logit_lens import logit_lens_ref, logit_lens_triton
@@ -414,7 +414,7 @@ def main() -> None:
     table = markdown(results, args)
     print(table)
     if device.type == "cuda" and not args.no_write:
-        write_results("kernels_gpu", results, table)
+        write_results("kernels_gpu", results, table, directory=RESULTS / "kernels-gpu")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 ``features`` reads the oracle labels ``adarag calibrate --selector`` recorded on the calibration
 questions (``--records``, one file per question) and writes
-``results/learned/<model>_features.md``:
+``results/fidelity/learned/<model>_features.md``:
 
 - each feature family as a scorer on its own: the share of the oracle's set it chooses at the
   oracle's budget (recall), the share of the oracle set's first-order gain its set carries, and
@@ -11,14 +11,16 @@ questions (``--records``, one file per question) and writes
   (leave-one-data-set-out, also by source: the three 2WikiMQA sets share questions), against
   ``query_deviation`` on the same questions (paired).
 
-``pareto`` reads the report split's fidelity rows (``fidelity.py`` with the ``learned``,
-window, ladder and oracle rules) and an ``engine_ttft.py`` run of the same rules side by side,
-and writes ``results/learned/<model>_pareto.md``: per rule and ratio, exact agreement with full
+``pareto`` reads the report split's fidelity rows (``fidelity.py run`` with the ``learned``,
+window, ladder and oracle rules; ``--rows``, default the benchmarks' cache) and an
+``engine.py ttft`` run of the same rules side by side, and writes
+``results/fidelity/learned/<model>_pareto.md``: per rule and ratio, exact agreement with full
 recomputation, gold F1 against full's (paired), first-token agreement, and the mean TTFT
 speed-up over full prefill (a ladder's from the share of requests ending on each rung).
 
     python benchmarks/learned_selector.py features --records ~/.cache/adarag-bench/selector/M
-    python benchmarks/learned_selector.py pareto --model M --speed results/engine_ttft_learned.json
+    python benchmarks/learned_selector.py pareto --model M \
+        --speed benchmarks/results/engine/engine_ttft_learned_qwen.json
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS
-from fidelity_tables import by_dataset
+from common import RESULTS, rows_dir, write_results
+from fidelity import by_dataset
 
 from adarag.evaluation.fidelity import FidelityRow, paired_rules, read_rows, summarize
 from adarag.evaluation.intervals import bootstrap_interval, paired_difference
@@ -154,14 +156,14 @@ def main() -> None:
     sub = parser.add_subparsers(dest="stage", required=True)
     stage = sub.add_parser("features", help="feature families and held-out fits, from labels")
     stage.add_argument("--records", type=Path, required=True, help="the labels' directory")
-    stage.add_argument("--output", type=Path, default=RESULTS / "learned")
+    stage.add_argument("--output", type=Path, default=RESULTS / "fidelity" / "learned")
     stage.set_defaults(fn=features)
     stage = sub.add_parser("pareto", help="the report split's table, from fidelity rows")
     stage.add_argument("--model", required=True, help="the checkpoint's directory name")
-    stage.add_argument("--rows", type=Path, default=RESULTS / "fidelity")
-    stage.add_argument("--speed", type=Path, help="an engine_ttft.py result (JSON)")
+    stage.add_argument("--rows", type=Path, default=rows_dir(RESULTS / "fidelity"))
+    stage.add_argument("--speed", type=Path, help="an `engine.py ttft` result (JSON)")
     stage.add_argument("--baseline", default="query_deviation")
-    stage.add_argument("--output", type=Path, default=RESULTS / "learned")
+    stage.add_argument("--output", type=Path, default=RESULTS / "fidelity" / "learned")
     stage.set_defaults(fn=pareto)
     args = parser.parse_args()
     args.fn(args)
@@ -202,12 +204,11 @@ def features(args: argparse.Namespace) -> None:
         *held_out_table(records, source_of),
         "",
     ]
-    args.output.mkdir(parents=True, exist_ok=True)
-    path = args.output / f"{model}_features.md"
-    path.write_text("\n".join(lines))
-    print(f"wrote {path}")
     summary = {"model": model, "questions": counts}
-    (args.output / f"{model}_features.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_results(
+        f"{model}_features", summary, "\n".join(lines).rstrip("\n"), directory=args.output
+    )
+    print(f"wrote {args.output / model}_features.md")
 
 
 def _speed_of(rule: str, ratio: float, rows: Sequence[FidelityRow], timing: dict) -> str:
@@ -291,10 +292,10 @@ def pareto(args: argparse.Namespace) -> None:
                     f"| {100 * np.mean(routed):.0f}% | {_speed_of(rule, ratio, group, timing)} |"
                 )
         lines.append("")
-    args.output.mkdir(parents=True, exist_ok=True)
-    path = args.output / f"{args.model}_pareto.md"
-    path.write_text("\n".join(lines))
-    print(f"wrote {path}")
+    write_results(
+        f"{args.model}_pareto", None, "\n".join(lines).rstrip("\n"), directory=args.output
+    )
+    print(f"wrote {args.output / args.model}_pareto.md")
 
 
 if __name__ == "__main__":

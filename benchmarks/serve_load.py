@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 import openai
-from common import load_summary, machine, write_results
+from common import RESULTS, load_summary, machine, write_results
 
 from adarag import AdaRagConfig
 from adarag.evaluation.machine import describe_machine
@@ -87,7 +87,7 @@ def main() -> None:
         "levels": levels,
         "queue_full": burst,
     }
-    write_results(args.output, payload, _table(payload))
+    write_results(args.output, payload, _table(payload), directory=RESULTS / "serving")
 
 
 def _prepare(root: Path, args: argparse.Namespace) -> tuple[Path, list[str]]:

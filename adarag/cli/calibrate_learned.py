@@ -210,7 +210,7 @@ def run_depth(args: argparse.Namespace, config: AdaRagConfig) -> int:
     if args.dataset and args.records is None:
         raise InputError(
             "--depth --dataset fits on depth records: pass --records with the directory "
-            "`python benchmarks/depth_pareto.py run --split calibration` wrote them to"
+            "`python benchmarks/depth.py run --split calibration` wrote them to"
         )
     rag = AdaRAG(exact_steps(config))
     output = profile_path(args, rag)
@@ -227,7 +227,7 @@ def run_depth(args: argparse.Namespace, config: AdaRagConfig) -> int:
     if not records:
         raise InputError(
             f"{records_dir}: no depth records; record them with `python benchmarks/"
-            "depth_pareto.py run --split calibration` or run `adarag calibrate --depth` without "
+            "depth.py run --split calibration` or run `adarag calibrate --depth` without "
             "--dataset (the bundled questions)"
         )
     if len(records) < MIN_QUESTIONS:

@@ -27,7 +27,7 @@ class ChatConfig(_Frozen):
         "Kowalski.' is searched with the name; no model call), 'concatenate' (the earlier "
         "questions, then the follow-up) or 'condense' (the model rewrites the follow-up and the "
         "earlier turns into a standalone question, as LlamaIndex's CondenseQuestionChatEngine "
-        "does). In benchmarks/standalone_question.py (20 2WikiMultihopQA follow-ups such as "
+        "does). In `benchmarks/conversations.py standalone` (20 2WikiMultihopQA follow-ups such as "
         "'Where was this person born?') the gold passage was in the top 4 for 30% of follow-ups "
         "with Qwen2.5-0.5B and 10% with SmolLM2 with 'turns', none with 'concatenate', 20% and "
         "10% with 'condense' (one model call of 0.9-1.5 s on 2 CPU cores).",

@@ -51,9 +51,10 @@ class StoreConfig(_Frozen):
         "on probation (readable by the request's next step, evicted first, not spilled to "
         "disk), so novel queries do not evict the popular chunks' KV. 'always': every "
         "write-back lasts. Over 300 novel queries with Zipf-popular chunks "
-        "(benchmarks/results/sustained_traffic.md), 'frequency' with 'lfu' eviction served "
-        "47.5% of chunk lookups from the cache (47.0% in the last 50 queries) against 38.3% "
-        "(36.5%) for 'always' with 'lru' and 46.3% (45.0%) with 'lfu', with 5x fewer disk writes.",
+        "(benchmarks/results/sustained-traffic/sustained_traffic.md), 'frequency' with 'lfu' "
+        "eviction served 47.5% of chunk lookups from the cache (47.0% in the last 50 queries) "
+        "against 38.3% (36.5%) for 'always' with 'lru' and 46.3% (45.0%) with 'lfu', with 5x "
+        "fewer disk writes.",
     )
     admission_threshold: int = Field(
         default=2,

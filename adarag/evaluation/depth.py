@@ -51,7 +51,7 @@ class DepthQuestion:
 
     @classmethod
     def from_record(cls, row: dict) -> DepthQuestion:
-        """A question as ``benchmarks/depth_pareto.py run`` writes it."""
+        """A question as ``benchmarks/depth.py run`` writes it."""
         return cls(
             row["qid"],
             tuple(row["scores"]),

@@ -304,10 +304,10 @@ def _default_tiling(dtype: torch.dtype, head_dim_padded: int, write_mass: bool) 
     Chosen so that the kernel compiles for sm_90 without register spills up to head_dim 128
     (checked with ptxas): 16-bit inputs use 128-row tiles on 8 warps with 64 keys per step (64
     rows on 4 warps for head_dim 128, the fastest spill-free tiling of the H200 sweep in
-    ``benchmarks/results/kernels_gpu.md``; larger heads take 64 x 16); float32 dots run in IEEE
-    float32 without tensor cores, in 32 x 32 tiles; the mass pass of 16-bit inputs holds no value
-    tile and takes 128 x 64. Triton's interpreter has no registers to spill and pays per program
-    step, so it takes the largest tiles.
+    ``benchmarks/results/kernels-gpu/kernels_gpu.md``; larger heads take 64 x 16); float32 dots
+    run in IEEE float32 without tensor cores, in 32 x 32 tiles; the mass pass of 16-bit inputs
+    holds no value tile and takes 128 x 64. Triton's interpreter has no registers to spill and pays
+    per program step, so it takes the largest tiles.
     """
     if is_triton_interpreted():
         return AttentionTiling(block_m=128, block_n=64, num_warps=4, num_stages=1)

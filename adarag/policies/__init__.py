@@ -1,7 +1,7 @@
 """Named policies: presets of configuration overrides (AdaCache, the baselines, related systems).
 
-Serve one with :meth:`adarag.AdaRAG.from_policy`; ``adarag bench --policies`` and
-``benchmarks/policies.py`` compare them. Each preset family has its own module (``baselines``,
+Serve one with :meth:`adarag.AdaRAG.from_policy`; ``adarag bench --policies`` (``--workload``:
+every policy side by side) compares them. Each preset family has its own module (``baselines``,
 ``adacache``, ``fusionrag``, ``cachecraft``, ``ragboost``, ``a3``) whose ``PRESETS`` the registry
 (``registry.PRESET_MODULES``) collects.
 """

@@ -11,7 +11,7 @@ step's): a probe that stops at its first confident step then stops where the ans
 as good as it will get. :func:`fit_probe` fits a regularised logistic model on the questions
 whose gold F1 depends on the depth (:func:`is_informative`); the threshold is
 chosen by replaying the rule against fixed top-k at equal prompt tokens (see
-``benchmarks/depth_report.py`` and :mod:`adarag.evaluation.depth`).
+``benchmarks/depth.py report`` and :mod:`adarag.evaluation.depth`).
 """
 
 from __future__ import annotations

@@ -44,17 +44,7 @@ def test_tiny_bench_run_writes_tables_json_and_plots(tiny_checkpoints, tmp_path)
         },
     ]
     (data_dir / "hotpotqa_dev.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    config = tmp_path / "config.json"
-    config.write_text(
-        json.dumps(
-            {
-                "home": str(tmp_path / "home"),
-                "engine": {"model": str(tiny_checkpoints["llama"])},
-                "augment": {"threshold": 0.0},
-                "experimental": {"augment": {"num_lens_layers": 2}},
-            }
-        )
-    )
+    config = _tiny_config_file(tiny_checkpoints, tmp_path)
     out = tmp_path / "out"
     status = main(
         [
@@ -96,13 +86,58 @@ def test_tiny_bench_run_writes_tables_json_and_plots(tiny_checkpoints, tmp_path)
     adacache = payload["summaries"][3]
     assert adacache["mean_chunks_used"] == 1.0  # τ = 0: the first step is confident
     assert set(payload["top_k_sweep"]) == {"1", "2"}
-    for name in (
-        "hotpotqa.md",
-        "hotpotqa_ttft_vs_f1.png",
-        "hotpotqa_depths.png",
-        "hotpotqa_ttft_vs_topk.png",
-    ):
+    plots = ("hotpotqa_ttft_vs_f1.png", "hotpotqa_depths.png", "hotpotqa_ttft_vs_topk.png")
+    for name in ("hotpotqa.md", *plots):
         assert (out / name).stat().st_size > 0
+    table = (out / "hotpotqa.md").read_text()
+    for name in ("hotpotqa.md", *plots):
+        (out / name).unlink()
+    # --report-only: the same table and plots again from the JSON, no model (no --config)
+    assert main(["bench", "--dataset", "hotpotqa", "--report-only", "--output", str(out)]) == 0
+    assert (out / "hotpotqa.md").read_text() == table
+    assert all((out / name).stat().st_size > 0 for name in plots)
+
+
+def test_workload_run_puts_every_policy_beside_full_and_report_only_rewrites_it(
+    data_dir, tiny_checkpoints, tmp_path
+):
+    config = _tiny_config_file(tiny_checkpoints, tmp_path)
+    out = tmp_path / "out"
+    argv = ["--config", str(config), "bench", "--workload", "multi-turn", "--output", str(out)]
+    options = ["--data-dir", str(data_dir), "--limit", "4", "--top-k", "3"]
+    options += ["--policies", "cacheblend", "--max-new-tokens", "2"]
+    assert main([*argv, *options]) == 0
+    (report,) = out.glob("multi-turn_*.json")
+    rows = {row["policy"]: row for row in json.loads(report.read_text())["rows"]}
+    assert list(rows) == ["full", "cacheblend"]  # the reference runs first
+    assert rows["full"]["exact_agreement"] == 100.0
+    assert rows["full"]["first_token_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert rows["cacheblend"]["num_queries"] == rows["full"]["num_queries"] >= 4
+    table, plot = report.with_suffix(".md"), report.with_suffix(".png")
+    expected = table.read_text()
+    table.unlink()
+    plot.unlink()
+    assert main(["bench", "--workload", "multi-turn", "--report-only", "--output", str(out)]) == 0
+    assert table.read_text() == expected and plot.stat().st_size > 0
+
+
+def test_report_only_without_an_earlier_run_says_so(tmp_path, capsys):
+    assert main(["bench", "--workload", "musique", "--report-only", "--output", str(tmp_path)]) == 2
+    assert "no earlier run of musique" in capsys.readouterr().err
+
+
+def _tiny_config_file(tiny_checkpoints, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "home": str(tmp_path / "home"),
+                "engine": {"model": str(tiny_checkpoints["llama"])},
+                "augment": {"num_lens_layers": 2, "threshold": 0.0},
+            }
+        )
+    )
+    return config
 
 
 def _record(policy, qid, answer, chunks, qtype="comparison", f1=0.5):
