@@ -46,7 +46,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from common import CACHE, DEFAULT_DATA_DIR, RESULTS, machine, run_subcommand, write_results
-from depth import MAX_K, hard_tier_pipeline
+from runs.depth.run import hard_tier_pipeline
+from runs.depth.splits import MAX_K
 
 from adarag import AdaRAG
 from adarag.augment.step_cost import StepCostModel
