@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 from common import RESULTS, rows_dir, write_results
-from fidelity import by_dataset
+from runs.fidelity.rows import by_dataset
 
 from adarag.evaluation.fidelity import FidelityRow, paired_rules, read_rows, summarize
 from adarag.evaluation.intervals import bootstrap_interval, paired_difference

@@ -71,7 +71,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F  # noqa: N812
 from common import DEFAULT_DATA_DIR, RESULTS, rows_dir, run_subcommand, write_results
-from fidelity import by_dataset, model_name
+from runs.fidelity.rows import by_dataset, model_name
 
 from adarag.engine.selection import num_to_recompute
 from adarag.evaluation.fidelity import FidelityRow, contains_gold, read_rows, summarize
