@@ -193,6 +193,14 @@ def step_cost(args: argparse.Namespace) -> None:
     }
     for rag in rags.values():
         steps(rag, "warm-up?", [Chunk("A short passage."), Chunk("Another one.")])
+    timed, max_diff = _time_steps(rags, items)
+    _write_step_cost(args, rags, len(items), timed, max_diff)
+
+
+def _time_steps(
+    rags: dict[str, AdaRAG], items: list[dict]
+) -> tuple[dict[str, list[tuple[int, float]]], float]:
+    """Each variant's processed tokens and seconds per step, and the variants' largest logit gap."""
     timed: dict[str, list[tuple[int, float]]] = {name: [] for name in rags}
     max_diff = 0.0
     for index, item in enumerate(items):
@@ -212,6 +220,17 @@ def step_cost(args: argparse.Namespace) -> None:
             ),
             flush=True,
         )
+    return timed, max_diff
+
+
+def _write_step_cost(
+    args: argparse.Namespace,
+    rags: dict[str, AdaRAG],
+    num_questions: int,
+    timed: dict[str, list[tuple[int, float]]],
+    max_diff: float,
+) -> None:
+    """``step_cost_<model>_<storage dtype>.{md,json}``: each variant's fit."""
     fits = {
         name: StepCostModel.fit([t for t, _ in rows], [s for _, s in rows])
         for name, rows in timed.items()
@@ -223,7 +242,7 @@ def step_cost(args: argparse.Namespace) -> None:
         f"`python benchmarks/augmentation_cost.py steps --model {args.model} "
         f"--questions {args.questions} --threads {args.threads} "
         f"--storage-dtype {args.storage_dtype}`. "
-        f"{describe_machine(machine())} {len(items)} {args.dataset} questions x "
+        f"{describe_machine(machine())} {num_questions} {args.dataset} questions x "
         f"{MAX_K} steps per variant, in one process, alternating. Largest logit difference "
         f"between the variants: {max_diff:.2e}.",
         "",
@@ -240,7 +259,7 @@ def step_cost(args: argparse.Namespace) -> None:
         "machine": machine(),
         "storage_dtype": args.storage_dtype,
         "model": model,
-        "questions": len(items),
+        "questions": num_questions,
         "max_logit_diff": max_diff,
         "fits": {n: {"fixed_s": f.fixed_s, "per_token_s": f.per_token_s} for n, f in fits.items()},
         "steps": timed,
