@@ -7,20 +7,17 @@ import asyncio
 import json
 import os
 import secrets
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from common import load_jsonl, machine, write_results
 
 from adarag import AdaRAG, AdaRagConfig
+from runs.serve_load.server import ingest
 from runs.vllm_connector import OUTPUT
 from runs.vllm_connector.serve_load_clients import run_level
 from runs.vllm_connector.serve_load_report import agreement_with_vllm, serve_load_table
 from runs.vllm_connector.serve_load_servers import variant_servers
-
-ADARAG = str(Path(sys.executable).parent / "adarag")
 
 
 def _questions(args: argparse.Namespace) -> list[str]:
@@ -56,10 +53,7 @@ def _prepare(root: Path, args: argparse.Namespace) -> tuple[AdaRagConfig, int]:
         },
         cache={"store": {"directory": str(root / "kv")}},
     )
-    (root / "config.json").write_text(json.dumps(config.model_dump(mode="json")))
-    subprocess.run(
-        [ADARAG, "--config", str(root / "config.json"), "ingest", str(corpus)], check=True
-    )
+    ingest(root, config, corpus)
     return config, len(passages)
 
 

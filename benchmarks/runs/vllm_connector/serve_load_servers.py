@@ -9,11 +9,10 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from serve_load import Server
-
 from adarag import AdaRagConfig
 from adarag.engine.checkpoint import Checkpoint
 from adarag.engine.vllm.launch import free_port, running_vllm_server, serve_command
+from runs.serve_load.server import Server
 
 
 @contextmanager
