@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import parse_rule, rows_dir
+from common import parse_rule, pipeline_for, rows_dir
 
 from adarag.config import FusionConfig, RecomputeConfig
 from adarag.evaluation import corpora
@@ -43,15 +43,11 @@ def run(args: argparse.Namespace) -> None:
 
 def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: Path) -> None:
     """Every missing row of every question, appended to ``out/<dataset><tag>.rows.jsonl``."""
-    from adarag import AdaRAG
     from adarag.evaluation.fidelity import FidelityRun
     from adarag.profiles import ModelProfile
     from adarag.schema import GenerationParams
 
-    engine: dict[str, Any] = {"model": args.model}
-    if args.threads:
-        engine["num_threads"] = args.threads
-    rag = AdaRAG(engine=engine)
+    rag = pipeline_for(args.model, args.threads)
     model = rag.engine.checkpoint.name
     assert model == out.name, f"model {model} writes under {out}"
     params = GenerationParams(max_new_tokens=args.max_new_tokens)

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from common import RESULTS, write_results
+from common import RESULTS, pipeline_for, write_results
 
 from adarag.evaluation.fidelity import FidelityRow, summarize
 from adarag.evaluation.intervals import paired_difference
@@ -33,14 +33,10 @@ def routing(args: argparse.Namespace) -> None:
 
 
 def _measure_entropies(args: argparse.Namespace, model: str) -> None:
-    from adarag import AdaRAG
     from adarag.kernels import lens_signals_from_logits
     from adarag.schema import GenerationParams
 
-    engine: dict = {"model": args.model}
-    if args.threads:
-        engine["num_threads"] = args.threads
-    rag = AdaRAG(engine=engine)
+    rag = pipeline_for(args.model, args.threads)
     engine = rag.engine
     params = GenerationParams(max_new_tokens=16)
     for split in args.split:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from common import rows_dir, write_results
+from common import pipeline_for, rows_dir, write_results
 
 from adarag.engine.selection import num_to_recompute
 from adarag.evaluation.intervals import bootstrap_interval, paired_difference
@@ -184,12 +184,8 @@ def signals(args: argparse.Namespace) -> None:
 
 
 def _measure_signals(args: argparse.Namespace, model: str, path: Path, done: set) -> list[dict]:
-    from adarag import AdaRAG
 
-    engine: dict = {"model": args.model}
-    if args.threads:
-        engine["num_threads"] = args.threads
-    rag = AdaRAG(engine=engine)
+    rag = pipeline_for(args.model, args.threads)
     assert rag.engine.checkpoint.name == model, f"model {model} writes under {path}"
     measured = []
     started = time.perf_counter()
