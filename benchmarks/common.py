@@ -10,11 +10,14 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adarag.config import RecomputeConfig
 from adarag.evaluation.machine import machine
 from adarag.evaluation.workload import DATA_DIR_ENV, DEFAULT_DATA_DIR
+
+if TYPE_CHECKING:
+    from adarag import AdaRAG
 
 __all__ = [
     "CACHE",
@@ -22,6 +25,7 @@ __all__ = [
     "machine",
     "load_jsonl",
     "musique_prompts",
+    "pipeline_for",
     "rows_dir",
     "run_subcommand",
     "timed",
@@ -73,6 +77,16 @@ def musique_prompts(
         )
         system_kv, chunk_kvs = independent_chunks(rag.engine, layout)
         yield row, layout, system_kv, chunk_kvs
+
+
+def pipeline_for(model: str, threads: int | None) -> AdaRAG:
+    """A pipeline of ``model`` on ``threads`` torch threads (torch's own count when None)."""
+    from adarag import AdaRAG
+
+    engine: dict[str, Any] = {"model": model}
+    if threads:
+        engine["num_threads"] = threads
+    return AdaRAG(engine=engine)
 
 
 def run_subcommand(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,1 @@
+"""``depth.py``'s stages: adaptive depth against every fixed top-k over real retrieval."""

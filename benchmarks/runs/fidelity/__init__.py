@@ -1,0 +1,1 @@
+"""``fidelity.py``'s subcommands: fused KV against full recomputation."""

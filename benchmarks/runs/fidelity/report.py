@@ -1,0 +1,146 @@
+"""The report of ``fidelity.py run``, rebuilt from every row: tables, paired differences, plots."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from pathlib import Path
+
+from common import machine, write_results
+
+from adarag.evaluation.fidelity import (
+    FidelityRow,
+    FidelitySummary,
+    Target,
+    paired_rules,
+    read_rows,
+    smallest_ratio_meeting,
+    summarize,
+)
+from adarag.evaluation.machine import describe_machine
+from adarag.evaluation.plots import pyplot
+from adarag.evaluation.workload import FIDELITY_CHUNKS
+
+
+def write_report(args: argparse.Namespace, model: str, out: Path) -> None:
+    """``<model><tag>.md``: the pooled table, the paired differences, one table per data set.
+
+    Each data set's summaries (``<dataset><tag>.json``) and plot go beside its rows in ``out``.
+    """
+    measured_on = machine()
+    sections, pooled = [], []
+    for dataset in args.dataset:
+        stem = out / f"{dataset}{args.tag}"
+        rows = read_rows(stem.with_suffix(".rows.jsonl"))
+        if not rows:
+            continue
+        pooled += rows
+        count = len({row.qid for row in rows})
+        title = (
+            f"{model}, {dataset}: {count} questions from #{args.offset}, "
+            f"{FIDELITY_CHUNKS[dataset]} chunks, {args.max_new_tokens} new tokens (greedy)"
+        )
+        summaries = summarize(rows)
+        payload = {
+            "title": title,
+            "machine": measured_on,
+            "summaries": [asdict(s) for s in summaries],
+        }
+        write_results(stem.name, payload, None, directory=out)
+        _plot(summaries, title, stem.with_name(stem.name + "_agreement.png"))
+        sections.append(_section(title, summaries, model))
+    if not pooled:
+        return
+    count = len({(row.dataset, row.qid) for row in pooled})
+    title = f"{model}, {len(sections)} data sets pooled ({count} questions)"
+    parts = [_section(title, summarize(pooled), model), _paired(pooled, args.baseline), *sections]
+    header = [
+        f"# Fidelity: {model}",
+        "",
+        describe_machine(measured_on),
+        "",
+        "Every figure is a mean over questions with its 95% bootstrap interval in brackets. "
+        "'gold F1 - full' is the paired difference against full recomputation of the same "
+        "prompts. Exact agreement compares the whole greedy answer (up to the new-token budget) "
+        "with full recomputation's.",
+        "",
+    ]
+    write_results(f"{model}{args.tag}", None, "\n".join(header + parts), directory=args.output)
+
+
+def _paired(rows: list[FidelityRow], baseline: str) -> str:
+    """Each rule against ``baseline`` at each ratio: paired differences in exact agreement."""
+    rules = list(dict.fromkeys(row.rule for row in rows))
+    ratios = sorted({row.ratio for row in rows if 0.0 < row.ratio < 1.0})
+    lines = [
+        f"## Paired against {baseline} (exact agreement, points; 95% interval; p)",
+        "",
+        "| rule | " + " | ".join(f"{ratio:.2f}" for ratio in ratios) + " |",
+        "|---|" + "---|" * len(ratios),
+    ]
+    for rule in rules:
+        if rule == baseline:
+            continue
+        cells = []
+        for ratio in ratios:
+            found = paired_rules(rows, rule, baseline, ratio, "exact_agreement")
+            cells.append("-" if found is None else f"{found} p={found.p_value:.2f}")
+        lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _section(title: str, summaries: list[FidelitySummary], model: str) -> str:
+    target = Target(min_first_token_agreement=90.0) if "SmolLM2" in model else Target()
+    lines = [
+        f"## {title}",
+        "",
+        "| rule | ratio | recomputed | n | exact agree % | first-token agree % | first-token KL "
+        "| gold F1 | gold F1 - full | TTFT s (full) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        lines.append(
+            f"| {s.rule} | {s.ratio:.2f} | {100 * s.recomputed_share:.0f}% | {s.num_questions} "
+            f"| {s.exact_interval} | {s.first_token_interval} | {s.first_token_kl:.3f} "
+            f"| {s.gold_f1_interval} | {s.gold_f1_vs_full} "
+            f"| {s.ttft_s:.2f} ({s.full_ttft_s:.2f}) |"
+        )
+    lines += ["", f"Smallest ratio meeting the target ({_describe(target)}):", ""]
+    for rule in dict.fromkeys(s.rule for s in summaries):
+        hit = smallest_ratio_meeting(summaries, rule, target)
+        if hit is None:
+            lines.append(f"- {rule}: none of the ratios")
+        else:
+            speedup = hit.full_ttft_s / hit.ttft_s
+            lines.append(f"- {rule}: {hit.ratio:.2f} (TTFT {hit.ttft_s:.2f} s, {speedup:.2f}x)")
+    return "\n".join(lines) + "\n"
+
+
+def _describe(target: Target) -> str:
+    if target.min_first_token_agreement is not None:
+        return f"first-token agreement >= {target.min_first_token_agreement:.0f}%"
+    return (
+        f"exact agreement >= {target.min_exact_agreement:.0f}% and gold F1 >= "
+        f"{100 * target.min_gold_f1_share:.0f}% of full recomputation's"
+    )
+
+
+def _plot(summaries: list[FidelitySummary], title: str, path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    panels = (
+        ("exact agreement with full (%)", "exact_agreement"),
+        ("first-token KL", "first_token_kl"),
+    )
+    for axis, (label, field) in zip(axes, panels, strict=True):
+        for rule in dict.fromkeys(s.rule for s in summaries):
+            points = sorted((s.ratio, getattr(s, field)) for s in summaries if s.rule == rule)
+            style = ":" if "oracle" in rule or rule == "random" else "-"
+            axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=rule)
+        axis.set_xlabel("recomputed share of each chunk")
+        axis.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,1 @@
+"""``selection.py``'s subcommands: a screen of selection signals, and uncertainty routing."""

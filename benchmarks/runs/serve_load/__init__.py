@@ -1,0 +1,1 @@
+"""``serve_load.py``'s server, which ``vllm_connector.py serve-load`` starts too."""

@@ -1,0 +1,1 @@
+"""``storage.py``'s subcommands: what chunk KV costs to store, share and build."""

@@ -1,0 +1,1 @@
+"""``traffic.py``'s subcommands: cache reuse under traffic."""
