@@ -26,7 +26,13 @@ def record() -> dict:
 def _rag(real_config: AdaRagConfig, name: str, tmp_path: Path) -> AdaRAG:
     overrides = POLICIES[name].overrides
     cache = {**overrides["cache"], "store": {"storage_dtype": "float32"}}
-    return AdaRAG(real_config, home=tmp_path / name, cache=cache, augment=overrides["augment"])
+    return AdaRAG(
+        real_config,
+        home=tmp_path / name,
+        cache=cache,
+        augment=overrides["augment"],
+        experimental=overrides.get("experimental", {}),
+    )
 
 
 def test_cachecraft_answers_a_repeated_prompt_exactly(real_config, record, tmp_path):
