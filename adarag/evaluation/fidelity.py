@@ -44,7 +44,7 @@ from adarag.evaluation.workload import BenchQuestion
 from adarag.kv import ChunkKV
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.answer_stream import decode_text
-from adarag.pipeline.fusion_warm import ChunkFuser
+from adarag.pipeline.offline import ChunkFuser
 from adarag.pipeline.learned import LearnedControls, learned_controls
 from adarag.profiles import ModelProfile
 from adarag.retrievers.base import Retriever

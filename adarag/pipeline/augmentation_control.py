@@ -1,6 +1,14 @@
-"""The augmentation controller a pipeline runs, from its config and the model's calibration."""
+"""The augmentation loop a pipeline's requests run, and its controller, built once per pipeline.
+
+The controller comes from the config and the model's calibration. A stop rule the model's profile
+has no fit for (an agreement rule without a calibrated τ, a probe never fitted) cannot adapt the
+depth: the request then answers from the static top-k in one step (:func:`is_static_fallback`),
+and the loop says so once, when it is built.
+"""
 
 from __future__ import annotations
+
+import logging
 
 from adarag.augment import (
     AgreementModel,
@@ -13,7 +21,12 @@ from adarag.augment import (
 )
 from adarag.config import AugmentConfig, AugmentLevers
 from adarag.errors import ConfigError
+from adarag.pipeline.resources import Resources
+from adarag.pipeline.steps import AugmentedPrefill
 from adarag.profiles.model_profile import AgreementCalibration, ModelProfile
+
+# the records keep the name of the pipeline's logger
+logger = logging.getLogger("adarag.pipeline.rag")
 
 
 def fitted_stops(augment: AugmentConfig, profile: ModelProfile) -> FittedStops:
@@ -46,7 +59,7 @@ def build_controller(
     params = ConfidenceParams(kl_weight, calibration.kl_scale, calibration.entropy_scale)
     estimator = LensConfidence(params, levers.estimator)
     rule = stop_rules.build_stop_rule(augment.stop_rule, levers.min_chunks, fitted)
-    if rule is None:  # static top-k (see augmented.is_static_fallback)
+    if rule is None:  # static top-k (see is_static_fallback)
         return AugmentationController(estimator, ThresholdStop(fitted.threshold))
     agreement = (
         fitted.agreement[0] if augment.stop_rule == "agreement" and fitted.agreement else None
@@ -80,3 +93,46 @@ def static_fallback_message(stop_rule: str, profile: ModelProfile) -> str:
         f"no τ whose early stops kept the static top-k answer within ε={agreement.risk}; "
         "answering from the static top-k (a larger --risk may find one)"
     )
+
+
+def is_static_fallback(
+    augment: AugmentConfig, levers: AugmentLevers, profile: ModelProfile
+) -> bool:
+    """Whether augmentation is on with a stop rule the model's profile has no fit for."""
+    if not augment.enabled:
+        return False
+    fitted = fitted_stops(augment, profile)
+    return stop_rules.build_stop_rule(augment.stop_rule, levers.min_chunks, fitted) is None
+
+
+def augmented_prefill(resources: Resources) -> AugmentedPrefill:
+    """The augmentation loop over the pipeline's engine and cache, per its ``config.augment``.
+
+    The controller comes from the model's calibration; a stop rule without one switches
+    augmentation off (static top-k), logged here once per pipeline.
+    """
+    config, engine, profile = resources.config, resources.engine, resources.profile
+    augment, levers = config.augment, config.experimental.augment
+    controller = build_controller(augment, levers, engine.spec.num_layers, profile)
+    if is_static_fallback(augment, levers, profile):
+        # the documented default of both packaged models, not a fault: info, not warning
+        logger.info(static_fallback_message(augment.stop_rule, profile))
+        static = augment.model_copy(update={"enabled": False})
+        config = config.model_copy(update={"augment": static})
+    return AugmentedPrefill(
+        engine,
+        resources.cache,
+        config,
+        controller,
+        resources.engine_lock,
+        resources.system_kv,
+        resources.learned,
+        probe_layers(config.augment, profile),
+    )
+
+
+def probe_layers(augment: AugmentConfig, profile: ModelProfile) -> tuple[int, ...]:
+    """The layers whose residual stream the stop rule reads (the probe's; none otherwise)."""
+    if augment.stop_rule != "probe" or profile.depth_probe is None:
+        return ()
+    return profile.depth_probe.layers

@@ -11,16 +11,15 @@ from adarag.config import AdaRagConfig
 from adarag.engine.core import Engine
 from adarag.pipeline.answer_stream import AnswerStream, DecodeSteps
 from adarag.pipeline.asynchronous import AsyncAnswering
-from adarag.pipeline.augmented import augmented_prefill
+from adarag.pipeline.augmentation_control import augmented_prefill
 from adarag.pipeline.context import required, retrieve, top_k_chunks
 from adarag.pipeline.decode import decoder, plain_answer
+from adarag.pipeline.offline import schedule_requests, warm_chunks
 from adarag.pipeline.prompt import Turn
 from adarag.pipeline.request import Request, prepare_answer, standalone_question
 from adarag.pipeline.resources import Resources
-from adarag.pipeline.schedule import schedule_requests
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.pipeline.views import ResourceViews
-from adarag.pipeline.warm import warm_chunks
 from adarag.policies import policy_config
 from adarag.retrievers.base import Retriever
 from adarag.schema import Answer, Chunk, GenerationParams, PromptLayout

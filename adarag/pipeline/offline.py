@@ -1,13 +1,18 @@
-"""FusionRAG's offline step: each chunk's KV computed after its most similar chunks.
+"""The offline work ahead of requests: warming chunks, FusionRAG's fused entries, RAGBoost's order.
 
-For every warmed chunk the retriever is asked with the chunk's own text as the query (the
-knowledge base's own embeddings, or BM25 over the warmed chunks when the pipeline has no
-retriever); the chunk itself is dropped from the answer and the top ``num_neighbors`` remain, in
-the retriever's order. The chunk is then computed in full after the system prefix and those
-chunks' independent KV (re-rotated to consecutive positions, reused as is), so its KV holds part of
-the cross-chunk attention a prompt with those chunks would give it (FusionRAG section 3.1, Eq.
-10). One fused entry is stored per chunk, keyed by the chunk alone, and a lookup re-rotates it to
-wherever the chunk stands.
+:func:`warm_chunks` is what ``AdaRAG.warm`` runs: every chunk whose independent KV is not cached
+yet is computed once after the system prefix and stored; with ``experimental.fusion`` on, each
+chunk's fused entry is computed too. :func:`schedule_requests` is ``AdaRAG.schedule``.
+
+FusionRAG's offline step computes each chunk's KV after its most similar chunks. For every warmed
+chunk the retriever is asked with the chunk's own text as the query (the knowledge base's own
+embeddings, or BM25 over the warmed chunks when the pipeline has no retriever); the chunk itself
+is dropped from the answer and the top ``num_neighbors`` remain, in the retriever's order. The
+chunk is then computed in full after the system prefix and those chunks' independent KV
+(re-rotated to consecutive positions, reused as is), so its KV holds part of the cross-chunk
+attention a prompt with those chunks would give it (FusionRAG section 3.1, Eq. 10). One fused
+entry is stored per chunk, keyed by the chunk alone, and a lookup re-rotates it to wherever the
+chunk stands.
 
 :class:`ChunkFuser` computes a fused entry (benchmarks use it without a cache);
 :class:`FusionWarmer` stores one for every chunk that has none.
@@ -23,7 +28,9 @@ from adarag.cache.tiers import TieredCache
 from adarag.config import FusionConfig
 from adarag.engine.core import Engine
 from adarag.kv import ChunkKV
+from adarag.pipeline.context import as_chunks
 from adarag.pipeline.prompt import PromptBuilder
+from adarag.pipeline.resources import Resources
 from adarag.retrievers.base import Retriever
 from adarag.retrievers.memory import MemoryRetriever
 from adarag.schema import Chunk
@@ -113,3 +120,60 @@ class FusionWarmer:
             self.cache.put_fused(ids, self.fuser.fused_kv(ids, neighbours), neighbours)
             computed += 1
         return computed
+
+
+def warm_chunks(
+    resources: Resources, retriever: Retriever | None, chunks: Sequence[Chunk | str]
+) -> int:
+    """Precompute the KV of chunks not cached yet; returns how many were new.
+
+    Args:
+        resources: The pipeline's engine, cache and prompt builder.
+        retriever: Where FusionRAG finds each chunk's most similar chunks; among ``chunks``
+            when None.
+        chunks: The chunks to warm.
+
+    Returns:
+        How many chunks had an entry computed (independent or fused).
+    """
+    system_kv = resources.system_kv()
+    given = as_chunks(chunks)
+    new = set()
+    for chunk in given:
+        ids = resources.prompts.chunk_ids(chunk.text)
+        if not resources.cache.has_independent(ids):
+            resources.independent_kv(ids)
+            new.add(chunk.text)
+    config = resources.config.experimental.fusion
+    if config.enabled and given:
+        fuser = ChunkFuser(
+            config, resources.engine, resources.prompts, system_kv, resources.independent_kv
+        )
+        warmer = FusionWarmer(fuser, resources.cache)
+        finder = retriever or MemoryRetriever(given)
+        with resources.engine_lock:
+            for chunk in given:
+                if warmer.warm([chunk], finder):
+                    new.add(chunk.text)
+    return len(new)
+
+
+def schedule_requests(resources: Resources, requests: Sequence[Sequence[Chunk | str]]) -> list[int]:
+    """The order to run ``requests`` in (see ``AdaRAG.schedule``).
+
+    Requests that share chunks form groups (largest first), and each group's shared chunks get
+    one order, recorded in the hard tier's context index.
+
+    Args:
+        resources: The pipeline's prompt builder and cache.
+        requests: Each request's chunks in the retriever's order.
+
+    Returns:
+        Indices into ``requests`` in the order to run them.
+    """
+    prompts = resources.prompts
+    chunk_ids = [
+        [prompts.chunk_ids(chunk.text) for chunk in as_chunks(chunks)] for chunks in requests
+    ]
+    with resources.engine_lock:  # the context index is shared by concurrent requests
+        return resources.cache.plan(chunk_ids)
