@@ -44,8 +44,8 @@ from adarag.evaluation.workload import BenchQuestion
 from adarag.kv import ChunkKV
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.answer_stream import decode_text
-from adarag.pipeline.offline import ChunkFuser
 from adarag.pipeline.learned import LearnedControls, learned_controls
+from adarag.pipeline.offline import ChunkFuser
 from adarag.profiles import ModelProfile
 from adarag.retrievers.base import Retriever
 from adarag.schema import Chunk, GenerationParams, PromptLayout

@@ -70,8 +70,15 @@ def decode_text(tokens: Iterator[int], tokenizer: Any, params: GenerationParams)
             close()
 
 
-DecodeSteps = Callable[[PreparedAnswer, list[int]], Iterator[str]]
-"""Yields answer deltas for a prepared answer, counting generated tokens in ``counter[0]``."""
+@dataclass
+class TokenCount:
+    """How many answer tokens a decode has produced so far."""
+
+    value: int = 0
+
+
+DecodeSteps = Callable[[PreparedAnswer, TokenCount], Iterator[str]]
+"""Yields answer deltas for a prepared answer, counting generated tokens in its ``TokenCount``."""
 
 
 class AnswerStream(Iterator[str]):
@@ -89,7 +96,7 @@ class AnswerStream(Iterator[str]):
         self.trace = prepared.trace
         self._prepared = prepared
         self._parts: list[str] = []
-        self._num_tokens = [0]
+        self._num_tokens = TokenCount()
         self._lock = threading.Lock()  # one step at a time; close waits for the one in flight
         self._finished = False
         if prepared.output is None:
@@ -158,7 +165,7 @@ class AnswerStream(Iterator[str]):
             text=self.text.strip(),
             chunks=self.chunks,
             trace=self.trace,
-            num_completion_tokens=self._num_tokens[0],
+            num_completion_tokens=self._num_tokens.value,
             num_cached_tokens=self._prepared.num_cached_tokens,
         )
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from adarag.engine.core import Engine
 from adarag.errors import InputError
-from adarag.pipeline.answer_stream import DecodeSteps, PreparedAnswer, decode_text
+from adarag.pipeline.answer_stream import DecodeSteps, PreparedAnswer, TokenCount, decode_text
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.schema import GenerationParams, PromptLayout, QueryTrace, StepTrace
 
@@ -29,7 +29,7 @@ def decode_steps(
     engine_lock: threading.RLock,
     prepared: PreparedAnswer,
     params: GenerationParams,
-    counter: list[int],
+    counter: TokenCount,
 ) -> Iterator[str]:
     """Answer deltas, taking the engine lock for each decode step only.
 
@@ -57,22 +57,22 @@ def decode_steps(
 
 
 def locked_steps(
-    tokens: Iterator[int], engine_lock: threading.RLock, counter: list[int]
+    tokens: Iterator[int], engine_lock: threading.RLock, counter: TokenCount
 ) -> Iterator[int]:
-    """``tokens``, each produced under the engine lock, counted in ``counter[0]``."""
+    """``tokens``, each produced under the engine lock, counted in ``counter``."""
     while True:
         with engine_lock:
             token = next(tokens, None)
         if token is None:
             return
-        counter[0] += 1
+        counter.value += 1
         yield token
 
 
-def counted_steps(tokens: Iterator[int], counter: list[int]) -> Iterator[int]:
-    """``tokens``, counted in ``counter[0]``."""
+def counted_steps(tokens: Iterator[int], counter: TokenCount) -> Iterator[int]:
+    """``tokens``, counted in ``counter``."""
     for token in tokens:
-        counter[0] += 1
+        counter.value += 1
         yield token
 
 
