@@ -44,6 +44,14 @@ def _speed_of(rule: str, ratio: float, rows: Sequence[FidelityRow], timing: dict
     return "-"
 
 
+def _machine_of(timing: dict) -> str:
+    """The timed machine in a few words (a timing without it says so)."""
+    info = timing.get("machine")
+    if not info:
+        return "machine not recorded"
+    return f"{info['cpu']}, {info['cores']} cores, {info['date']}"
+
+
 def pareto(args: argparse.Namespace) -> None:
     """The report split's Pareto table of every rule and ratio."""
     folder = args.rows / args.model
@@ -67,7 +75,7 @@ def pareto(args: argparse.Namespace) -> None:
         f"'paired' is exact agreement against `{args.baseline}` at the same ratio on the same "
         "questions. The speed-up is full prefill's mean TTFT over the rule's, measured side by "
         "side on MuSiQue prompts (~3.5K tokens) "
-        + (f"(`{args.speed.name}`)" if args.speed else "(not measured)")
+        + (f"(`{args.speed.name}`, {_machine_of(timing)})" if args.speed else "(not measured)")
         + "; a ladder's mixes its rungs' TTFT by the share of requests ending on each; the "
         "oracle is timed as the learned rule at its ratio (its own search is not counted).",
         "",
