@@ -90,7 +90,15 @@ def _add_learned_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(TARGETS),
         help="target agreements with full recomputation the ladder's thresholds are fitted for",
     )
-    learned.add_argument("--no-ladder", action="store_true", help="fit the selector only")
+    ladder = learned.add_mutually_exclusive_group()
+    ladder.add_argument("--no-ladder", action="store_true", help="fit the selector only")
+    ladder.add_argument(
+        "--ladder-only",
+        action="store_true",
+        help="fit the routing ladder alone, climbing the questions with the profile's fitted "
+        "selector (no oracle labels, a third of the time); pass questions it was not fitted on, "
+        "e.g. --offset past them",
+    )
     learned.add_argument(
         "--probe-features",
         choices=("hidden", "signals", "all"),

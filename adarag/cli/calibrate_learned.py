@@ -24,11 +24,13 @@ from adarag.evaluation.profiling.depth_probe import (
 from adarag.evaluation.profiling.selector_calibration import (
     MIN_QUESTIONS,
     SelectorCalibration,
+    calibrate_ladder,
     calibrate_selector,
 )
 from adarag.evaluation.workload import FIDELITY_CHUNKS, BenchQuestion, load_questions
 from adarag.pipeline import AdaRAG
 from adarag.profiles import ModelProfile
+from adarag.profiles.learned import LadderCalibration
 from adarag.schema import Chunk, GenerationParams
 
 logger = logging.getLogger(__name__)
@@ -109,6 +111,8 @@ def run_selector(args: argparse.Namespace, config: AdaRagConfig) -> int:
     records = args.records or _records_dir(rag, output)
     shard = _shard(args.shard)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    if args.ladder_only:
+        return _run_ladder(args, rag, questions, output, records, shard, params)
     result = calibrate_selector(
         rag,
         questions,
@@ -121,15 +125,52 @@ def run_selector(args: argparse.Namespace, config: AdaRagConfig) -> int:
         ladder=not args.no_ladder,
     )
     if result is None:
-        print(
-            f"shard {shard[0]}/{shard[1]} recorded under {records}; run without --shard (or "
-            "with each other shard) to fit once every question is recorded"
-        )
+        _print_shard_done(shard, records)
         return 0
     profile = rag.profile.with_learned(selector=result.selector, ladder=result.ladder)
     write_profile(profile, output, rag)
     print_selector_report(result, output, records)
     return 0
+
+
+def _run_ladder(
+    args: argparse.Namespace,
+    rag: AdaRAG,
+    questions: list[tuple[str, BenchQuestion]],
+    output: Path,
+    records: Path,
+    shard: tuple[int, int],
+    params: GenerationParams,
+) -> int:
+    """``--ladder-only``: climb with the profile's selector, fit the ladder, keep the selector.
+
+    Raises:
+        InputError: The model's profile has no fitted selector to climb with.
+    """
+    selector = rag.profile.selector
+    if selector is None:
+        raise InputError(
+            f"--ladder-only: the profile of {rag.profile.model} has no fitted selector; run "
+            "`adarag calibrate --selector` without --ladder-only to fit both"
+        )
+    fitted = calibrate_ladder(
+        rag, questions, selector, records, params, shard=shard, targets=tuple(args.target_agreement)
+    )
+    if fitted is None:
+        _print_shard_done(shard, records)
+        return 0
+    ladder, shape_costs = fitted
+    write_profile(rag.profile.with_learned(ladder=ladder), output, rag)
+    print(f"routing ladder climbed on {len(questions)} questions with the profile's selector")
+    print_ladder_report(ladder, shape_costs)
+    return 0
+
+
+def _print_shard_done(shard: tuple[int, int], records: Path) -> None:
+    print(
+        f"shard {shard[0]}/{shard[1]} recorded under {records}; run without --shard (or "
+        "with each other shard) to fit once every question is recorded"
+    )
 
 
 def write_profile(profile: ModelProfile, output: Path, rag: AdaRAG) -> None:
@@ -163,11 +204,16 @@ def print_selector_report(result: SelectorCalibration, output: Path, records: Pa
             f"{fold.baseline_recall:13.1%}        {fold.gain_share:6.1%} / "
             f"{fold.baseline_gain_share:6.1%}"
         )
-    ladder = result.ladder
-    if ladder is None:
-        return
+    if result.ladder is not None:
+        print_ladder_report(result.ladder, result.shape_costs)
+
+
+def print_ladder_report(
+    ladder: LadderCalibration, shape_costs: tuple[tuple[str, float, float], ...]
+) -> None:
+    """The ladder's shapes and the thresholds kept per target agreement."""
     print("routing ladder shapes (held out at target 0.85: exact agreement, cost vs full):")
-    for shape, agreement, cost in result.shape_costs:
+    for shape, agreement, cost in shape_costs:
         print(f"  {shape:<22} {agreement:6.1%}   {cost:5.2f}")
     rungs = " -> ".join(f"{r:g}" for r in (ladder.base_ratio, *ladder.rungs))
     print(f"kept: {rungs}; set cache.recompute.target_agreement to one of:")

@@ -19,7 +19,7 @@ import itertools
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -87,7 +87,7 @@ def record_chain(
     rag: AdaRAG,
     dataset: str,
     item: BenchQuestion,
-    reference: str,
+    reference: str | None,
     params: GenerationParams,
     base_ratio: float,
     rungs: Sequence[float] = CHAIN_RUNGS,
@@ -96,10 +96,13 @@ def record_chain(
     """Climb ``item``'s fused prefill from ``base_ratio`` through ``rungs``, decoding each rung.
 
     The rung of ratio 1.0 equals a full prefill, so its answer is ``reference`` and it is not
-    run.
+    run; without a ``reference`` (no selector record holds it), a full prefill decodes it.
     """
     engine = rag.engine
     layout = rag.layout(item.question, item.chunks, params)
+    if reference is None:
+        full = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
+        reference = _answer(rag, engine.decode_tokens(layout, full, params), params)
     system_kv, chunk_kvs = independent_chunks(engine, layout)
     sources = reuse_sources(system_kv, chunk_kvs, base_ratio)
     selection = RecomputeConfig(selection_policy="learned")
@@ -116,8 +119,7 @@ def record_chain(
             ladder=RoutingLadder.fixed(climbed or (1.0,), climb=bool(climbed)),
         )
         trace = output.routing[-1]  # the rung the prefill ended on
-        tokens = engine.decode_tokens(layout, output, params)
-        answer = "".join(decode_text(tokens, engine.tokenizer, params)).strip()
+        answer = _answer(rag, engine.decode_tokens(layout, output, params), params)
         out.append(
             Rung(
                 ratio=trace.ratio,
@@ -131,6 +133,10 @@ def record_chain(
     if 1.0 in rungs:
         out.append(Rung(1.0, True, out[-1].features, reference, reused))
     return Chain(dataset, item.qid, layout.num_tokens, len(layout.query_ids), reused, tuple(out))
+
+
+def _answer(rag: AdaRAG, tokens: Iterable[int], params: GenerationParams) -> str:
+    return "".join(decode_text(iter(tokens), rag.engine.tokenizer, params)).strip()
 
 
 def save_chains(path: Path, chains: Sequence[Chain]) -> None:

@@ -180,45 +180,88 @@ def calibrate_selector(
     fitted_ladder: LadderCalibration | None = None
     shape_costs: tuple[tuple[str, float, float], ...] = ()
     if ladder:
-        chains = climb_chains(rag, questions, records, folds, selectors, records_dir, params, shard)
+        keys = [(r.dataset, r.qid) for r in records]
+        chains = climb_chains(
+            rag,
+            questions,
+            dict(zip(keys, (selectors[fold] for fold in folds), strict=True)),
+            {key: record.reference for key, record in zip(keys, records, strict=True)},
+            _chains_path(rag, records_dir, "chains"),
+            params,
+            shard,
+        )
         if chains is None:
             return None
         fitted_ladder, shape_costs = choose_ladder(chains, folds, rag, targets)
     return SelectorCalibration(selector, quality, fitted_ladder, shape_costs, len(records), ratio)
 
 
+def calibrate_ladder(
+    rag: AdaRAG,
+    questions: Sequence[tuple[str, BenchQuestion]],
+    selector: FittedModel,
+    records_dir: Path,
+    params: GenerationParams,
+    *,
+    shard: tuple[int, int] = (0, 1),
+    targets: Sequence[float] = TARGETS,
+) -> tuple[LadderCalibration, tuple[tuple[str, float, float], ...]] | None:
+    """Climb the questions with an already fitted ``selector`` and fit the ladder alone.
+
+    No oracle labels (the costly part of :func:`calibrate_selector`): each question's reference
+    answer comes from a full prefill. The questions must be ones ``selector`` was not fitted on,
+    or its rungs agree more often than at run time and the thresholds climb too seldom. None
+    while other shards' questions are missing.
+    """
+    keys = [(dataset, item.qid) for dataset, item in questions]
+    path = _chains_path(rag, records_dir, "profile-chains")
+    chains = climb_chains(
+        rag, questions, dict.fromkeys(keys, selector), dict.fromkeys(keys), path, params, shard
+    )
+    if chains is None:
+        return None
+    return choose_ladder(chains, fold_names([chain.dataset for chain in chains]), rag, targets)
+
+
+def _chains_path(rag: AdaRAG, records_dir: Path, stem: str) -> Path:
+    return records_dir / f"{stem}-base{rag.config.cache.independent.recompute_ratio:g}.jsonl"
+
+
 def climb_chains(
     rag: AdaRAG,
     questions: Sequence[tuple[str, BenchQuestion]],
-    records: Sequence[SelectorRecord],
-    folds: Sequence[str],
-    selectors: dict[str, FittedModel],
-    records_dir: Path,
+    scorers: dict[tuple[str, str], FittedModel],
+    references: dict[tuple[str, str], str | None],
+    path: Path,
     params: GenerationParams,
     shard: tuple[int, int],
 ) -> list[Chain] | None:
-    """Every question's chain (each with its fold's selector); None while shards are missing."""
+    """The chain of every question in ``scorers``, in its order; None while shards are missing.
+
+    Args:
+        rag: The pipeline climbed (its independent tier's ratio is the chains' base).
+        questions: The questions with their data sets (only those in ``scorers`` are climbed).
+        scorers: Per (data set, question id), the selector its rungs recompute with.
+        references: Full recomputation's answer, where known (else a full prefill decodes it).
+        path: The chains' file (appended to question by question, so runs resume).
+        params: Decoding options of every rung's answer.
+        shard: ``(i, n)``: this run climbs every n-th question from the i-th.
+    """
     base = rag.config.cache.independent.recompute_ratio
-    path = records_dir / f"chains-base{base:g}.jsonl"
     done = {(chain.dataset, chain.qid) for chain in load_chains(path)}
-    by_key = {(r.dataset, r.qid): (r, fold) for r, fold in zip(records, folds, strict=True)}
     index, count = shard
     for number, (dataset, item) in enumerate(questions):
-        if number % count != index or (dataset, item.qid) in done:
+        key = (dataset, item.qid)
+        if number % count != index or key in done or key not in scorers:
             continue
-        record, fold = by_key[(dataset, item.qid)]
         rungs = tuple(r for r in CHAIN_RUNGS if r > base)
-        chain = record_chain(
-            rag, dataset, item, record.reference, params, base, rungs, selectors[fold]
-        )
+        chain = record_chain(rag, dataset, item, references[key], params, base, rungs, scorers[key])
         save_chains(path, [chain])
         logger.info("climbed %s %s (%d/%d)", dataset, item.qid, number + 1, len(questions))
-    chains = [c for c in load_chains(path) if (c.dataset, c.qid) in by_key]
-    if len({(c.dataset, c.qid) for c in chains}) < len(by_key):
+    unique = {(c.dataset, c.qid): c for c in load_chains(path) if (c.dataset, c.qid) in scorers}
+    if len(unique) < len(scorers):
         return None
-    order = {key: idx for idx, key in enumerate(by_key)}
-    unique = {(c.dataset, c.qid): c for c in chains}
-    return sorted(unique.values(), key=lambda c: order[(c.dataset, c.qid)])
+    return [unique[key] for key in scorers]
 
 
 def choose_ladder(

@@ -18,6 +18,7 @@ from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.profiles import ModelProfile
 
 TOWNS = ("paris", "berlin", "madrid", "rome", "vienna", "lisbon")
+DATA_SETS = ("hotpotqa", "musique")
 
 
 def _write_data(directory):
@@ -124,6 +125,31 @@ def test_selector_shards_then_fits_a_profile_the_learned_rule_reads(calibrated, 
         token_scorer=profile.selector,
     )
     torch.testing.assert_close(at_one.logits, full.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_ladder_only_climbs_with_the_profiles_selector_and_keeps_it(calibrated, capsys):
+    settings, argv, _, records = calibrated
+    to_home = argv[: argv.index("--output")]  # the profile goes to the home, which reads it
+    ladder_argv = [*to_home, "--ladder-only", "--offset", "3", "--records", str(records) + "-2"]
+    assert main(ladder_argv) == 2  # no selector fitted yet: a clear error, nothing written
+    error = capsys.readouterr().err
+    assert "--ladder-only" in error and "no fitted selector" in error
+    assert main(to_home) == 0
+    fitted = AdaRAG(AdaRagConfig.build(**settings)).profile
+    assert fitted.selector is not None and fitted.ladder is not None
+    capsys.readouterr()
+
+    assert main([*ladder_argv, "--target-agreement", "0.6", "0.7"]) == 0
+    assert "climbed on 6 questions with the profile's selector" in capsys.readouterr().out
+    refitted = AdaRAG(AdaRagConfig.build(**settings)).profile
+    assert refitted.selector == fitted.selector  # kept as it was
+    assert refitted.ladder is not None and refitted.ladder.targets == (0.6, 0.7)
+    chains = (records.parent / "records-2").glob("profile-chains-*.jsonl")
+    lines = [json.loads(line) for path in chains for line in path.read_text().splitlines()]
+    assert sorted(line["qid"] for line in lines) == [
+        f"{n}-{i}" for n in DATA_SETS for i in (3, 4, 5)
+    ]
+    assert not list((records.parent / "records-2").glob("*/*.safetensors"))  # no oracle labels
 
 
 def test_a_model_without_a_fitted_selector_says_so_once(tiny_checkpoints, tiny_config, caplog):
