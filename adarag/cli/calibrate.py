@@ -96,7 +96,7 @@ def _add_learned_arguments(parser: argparse.ArgumentParser) -> None:
         "--ladder-only",
         action="store_true",
         help="fit the routing ladder alone, climbing the questions with the profile's fitted "
-        "selector (no oracle labels, a third of the time); pass questions it was not fitted on, "
+        "selector (no oracle labels); pass questions it was not fitted on, "
         "e.g. --offset past them",
     )
     learned.add_argument(

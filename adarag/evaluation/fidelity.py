@@ -43,7 +43,7 @@ from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.kv import ChunkKV
 from adarag.pipeline import AdaRAG
-from adarag.pipeline.answer_stream import decode_text
+from adarag.pipeline.answer_stream import answer_text
 from adarag.pipeline.learned import LearnedControls, learned_controls
 from adarag.pipeline.offline import ChunkFuser
 from adarag.profiles import ModelProfile
@@ -295,7 +295,7 @@ class FidelityRun:
         """The answer's text and token ids."""
         engine = self.rag.engine
         tokens = list(engine.decode_tokens(layout, output, self.params))
-        text = "".join(decode_text(iter(tokens), engine.tokenizer, self.params)).strip()
+        text = answer_text(tokens, engine.tokenizer, self.params)
         return text, tokens
 
     def _row(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +68,11 @@ def decode_text(tokens: Iterator[int], tokenizer: Any, params: GenerationParams)
         close = getattr(tokens, "close", None)
         if close is not None:
             close()
+
+
+def answer_text(tokens: Iterable[int], tokenizer: Any, params: GenerationParams) -> str:
+    """The whole answer of generated token ids, cut as :func:`decode_text` cuts it, stripped."""
+    return "".join(decode_text(iter(tokens), tokenizer, params)).strip()
 
 
 @dataclass

@@ -15,7 +15,7 @@ from adarag.augment.step_cost import StepCostModel
 from adarag.errors import InputError
 from adarag.evaluation.metrics import best_f1, exact_match, token_f1
 from adarag.pipeline import AdaRAG
-from adarag.pipeline.answer_stream import decode_text
+from adarag.pipeline.answer_stream import answer_text
 from adarag.schema import GenerationParams, PromptLayout, StepTrace
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def record_questions(
         layout = rag.layout(item.question, item.chunks, params)
         full = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
         tokens = engine.decode_tokens(layout, full, params)
-        reference = "".join(decode_text(tokens, engine.tokenizer, params)).strip()
+        reference = answer_text(tokens, engine.tokenizer, params)
         steps = answer_each_step(rag, layout, params)
         recorded.append(_record(steps, reference, item.answers, layout.num_tokens))
         logger.info("recorded %d steps of %r", len(steps), item.question[:50])

@@ -19,7 +19,7 @@ import itertools
 import json
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.fitted import FittedModel
 from adarag.pipeline import AdaRAG
-from adarag.pipeline.answer_stream import decode_text
+from adarag.pipeline.answer_stream import answer_text
 from adarag.profiles.learned import LadderCalibration
 from adarag.schema import GenerationParams
 
@@ -102,7 +102,9 @@ def record_chain(
     layout = rag.layout(item.question, item.chunks, params)
     if reference is None:
         full = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
-        reference = _answer(rag, engine.decode_tokens(layout, full, params), params)
+        reference = answer_text(
+            engine.decode_tokens(layout, full, params), engine.tokenizer, params
+        )
     system_kv, chunk_kvs = independent_chunks(engine, layout)
     sources = reuse_sources(system_kv, chunk_kvs, base_ratio)
     selection = RecomputeConfig(selection_policy="learned")
@@ -119,7 +121,7 @@ def record_chain(
             ladder=RoutingLadder.fixed(climbed or (1.0,), climb=bool(climbed)),
         )
         trace = output.routing[-1]  # the rung the prefill ended on
-        answer = _answer(rag, engine.decode_tokens(layout, output, params), params)
+        answer = answer_text(engine.decode_tokens(layout, output, params), engine.tokenizer, params)
         out.append(
             Rung(
                 ratio=trace.ratio,
@@ -133,10 +135,6 @@ def record_chain(
     if 1.0 in rungs:
         out.append(Rung(1.0, True, out[-1].features, reference, reused))
     return Chain(dataset, item.qid, layout.num_tokens, len(layout.query_ids), reused, tuple(out))
-
-
-def _answer(rag: AdaRAG, tokens: Iterable[int], params: GenerationParams) -> str:
-    return "".join(decode_text(iter(tokens), rag.engine.tokenizer, params)).strip()
 
 
 def save_chains(path: Path, chains: Sequence[Chain]) -> None:

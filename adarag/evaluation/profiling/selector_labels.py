@@ -42,7 +42,7 @@ from adarag.evaluation.output_oracle import AnswerLoss, oracle_ranking
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.pipeline import AdaRAG
-from adarag.pipeline.answer_stream import decode_text
+from adarag.pipeline.answer_stream import answer_text
 from adarag.schema import GenerationParams
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def label_question(
     layout = rag.layout(item.question, item.chunks, params)
     full = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
     reference_ids = list(engine.decode_tokens(layout, full, params))
-    reference = _text(rag, reference_ids, params)
+    reference = answer_text(reference_ids, engine.tokenizer, params)
     system_kv, chunk_kvs = independent_chunks(engine, layout)
     first = min(ratio for ratio in ratios if ratio > 0.0)
     fused = engine.prefill(
@@ -119,7 +119,7 @@ def label_question(
         collect_features=True,
     )
     assert fused.candidate_features is not None, "the learned rule collects features"
-    baseline = _text(rag, list(engine.decode_tokens(layout, fused, params)), params)
+    baseline = answer_text(engine.decode_tokens(layout, fused, params), engine.tokenizer, params)
     reused = engine.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
     cu = layout.cu_segments
     positions = torch.arange(cu[1], cu[-2])
@@ -148,10 +148,6 @@ def label_question(
         reference=reference,
         baseline_answer=baseline,
     )
-
-
-def _text(rag: AdaRAG, token_ids: list[int], params: GenerationParams) -> str:
-    return "".join(decode_text(iter(token_ids), rag.engine.tokenizer, params)).strip()
 
 
 # --- storage
