@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -116,6 +116,14 @@ class PromptLayout:
             self.history_ids,
             self.chunk_labels[:num_chunks],
         )
+
+    def with_bridge(self, bridge_ids: tuple[int, ...]) -> PromptLayout:
+        """The same prompt with ``bridge_ids`` (packet tokens) opening the query suffix.
+
+        The bridge stands between the context and the question and is computed with the
+        query, so the cached segments and their offsets are those of this prompt.
+        """
+        return replace(self, query_ids=(*bridge_ids, *self.query_ids))
 
 
 Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]

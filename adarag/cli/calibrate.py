@@ -13,6 +13,7 @@ from adarag.augment.calibrate import CalibrationFit, fit
 from adarag.augment.confidence import ConfidenceParams, LensConfidence
 from adarag.augment.step_cost import StepCostModel
 from adarag.cli.calibrate_learned import profile_path, run_depth, run_selector, write_profile
+from adarag.cli.calibrate_packet import add_packet_arguments, run_packet
 from adarag.cli.options import add_model_arguments, build_config, positive_int
 from adarag.data import demo_corpus, demo_questions
 from adarag.errors import InputError
@@ -33,7 +34,7 @@ from adarag.schema import Chunk, GenerationParams
 
 HELP = (
     "fit a model's calibration: the augmentation confidence (default), the learned selector and "
-    "routing ladder (--selector), or the depth probe (--depth)"
+    "routing ladder (--selector), the depth probe (--depth), or the packet tokens (--packet)"
 )
 MIN_AGREEMENT_QUESTIONS = 20
 """Fewer questions than this give a warning: the agreement rule's τ is then noisy."""
@@ -42,6 +43,7 @@ MIN_AGREEMENT_QUESTIONS = 20
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
     _add_learned_arguments(parser)
+    add_packet_arguments(parser)
     _add_confidence_arguments(parser)
     _add_record_arguments(parser)
     add_model_arguments(parser)
@@ -61,7 +63,13 @@ def _add_learned_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fit the depth probe (augment.stop_rule='probe') on each step's answer",
     )
-    learned = parser.add_argument_group("--selector and --depth")
+    mode.add_argument(
+        "--packet",
+        action="store_true",
+        help="fit the packet's bridge (cache.recompute.packet) by KL self-distillation from "
+        "full recomputation's answers, at --ratio",
+    )
+    learned = parser.add_argument_group("--selector, --depth and --packet")
     learned.add_argument(
         "--dataset",
         nargs="+",
@@ -81,7 +89,13 @@ def _add_learned_arguments(parser: argparse.ArgumentParser) -> None:
         help="i/n: record every n-th question from the i-th (n runs share the work); the fit "
         "runs once every question is recorded",
     )
-    learned.add_argument("--ratio", type=float, default=0.2, help="the oracle's ratio learned")
+    learned.add_argument(
+        "--ratio",
+        type=float,
+        default=0.2,
+        help="--selector: the oracle's ratio learned; --packet: the reused chunks' ratio the "
+        "bridge is fitted at (default: 0.2, the independent tier's)",
+    )
     learned.add_argument("--kind", choices=("logistic", "mlp"), default="logistic")
     learned.add_argument(
         "--target-agreement",
@@ -180,8 +194,10 @@ def _add_record_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Record every step of each question, fit, save into the model profile, plot."""
     config = build_config(args)
-    if args.selector or args.depth:
+    if args.selector or args.depth or args.packet:
         args.max_new_tokens = args.max_new_tokens or 16
+        if args.packet:
+            return run_packet(args, config)
         return (run_selector if args.selector else run_depth)(args, config)
     args.max_new_tokens = args.max_new_tokens or 24
     questions = None  # read (and checked) before the model loads

@@ -108,7 +108,7 @@ def run_selector(args: argparse.Namespace, config: AdaRagConfig) -> int:
             f"warning: {len(questions)} calibration questions; the selector and ladder want at "
             f"least {MIN_QUESTIONS} (their thresholds are noisy below that)"
         )
-    records = args.records or _records_dir(rag, output)
+    records = args.records or records_dir(rag, output)
     shard = _shard(args.shard)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     if args.ladder_only:
@@ -227,7 +227,8 @@ def print_ladder_report(
         )
 
 
-def _records_dir(rag: AdaRAG, output: Path) -> Path:
+def records_dir(rag: AdaRAG, output: Path) -> Path:
+    """The home's folder of the records a calibration of ``output`` keeps between runs."""
     digest = hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:8]
     return rag.config.home / "calibration" / f"{rag.engine.fingerprint}-{digest}"
 
@@ -260,19 +261,19 @@ def run_depth(args: argparse.Namespace, config: AdaRagConfig) -> int:
         )
     rag = AdaRAG(exact_steps(config))
     output = profile_path(args, rag)
-    records_dir = args.records or _records_dir(rag, output) / "depth"
+    depth_records = args.records or records_dir(rag, output) / "depth"
     if not args.dataset:
-        complete = _record_bundled_depth(rag, records_dir, args, shard)
+        complete = _record_bundled_depth(rag, depth_records, args, shard)
         if not complete:
             print(
-                f"shard {shard[0]}/{shard[1]} recorded under {records_dir}; run without --shard "
+                f"shard {shard[0]}/{shard[1]} recorded under {depth_records}; run without --shard "
                 "(or with each other shard) to fit once every question is recorded"
             )
             return 0
-    records = load_depth_records(records_dir, args.dataset)
+    records = load_depth_records(depth_records, args.dataset)
     if not records:
         raise InputError(
-            f"{records_dir}: no depth records; record them with `python benchmarks/"
+            f"{depth_records}: no depth records; record them with `python benchmarks/"
             "depth.py run --split calibration` or run `adarag calibrate --depth` without "
             "--dataset (the bundled questions)"
         )
@@ -283,7 +284,7 @@ def run_depth(args: argparse.Namespace, config: AdaRagConfig) -> int:
         )
     result = calibrate_probe(records, args.probe_features)
     write_profile(rag.profile.with_learned(depth_probe=result.probe), output, rag)
-    print_depth_report(result, records_dir)
+    print_depth_report(result, depth_records)
     return 0
 
 

@@ -58,6 +58,17 @@ class RecomputeSettings(_Frozen):
         "by `adarag calibrate --selector`). None: off. A model without a fitted ladder answers "
         "at its own ratio and says so once in the log.",
     )
+    packet: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Packet tokens (KV Packet's learned soft tokens): a prompt that reuses chunk "
+        "KV computed elsewhere carries the model's fitted bridge, a few learned embeddings "
+        "between the context and the question, computed with the query, so the reused path "
+        "answers closer to full recomputation (fitted per model by `adarag calibrate --packet`, "
+        "read from its profile). A prompt whose context is all its own (hard hits, full "
+        "recomputation) never carries it. 'auto': use it when the profile has one and the "
+        "engine is adarag's torch engine; 'on': the same, but refuse to start without one; "
+        "'off': never.",
+    )
 
 
 class RecomputeLevers(_Frozen):

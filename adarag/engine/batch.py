@@ -82,6 +82,8 @@ class ForwardBatch:
             (:mod:`~adarag.engine.token_features`; rules scoring at the check layer only).
         ladder: The routing ladder (:mod:`~adarag.engine.routing`): climb to higher ratios
             while the result is unlikely to agree with full recomputation; None: no routing.
+        packet: [m, hidden_size] embeddings of the packet tokens the prompt holds (ids
+            ``vocab_size .. vocab_size + m - 1``, :mod:`~adarag.engine.packet`), or None.
     """
 
     token_ids: torch.Tensor
@@ -97,6 +99,7 @@ class ForwardBatch:
     token_scorer: FittedModel | None = None
     collect_features: bool = False
     ladder: RoutingLadder | None = None
+    packet: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         assert self.segments, "a batch needs at least one segment"

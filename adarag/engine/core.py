@@ -195,6 +195,7 @@ class Engine:
         token_scorer: FittedModel | None = None,
         collect_features: bool = False,
         ladder: RoutingLadder | None = None,
+        packet: torch.Tensor | None = None,
     ) -> PrefillOutput:
         """Full or fused prefill of a laid-out prompt.
 
@@ -213,6 +214,7 @@ class Engine:
             token_scorer: The ``learned`` rule's fitted scorer.
             collect_features: Also return the candidates' run-time features.
             ladder: The routing ladder (None: no routing).
+            packet: Embeddings of the packet tokens in the layout (:mod:`.packet`).
 
         Raises:
             InputError: The prompt does not fit the context, has no query suffix, or not one
@@ -236,6 +238,7 @@ class Engine:
             token_scorer=token_scorer,
             collect_features=collect_features,
             ladder=ladder,
+            packet=packet,
         )
         return self.runner.blend(batch)
 

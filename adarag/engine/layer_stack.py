@@ -15,6 +15,7 @@ from adarag.config import EngineConfig, KernelConfig
 from adarag.engine.adapter import DecoderAdapter
 from adarag.engine.batch import ForwardBatch
 from adarag.engine.kv_cache import KVCache
+from adarag.engine.packet import embed_tokens
 from adarag.engine.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from adarag.engine.stream import Stream
 from adarag.kernels import (
@@ -51,9 +52,11 @@ class LayerStack:
             spec.num_layers, capacity, spec.num_kv_heads, spec.head_dim, self.dtype, self.device
         )
 
-    def new_stream(self, token_ids: torch.Tensor, positions: torch.Tensor) -> Stream:
-        """Embed ``token_ids [n]`` standing at ``positions [n]``."""
-        hidden = self.model.embed(token_ids.to(self.device)).to(self.dtype)
+    def new_stream(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, packet: torch.Tensor | None = None
+    ) -> Stream:
+        """Embed ``token_ids [n]`` standing at ``positions [n]`` (packet ids from ``packet``)."""
+        hidden = embed_tokens(self.model, token_ids.to(self.device), packet).to(self.dtype)
         return Stream(hidden, positions.to(self.device), [], [], [])
 
     def cos_sin(self, positions: torch.Tensor) -> CosSin:
@@ -98,7 +101,7 @@ class LayerStack:
         state after each layer [num_layers, hidden_size].
         """
         positions = positions.to(self.device)
-        stream = self.new_stream(batch.token_ids[positions.cpu()], positions)
+        stream = self.new_stream(batch.token_ids[positions.cpu()], positions, batch.packet)
         cos_sin = self.cos_sin(stream.positions)
         for layer_idx in range(self.spec.num_layers):
             self.layer_step(layer_idx, stream, kv, cos_sin, None)

@@ -207,8 +207,8 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     oneDNN weight takes 20 ms). More rows use the weight :func:`pack_for_cpu` pre-packed. Other
     dtypes and devices take ``F.linear``.
     """
-    if x.device.type != "cpu" or x.dtype != torch.float32:
-        return layer(x)
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad:
+        return layer(x)  # (the packed weight's op has no backward: a packet's fit takes F.linear)
     if x.shape[0] == 1:
         out = torch.mm(layer.weight, x.repeat(2, 1).T)[:, 0].contiguous()[None]
         return out if layer.bias is None else out + layer.bias

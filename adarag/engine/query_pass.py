@@ -55,7 +55,7 @@ def query_pass(
     first, last = query_layers(batch.selection, num_layers) if mass else (0, 0)
     top = num_layers if logits or per_layer else last
     positions = plan.query.to(stack.device)
-    stream = stack.new_stream(batch.token_ids[plan.query], positions)
+    stream = stack.new_stream(batch.token_ids[plan.query], positions, batch.packet)
     cos_sin = stack.cos_sin(positions)
     rows = torch.zeros(2, top, kv.length, dtype=torch.float32, device=stack.device)
     for layer_idx in range(top):

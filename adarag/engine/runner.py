@@ -66,7 +66,7 @@ class Runner(LayerStack):
         if plan.has_candidates:
             stream, first_layer, plan = self._select(batch, plan, kv)
         else:
-            stream = self.new_stream(batch.token_ids[plan.always], plan.always)
+            stream = self.new_stream(batch.token_ids[plan.always], plan.always, batch.packet)
             first_layer = 0
         recomputed = stream.positions.clone()
         self._recompute(batch, plan, kv, stream, first_layer, cu)
@@ -194,7 +194,7 @@ class Runner(LayerStack):
         selection = batch.selection
         rule = selection_rule(selection)
         processed = plan.processed.to(self.device)
-        stream = self.new_stream(batch.token_ids[plan.processed], processed)
+        stream = self.new_stream(batch.token_ids[plan.processed], processed, batch.packet)
         reading = self._read_query(batch, plan, kv, rule)
         stream.reused_logits = reading.logits
         plan = route_on_entropy(plan, selection, stream)

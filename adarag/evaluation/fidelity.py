@@ -189,7 +189,7 @@ class FidelityRun:
         """Every rule and ratio on one question, but those (rule name, ratio) in ``done``."""
         engine = self.rag.engine
         layout = self.rag.layout(item.question, item.chunks, self.params)
-        full_s, full = self._timed(layout, None, None, None)
+        full_s, full, _ = self._timed(layout, None, None, None)
         reference, reference_ids = self._decode(layout, full)
         computed_system, computed_chunks = independent_chunks(engine, layout)
         if self.knowledge_base is not None:
@@ -200,12 +200,14 @@ class FidelityRun:
             chunk_kvs = [_round_trip(codec, kv) for kv in computed_chunks]
             reused: PrefillOutput | None = None
             for ratio in self.ratios:
-                shared: tuple[float, PrefillOutput, str] | None = None
+                # at 0 and 1 no rule chooses: rules carrying the same packet share one prefill
+                shared: dict[int, tuple[float, PrefillOutput, str]] = {}
                 for rule, selection in self.rules.items():
                     name = self.rule_name(rule, storage)
                     if (name, ratio) in done:
                         continue
-                    if shared is None or 0.0 < ratio < 1.0:  # at 0 and 1 no rule chooses
+                    packet = id(self._controls(selection).bridge)
+                    if packet not in shared or 0.0 < ratio < 1.0:
                         sources = reuse_sources(system_kv, chunk_kvs, ratio)
                         scores = None
                         if selection.selection_policy == "output_oracle" and 0.0 < ratio < 1.0:
@@ -217,9 +219,11 @@ class FidelityRun:
                             scores = output_oracle_scores(
                                 engine, layout, reused.kv, full.kv, answer_ids, ratio
                             )
-                        seconds, output = self._timed(layout, sources, selection, full, scores)
-                        shared = (seconds, output, self._decode(layout, output)[0])
-                    seconds, output, answer = shared
+                        seconds, output, prefilled = self._timed(
+                            layout, sources, selection, full, scores
+                        )
+                        shared[packet] = (seconds, output, self._decode(prefilled, output)[0])
+                    seconds, output, answer = shared[packet]
                     rows.append(
                         self._row(
                             dataset,
@@ -271,14 +275,14 @@ class FidelityRun:
         selection: RecomputeConfig | None,
         full: PrefillOutput | None,
         position_scores: torch.Tensor | None = None,
-    ) -> tuple[float, PrefillOutput]:
-        learned = LearnedControls()
-        if selection is not None:  # resolved once per rule (a missing part is logged once)
-            if selection not in self._learned:
-                self._learned[selection] = learned_controls(selection, self.profile)
-            learned = self._learned[selection]
+    ) -> tuple[float, PrefillOutput, PromptLayout]:
+        """The prefill's seconds (first token included), its output and the layout it ran."""
+        learned = self._controls(selection)
+        engine = self.rag.engine
+        if sources is not None:
+            layout = learned.bridged(layout, sources, engine.spec.vocab_size)
         started = time.perf_counter()
-        output = self.rag.engine.prefill(
+        output = engine.prefill(
             layout,
             sources,
             max_new_tokens=self.params.max_new_tokens,
@@ -287,9 +291,18 @@ class FidelityRun:
             position_scores=position_scores,
             token_scorer=learned.token_scorer,
             ladder=learned.ladder,
+            packet=learned.bridge,
         )
         output.logits.argmax()  # the first token
-        return time.perf_counter() - started, output
+        return time.perf_counter() - started, output, layout
+
+    def _controls(self, selection: RecomputeConfig | None) -> LearnedControls:
+        """The profile's controls a rule asks for, resolved once (a missing part logged once)."""
+        if selection is None:
+            return LearnedControls()
+        if selection not in self._learned:
+            self._learned[selection] = learned_controls(selection, self.profile)
+        return self._learned[selection]
 
     def _decode(self, layout: PromptLayout, output: PrefillOutput) -> tuple[str, list[int]]:
         """The answer's text and token ids."""

@@ -3,32 +3,68 @@
 ``selection_policy="learned"`` scores tokens with the profile's fitted selector and
 ``cache.recompute.target_agreement`` climbs the profile's routing ladder. A model whose profile
 lacks one falls back (``query_deviation``'s scores; no routing) and the pipeline says so once
-in the log.
+in the log. ``cache.recompute.packet`` brings the profile's packet table (the bridge a prompt
+reusing chunk KV carries).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+from safetensors.torch import load
+
 from adarag.config import RecomputeSettings
+from adarag.engine.batch import SegmentSource
+from adarag.engine.packet import packet_ids, reuses_approximately
 from adarag.engine.routing import RoutingLadder
+from adarag.errors import ConfigError
 from adarag.fitted import FittedModel
 from adarag.profiles import ModelProfile
+from adarag.profiles.packet import BRIDGE
+from adarag.schema import PromptLayout
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class LearnedControls:
-    """What a fused prefill reads from the profile: the token scorer and the ladder."""
+    """What a fused prefill reads from the profile: the token scorer, the ladder, the bridge.
+
+    Attributes:
+        token_scorer: The ``learned`` rule's scorer.
+        ladder: The routing ladder.
+        bridge: [bridge_tokens, hidden_size] embeddings of the packet's bridge.
+    """
 
     token_scorer: FittedModel | None = None
     ladder: RoutingLadder | None = None
+    bridge: torch.Tensor | None = None
+
+    def bridged(
+        self, layout: PromptLayout, sources: Sequence[SegmentSource], vocab_size: int
+    ) -> PromptLayout:
+        """``layout`` with the bridge opening its query, when it has one and ``sources`` reuse.
+
+        A prompt whose context is all its own (:func:`reuses_approximately` is False) stays as
+        it is, so ratio 1.0 and hard-tier replays equal what they were without a packet.
+        """
+        if self.bridge is None or not reuses_approximately(sources):
+            return layout
+        return layout.with_bridge(packet_ids(vocab_size, self.bridge.shape[0]))
 
 
-def learned_controls(recompute: RecomputeSettings, profile: ModelProfile) -> LearnedControls:
-    """The controls ``recompute`` asks for, as far as ``profile`` has them (logs what it lacks)."""
+def learned_controls(
+    recompute: RecomputeSettings, profile: ModelProfile, backend: str = "torch"
+) -> LearnedControls:
+    """The controls ``recompute`` asks for, as far as ``profile`` has them (logs what it lacks).
+
+    Raises:
+        ConfigError: ``packet="on"`` but the profile has no packet, or the engine is not the
+            torch engine (vLLM takes token ids, which packet tokens are not).
+    """
     scorer = None
     if recompute.selection_policy == "learned":
         scorer = profile.selector
@@ -53,4 +89,34 @@ def learned_controls(recompute: RecomputeSettings, profile: ModelProfile) -> Lea
             )
         else:
             ladder = RoutingLadder(fitted.rungs, fitted.models, thresholds)
-    return LearnedControls(scorer, ladder)
+    return LearnedControls(scorer, ladder, _bridge(recompute, profile, backend))
+
+
+def _bridge(
+    recompute: RecomputeSettings, profile: ModelProfile, backend: str
+) -> torch.Tensor | None:
+    """The profile's bridge embeddings, if ``recompute.packet`` asks for them and they fit."""
+    if recompute.packet == "off":
+        return None
+    wanted = recompute.packet == "on"
+    if profile.packet is None or profile.packet_bytes is None:
+        if wanted:
+            raise ConfigError(
+                f"cache.recompute.packet='on' but the profile of {profile.model} has no packet; "
+                "fit one with `adarag calibrate --packet`, or set packet to 'auto' or 'off'"
+            )
+        return None
+    if backend != "torch":
+        if wanted:
+            raise ConfigError(
+                f"packet tokens need adarag's torch engine, not engine.backend={backend!r} "
+                "(vLLM reads token ids, and a packet token has none); set "
+                "cache.recompute.packet='off' or 'auto'"
+            )
+        logger.info(
+            "engine.backend=%s cannot carry packet tokens: %s answers without its packet",
+            backend,
+            profile.model,
+        )
+        return None
+    return load(profile.packet_bytes)[BRIDGE].float()

@@ -58,6 +58,7 @@ class Resources:
         self._cache: TieredCache | None = None
         self._profile: ModelProfile | None = None
         self._learned: LearnedControls | None = None
+        self._system: ChunkKV | None = None
 
     def _once(self, attribute: str, build: Callable[[], T]) -> T:
         """``self.<attribute>``, built on first use under the engine lock.
@@ -106,7 +107,10 @@ class Resources:
     def learned(self) -> LearnedControls:
         """The profile's learned controls this config asks for (resolved, and logged, once)."""
         return self._once(
-            "_learned", lambda: learned_controls(self.config.cache.recompute, self.profile)
+            "_learned",
+            lambda: learned_controls(
+                self.config.cache.recompute, self.profile, self.config.engine.backend
+            ),
         )
 
     @property
@@ -181,21 +185,23 @@ class Resources:
         return derived
 
     def system_kv(self) -> ChunkKV:
-        """The system prefix's KV, computed and stored once."""
+        """The system prefix's exact KV, computed once per process (and kept in the store).
+
+        Every process computes it in the engine's dtype rather than reading the stored copy,
+        which the storage format may round (bfloat16 by default): a prompt computed at ratio 1.0
+        then equals a full prefill token for token, and a restarted process computes what this
+        one did.
+        """
+        return self._once("_system", self._computed_system_kv)
+
+    def _computed_system_kv(self) -> ChunkKV:
+        system_ids = self.prompts.system_ids
+        output = self.engine.prefill(PromptLayout((), (), system_ids))
+        computed = output.kv.segment(0, len(system_ids))
         cache = self.cache
-        system_kv = cache.system_kv()
-        if system_kv is None:
-            system_ids = self.prompts.system_ids
-            with self.engine_lock:  # computed once, also when first requests arrive together
-                system_kv = cache.system_kv()
-                if system_kv is None:
-                    output = self.engine.prefill(PromptLayout((), (), system_ids))
-                    computed = output.kv.segment(0, len(system_ids))
-                    cache.put_system(computed)
-                    # as stored (in the storage format), so this process computes what a
-                    # restarted one would; as computed when the store cannot hold it
-                    system_kv = cache.system_kv() or computed
-        return system_kv
+        if cache.system_kv() is None:
+            cache.put_system(computed)
+        return computed
 
     def independent_kv(self, ids: tuple[int, ...]) -> ChunkKV:
         """A chunk's independent KV, computed and stored when absent."""

@@ -69,6 +69,16 @@ class PrefillStep:
         return tuple(self.hits[idx].tier for idx in self.layout.chunk_segment_idx)
 
 
+@dataclass(frozen=True)
+class LookedUpPrefill:
+    """A fused prefill with what the tiers found and the layout it prefilled."""
+
+    layout: PromptLayout
+    output: PrefillOutput
+    hits: list[TierHit]
+    prefill_s: float
+
+
 class AugmentedPrefill:
     """Runs the augmentation steps of one request over an engine and the tiered cache.
 
@@ -268,7 +278,8 @@ class AugmentedPrefill:
 
         The cached segments are the chunks (after their labels, with citations) and the earlier
         turns of a conversation: one hit each. With every tier disabled this is a full
-        recomputation, the system prefix included.
+        recomputation, the system prefix included. A prompt that reuses chunk KV computed
+        elsewhere carries the profile's bridge (:meth:`looked_up_prefill` returns that layout).
 
         Args:
             layout: The prompt.
@@ -279,6 +290,17 @@ class AugmentedPrefill:
                 tier) left in place.
             min_capacity: Rows to allocate at least (the whole request's prompt).
         """
+        prefilled = self.looked_up_prefill(layout, max_new_tokens, previous, min_capacity)
+        return prefilled.output, prefilled.hits, prefilled.prefill_s
+
+    def looked_up_prefill(
+        self,
+        layout: PromptLayout,
+        max_new_tokens: int,
+        previous: PrefillStep | None = None,
+        min_capacity: int = 0,
+    ) -> LookedUpPrefill:
+        """:meth:`fused_prefill`, with the layout prefilled (the bridge's, when it has one)."""
         tiers, strategies = self._tiers, self._strategies
         reuse = any(
             (
@@ -295,6 +317,10 @@ class AugmentedPrefill:
             hits = self._cache.lookup(layout.cached_segments)
             sources = [system, *(_source(hit) for hit in hits)]
             sources.append(SegmentSource())
+            bridged = self._learned.bridged(layout, sources, self._engine.spec.vocab_size)
+            # the whole request's rows, and the bridge's
+            min_capacity += bridged.num_tokens - layout.num_tokens
+            layout = bridged
             # Cache-Craft keeps the attention statistics of every chunk computed in full
             collect = strategies.variants.enabled and any(hit.tier == "miss" for hit in hits)
             reuse = self._levers.reuse_step_kv and previous is not None
@@ -312,9 +338,10 @@ class AugmentedPrefill:
                 min_capacity=min_capacity if self._levers.reuse_step_kv else 0,
                 token_scorer=self._learned.token_scorer,
                 ladder=self._learned.ladder,
+                packet=self._learned.bridge,
             )
             self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
-        return output, hits, time.perf_counter() - started
+        return LookedUpPrefill(layout, output, hits, time.perf_counter() - started)
 
     def _run_step(
         self,
@@ -330,7 +357,13 @@ class AugmentedPrefill:
         With probe layers, the step also reports the last prompt token's residual stream there
         and the chunks' retrieval scores (the depth probe reads them; no extra forward pass).
         """
-        output, hits, prefill_s = self.fused_prefill(layout, max_new_tokens, previous, min_capacity)
+        prefilled = self.looked_up_prefill(layout, max_new_tokens, previous, min_capacity)
+        layout, output, hits, prefill_s = (
+            prefilled.layout,
+            prefilled.output,
+            prefilled.hits,
+            prefilled.prefill_s,
+        )
         lens_started = time.perf_counter()
         kl, entropy = self._engine.lens_signals(output, self._levers.num_lens_layers)
         top2 = torch.softmax(output.logits.float().reshape(-1), dim=-1).topk(2).values

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -23,6 +23,7 @@ from typing import Any, Literal
 from adarag.errors import ConfigError
 from adarag.fitted import FittedModel
 from adarag.profiles.learned import DepthProbe, LadderCalibration
+from adarag.profiles.packet import PacketRecord, read_packet
 
 logger = logging.getLogger(__name__)
 
@@ -101,13 +102,32 @@ class ModelProfile:
     selector: FittedModel | None = None
     ladder: LadderCalibration | None = None
     depth_probe: DepthProbe | None = None
+    packet: PacketRecord | None = None
+    packet_bytes: bytes | None = field(default=None, repr=False, compare=False)
+    """The packet file's bytes (checked against ``packet.digest``), when the profile was read
+    from a folder holding it; never written into the JSON."""
 
     def to_json(self) -> str:
-        """The profile as JSON."""
+        """The profile as JSON (the packet's bytes go in their own file)."""
         data = asdict(self)
+        data.pop("packet_bytes")
         data["ladder"] = None if self.ladder is None else self.ladder.to_dict()
         data["depth_probe"] = None if self.depth_probe is None else self.depth_probe.to_dict()
+        data["packet"] = None if self.packet is None else self.packet.to_dict()
         return json.dumps({"format": FORMAT, **data}, indent=1)
+
+    @classmethod
+    def read(cls, folder: Traversable, name: str, source: str | None = None) -> ModelProfile:
+        """The profile file ``name`` in ``folder``, with its packet's bytes when it names one.
+
+        Raises:
+            ConfigError: The file is not a profile, or its packet file is missing or altered.
+        """
+        source = source or str(folder.joinpath(name))
+        profile = cls.from_json(folder.joinpath(name).read_text(), source)
+        if profile.packet is None:
+            return profile
+        return replace(profile, packet_bytes=read_packet(profile.packet, folder, source))
 
     @classmethod
     def from_json(cls, text: str, source: str) -> ModelProfile:
@@ -137,6 +157,7 @@ class ModelProfile:
                 ("selector", FittedModel),
                 ("ladder", LadderCalibration),
                 ("depth_probe", DepthProbe),
+                ("packet", PacketRecord),
             ):
                 found = data.get(name)
                 data[name] = None if found is None else kind.from_dict(found)
@@ -149,7 +170,7 @@ class ModelProfile:
         return replace(self, calibration=calibration)
 
     def with_learned(self, **learned: Any) -> ModelProfile:
-        """The same profile with new ``selector``, ``ladder`` or ``depth_probe``."""
+        """The same profile with new ``selector``, ``ladder``, ``depth_probe`` or packet."""
         return replace(self, **learned)
 
 
@@ -166,7 +187,7 @@ def find_profile(
     num_layers: int,
     search_dirs: list[Path],
     weights_fingerprint: Callable[[], str] | None = None,
-    packaged: Iterable[Traversable] | None = None,
+    packaged: Traversable | None = None,
 ) -> ModelProfile | None:
     """The profile for a model: by fingerprint in ``search_dirs``, else a packaged one.
 
@@ -183,7 +204,7 @@ def find_profile(
             profile`` and ``adarag calibrate``).
         weights_fingerprint: Computes the weights' fingerprint; called only when a packaged
             profile of the same layer count could match it. None skips that match.
-        packaged: The packaged profile files; None: those shipped in ``adarag.profiles``.
+        packaged: The folder of packaged profiles; None: the one shipped, ``adarag.profiles``.
 
     Raises:
         ConfigError: A profile file that matches is not a valid profile.
@@ -191,25 +212,23 @@ def find_profile(
     for directory in search_dirs:
         path = directory / f"{fingerprint}.json"
         if path.is_file():
-            return ModelProfile.from_json(path.read_text(), str(path))
-    files = [
-        file
-        for file in (packaged if packaged is not None else _packaged_files())
-        if file.name.endswith(".json")
-    ]
+            return ModelProfile.read(directory, path.name)
+    folder = packaged if packaged is not None else resources.files("adarag.profiles")
+    files = [file for file in folder.iterdir() if file.name.endswith(".json")]
     by_name = next((file for file in files if file.name == f"{model}.json"), None)
     if by_name is not None:
-        profile = ModelProfile.from_json(by_name.read_text(), f"packaged profile {by_name.name}")
+        profile = ModelProfile.read(folder, by_name.name, f"packaged profile {by_name.name}")
         if profile.num_layers == num_layers:
             return profile
     if weights_fingerprint is None:
         return None
-    return _by_weights(model, num_layers, files, weights_fingerprint)
+    return _by_weights(model, num_layers, folder, files, weights_fingerprint)
 
 
 def _by_weights(
     model: str,
     num_layers: int,
+    folder: Traversable,
     files: Sequence[Traversable],
     weights_fingerprint: Callable[[], str],
 ) -> ModelProfile | None:
@@ -217,8 +236,7 @@ def _by_weights(
     candidates = [
         profile
         for profile in (
-            ModelProfile.from_json(file.read_text(), f"packaged profile {file.name}")
-            for file in files
+            ModelProfile.read(folder, file.name, f"packaged profile {file.name}") for file in files
         )
         if profile.num_layers == num_layers and profile.weights_fingerprint is not None
     ]
@@ -233,7 +251,3 @@ def _by_weights(
     if found is not None:
         logger.info("%s has the weights of %s: using its packaged profile", model, found.model)
     return found
-
-
-def _packaged_files() -> list[Traversable]:
-    return list(resources.files("adarag.profiles").iterdir())

@@ -80,7 +80,7 @@ def ttft(args: argparse.Namespace) -> None:
     engine = rag.engine
     profile = rag.profile
     if args.profile is not None:
-        profile = ModelProfile.from_json(args.profile.read_text(), str(args.profile))
+        profile = ModelProfile.read(args.profile.parent, args.profile.name)
     scorers = {
         rule: learned_controls(selection, profile).token_scorer
         for rule, selection in rules.items()

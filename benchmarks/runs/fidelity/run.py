@@ -57,7 +57,7 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
     index, count = (int(part) for part in args.shard.split("/"))
     profile = None
     if args.profile is not None:
-        profile = ModelProfile.from_json(args.profile.read_text(), str(args.profile))
+        profile = ModelProfile.read(args.profile.parent, args.profile.name)
     for dataset in args.dataset:
         knowledge_base = _knowledge_base(dataset, args.data_dir) if args.fused else None
         run = FidelityRun(

@@ -52,7 +52,7 @@ def _packaged(tmp_path, checkpoint, name="Tiny-Packaged"):
     text = json.loads(profile.to_json())
     text["weights_fingerprint"] = weights_fingerprint(checkpoint)
     (packaged / f"{name}.json").write_text(json.dumps(text))
-    return list(packaged.iterdir())
+    return packaged
 
 
 def test_a_renamed_copy_finds_the_packaged_profile_by_its_weights(tiny_checkpoints, tmp_path):

@@ -1,0 +1,86 @@
+"""``adarag calibrate --packet``: fit a model's packet tokens, written beside its profile."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from adarag.cli.calibrate_learned import profile_path, questions_for, records_dir, write_profile
+from adarag.config import AdaRagConfig
+from adarag.errors import InputError
+from adarag.evaluation.profiling.packet_fit import fit_bridge
+from adarag.pipeline import AdaRAG
+from adarag.schema import GenerationParams
+
+MIN_QUESTIONS = 20
+"""Fewer calibration questions than this give a warning: the packet then fits them, not the task."""
+
+
+def add_packet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options only ``--packet`` reads."""
+    group = parser.add_argument_group("--packet")
+    group.add_argument(
+        "--packet-tokens", type=int, default=8, help="rows of the bridge (default: 8)"
+    )
+    group.add_argument(
+        "--epochs", type=int, default=3, help="passes over the fitting questions (default: 3)"
+    )
+    group.add_argument(
+        "--learning-rate",
+        type=float,
+        default=0.05,
+        help="Adam's step relative to the bridge's starting RMS (default: 0.05)",
+    )
+
+
+def run_packet(args: argparse.Namespace, config: AdaRagConfig) -> int:
+    """Fit the bridge on the calibration questions and write it with the profile."""
+    if not 1 <= args.packet_tokens <= 64:
+        raise InputError(f"--packet-tokens {args.packet_tokens}: use 1 to 64 rows")
+    if args.epochs < 1:
+        raise InputError(f"--epochs {args.epochs}: use at least one pass")
+    questions = questions_for(args)  # checked before the model loads
+    if config.engine.backend != "torch":
+        raise InputError("--packet fits on adarag's torch engine; pass --backend torch")
+    rag = AdaRAG(config.model_copy(update={"cache": _without_packet(config)}))
+    output = profile_path(args, rag)
+    if len(questions) < MIN_QUESTIONS:
+        print(
+            f"warning: {len(questions)} calibration questions; the packet wants at least "
+            f"{MIN_QUESTIONS} (it fits the questions, not the task, below that)"
+        )
+    records = args.records or records_dir(rag, output) / "packet"
+    params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    fitted = fit_bridge(
+        rag,
+        questions,
+        records,
+        params,
+        ratio=args.ratio,
+        num_tokens=args.packet_tokens,
+        epochs=args.epochs,
+        learning_rate=args.learning_rate,
+    )
+    record = fitted.record
+    output.parent.mkdir(parents=True, exist_ok=True)
+    (output.parent / record.file).write_bytes(fitted.data)
+    profile = replace(rag.profile, packet=record, packet_bytes=fitted.data)
+    write_profile(profile, output, rag)
+    curve = " -> ".join(f"{x:.4f}" for x in record.loss_curve)
+    print(
+        f"packet: a bridge of {record.bridge_tokens} tokens fitted on {record.num_questions} "
+        f"questions at ratio {record.ratio:g} in {fitted.seconds / 60:.1f} min; mean KL to full "
+        f"recomputation per pass: {curve}"
+    )
+    if record.held_out_kl is not None:
+        before, after = record.held_out_kl
+        print(f"held out: mean KL {before:.4f} without the packet, {after:.4f} with it")
+    print(f"packet file: {Path(output.parent / record.file)}")
+    return 0
+
+
+def _without_packet(config: AdaRagConfig) -> object:
+    """The cache settings with the profile's current packet off (the fit brings its own)."""
+    recompute = config.cache.recompute.model_copy(update={"packet": "off"})
+    return config.cache.model_copy(update={"recompute": recompute})
