@@ -1,0 +1,68 @@
+"""`adarag calibrate --packet` end to end on a tiny model: the bridge it fits, the pipeline reads.
+
+The fit must lower the KL to full recomputation on the questions it trains on, resume from its
+checkpoint, and write a file the profile names by digest.
+"""
+
+from __future__ import annotations
+
+from adarag import AdaRAG
+from adarag.cli import main
+from adarag.config import AdaRagConfig
+from adarag.profiles import ModelProfile
+from tests.unit.engine.helpers import CHUNKS, QUESTION
+from tests.unit.profiles.test_calibrate_learned import _tiny_settings, _write_data
+
+
+def test_packet_fit_lowers_the_kl_resumes_and_the_pipeline_carries_it(
+    tiny_checkpoints, tmp_path, capsys
+):
+    settings, config_path = _tiny_settings(tiny_checkpoints, tmp_path)
+    data = tmp_path / "data"
+    _write_data(data)
+    output = tmp_path / "profile.json"
+    argv = [
+        "--config",
+        str(config_path),
+        "calibrate",
+        "--packet",
+        "--dataset",
+        "musique",
+        "hotpotqa",
+        "--data-dir",
+        str(data),
+        "--questions",
+        "5",
+        "--max-new-tokens",
+        "3",
+        "--packet-tokens",
+        "2",
+        "--learning-rate",
+        "0.5",
+        "--records",
+        str(tmp_path / "records"),
+        "--output",
+        str(output),
+    ]
+    assert main([*argv, "--epochs", "1"]) == 0
+    assert main([*argv, "--epochs", "4"]) == 0  # three more passes after the checkpoint
+    printed = capsys.readouterr().out
+    assert "resumed after pass 1" in printed
+    profile = ModelProfile.read(output.parent, output.name)
+    packet = profile.packet
+    assert packet is not None and packet.bridge_tokens == 2 and packet.epochs == 4
+    assert len(packet.loss_curve) == 2 + 4  # no packet, the starting rows, then each pass
+    assert packet.loss_curve[-1] < packet.loss_curve[1]  # training lowered the KL
+    assert (output.parent / packet.file).read_bytes() == profile.packet_bytes
+    assert packet.digest[:12] in packet.file
+
+    # the pipeline of that model reads the profile from its home and carries the bridge
+    rag = AdaRAG(AdaRagConfig.build(**settings))
+    home_profiles = rag.config.home / "profiles"
+    home_profiles.mkdir(parents=True, exist_ok=True)
+    (home_profiles / packet.file).write_bytes((output.parent / packet.file).read_bytes())
+    (home_profiles / f"{rag.engine.fingerprint}.json").write_text(output.read_text())
+    rag.warm(list(CHUNKS))
+    layout = rag.prompts.layout(QUESTION, CHUNKS)
+    prefilled = rag.augmentation.looked_up_prefill(layout, 0)
+    assert len(prefilled.layout.query_ids) == len(layout.query_ids) + 2
