@@ -104,8 +104,8 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="a model profile JSON whose learned selector and routing ladder the 'learned' and "
-        "target_agreement rules read (default: the model's own profile)",
+        help="a model profile JSON whose learned selector, routing ladder and packet the "
+        "'learned', target_agreement and packet rules read (default: the model's own profile)",
     )
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from rows")
     parser.add_argument(

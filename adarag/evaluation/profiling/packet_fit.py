@@ -12,8 +12,9 @@ KV Packet's recipe with the chunk KV held fixed (no gradient through any documen
    rule, then the bridge, the question and the teacher's answer run again over the context rows
    of that prefill with autograd (:func:`~adarag.engine.packet_student.tail_logits`).
 3. **Fit.** Adam on the bridge's rows alone, one question a step, minimising the KL from the
-   teacher's distributions to the student's; every pass over the questions is checkpointed, so
-   a stopped run resumes. Every fifth question is held out and scored before and after.
+   teacher's distributions to the student's. Each question's teacher record is a file under the
+   records folder and every pass over the questions is checkpointed, so a stopped run resumes
+   where it was. Every fifth question is held out and scored before and after.
 """
 
 from __future__ import annotations
@@ -104,8 +105,56 @@ def teacher_example(
             logits.append(tail_logits(engine.runner, context, cut, torch.tensor(answer)))
     log_probs = torch.log_softmax(torch.cat(logits).float(), dim=-1)
     top = log_probs.topk(TOP_K, dim=-1)
-    stored = tuple(storage.decode(storage.encode(kv)).to(kv.k.dtype) for kv in chunks)
+    stored = tuple(storage.decode(storage.encode(kv)) for kv in chunks)  # as the store serves it
     return PacketExample(layout, system_kv, stored, answer, top.indices, top.values)
+
+
+def save_example(example: PacketExample, path: Path) -> None:
+    """Write one question's teacher record (written whole, then renamed into place)."""
+    layout = example.layout
+    record = {
+        "system_ids": torch.tensor(layout.system_ids),
+        "chunk_ids": [torch.tensor(ids) for ids in layout.chunk_ids],
+        "query_ids": torch.tensor(layout.query_ids),
+        "system_kv": _kv_dict(example.system_kv),
+        "chunk_kvs": [_kv_dict(kv) for kv in example.chunk_kvs],
+        "answer_ids": torch.tensor(example.answer_ids, dtype=torch.int64),
+        "top_ids": example.top_ids,
+        "top_logprobs": example.top_logprobs,
+    }
+    partial = path.with_suffix(".partial")
+    torch.save(record, partial)
+    partial.replace(path)
+
+
+def load_example(path: Path) -> PacketExample:
+    """Read :func:`save_example`'s file."""
+    record = torch.load(path, weights_only=True)
+    layout = PromptLayout(
+        _ids(record["system_ids"]),
+        tuple(_ids(ids) for ids in record["chunk_ids"]),
+        _ids(record["query_ids"]),
+    )
+    return PacketExample(
+        layout,
+        _kv(record["system_kv"]),
+        tuple(_kv(kv) for kv in record["chunk_kvs"]),
+        _ids(record["answer_ids"]),
+        record["top_ids"],
+        record["top_logprobs"],
+    )
+
+
+def _kv_dict(kv: ChunkKV) -> dict[str, object]:
+    return {"k": kv.k, "v": kv.v, "start": torch.tensor(kv.start_position)}
+
+
+def _kv(data: dict[str, torch.Tensor]) -> ChunkKV:
+    return ChunkKV(data["k"], data["v"], int(data["start"]))
+
+
+def _ids(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(x) for x in tensor.tolist())
 
 
 def distillation_loss(
@@ -196,13 +245,18 @@ def fit_bridge(
     scorer = learned_controls(rag.config.cache.recompute, rag.profile).token_scorer
     student = Student(ratio, selection, scorer)
     storage = KVCodec(rag.config.cache.store.storage_dtype)
-    examples = []
+    teachers = records / "teacher"
+    teachers.mkdir(parents=True, exist_ok=True)
+    paths = []
     for number, (dataset, item) in enumerate(questions, 1):
-        examples.append(teacher_example(rag, item, params, storage))
+        path = teachers / f"{dataset}-{_safe(item.qid)}.pt"
+        if not path.exists():  # kept between runs: a stopped fit resumes
+            save_example(teacher_example(rag, item, params, storage), path)
+        paths.append(path)
         if number % 10 == 0 or number == len(questions):
             progress(f"teacher: {number}/{len(questions)} questions ({dataset} {item.qid})")
-    held = [e for i, e in enumerate(examples) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
-    fitting = [e for i, e in enumerate(examples) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
+    held = [p for i, p in enumerate(paths) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
+    fitting = [p for i, p in enumerate(paths) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
     initial = initial_bridge(engine, num_tokens)
     bridge = initial.clone().requires_grad_(True)
     scale = float(initial.pow(2).mean().sqrt())
@@ -219,9 +273,11 @@ def fit_bridge(
         curve, done_epochs = list(state["curve"]), int(state["epochs"])
         progress(f"resumed after pass {done_epochs} (loss curve {_curve(curve)})")
 
-    def mean_loss(items: Sequence[PacketExample], rows: torch.Tensor | None) -> float:
+    def mean_loss(items: Sequence[Path], rows: torch.Tensor | None) -> float:
         with torch.no_grad():
-            return statistics.fmean(float(student_loss(engine, e, rows, student)) for e in items)
+            return statistics.fmean(
+                float(student_loss(engine, load_example(path), rows, student)) for path in items
+            )
 
     if not curve:
         curve += [mean_loss(fitting, None), mean_loss(fitting, bridge.detach())]
@@ -230,9 +286,9 @@ def fit_bridge(
         shuffled = list(fitting)
         random.Random(seed + epoch).shuffle(shuffled)  # the same order when resumed
         losses = []
-        for step, example in enumerate(shuffled, 1):
+        for step, path in enumerate(shuffled, 1):
             optimiser.zero_grad()
-            loss = student_loss(engine, example, bridge, student)
+            loss = student_loss(engine, load_example(path), bridge, student)
             loss.backward()
             torch.nn.utils.clip_grad_norm_([bridge], max_norm=1.0)
             optimiser.step()
@@ -271,6 +327,11 @@ def fit_bridge(
     )
     (records / "packet-fit.json").write_text(json.dumps(record.to_dict(), indent=1) + "\n")
     return PacketFit(data, record, time.perf_counter() - started)
+
+
+def _safe(name: str) -> str:
+    """A question id as a file name."""
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)[:80]
 
 
 def _curve(curve: Sequence[float]) -> str:

@@ -20,7 +20,7 @@ from adarag.engine.core import Engine
 from adarag.engine.routing import RoutingLadder
 from adarag.evaluation.reuse import reuse_sources
 from adarag.kv import ChunkKV
-from adarag.pipeline.learned import learned_controls
+from adarag.pipeline.learned import LearnedControls, learned_controls
 from adarag.profiles import ModelProfile
 from adarag.schema import PromptLayout
 from runs.engine import OUTPUT
@@ -34,12 +34,13 @@ class Selections:
     Attributes:
         rules: The selection of each suffix (None: the configured selection).
         ladders: The routing ladder of each ``--ladder-rungs`` suffix.
-        scorers: The learned token scorer of each suffix with a selection.
+        controls: The profile's learned controls (token scorer, packet) of each suffix with a
+            selection.
     """
 
     rules: dict[str, RecomputeConfig | None]
     ladders: dict[str, RoutingLadder | None]
-    scorers: dict[str, Any]
+    controls: dict[str, LearnedControls]
 
 
 def ours_decode(engine: Engine, layout, num_tokens: int) -> Callable[[], float]:  # type: ignore[no-untyped-def]
@@ -81,8 +82,8 @@ def ttft(args: argparse.Namespace) -> None:
     profile = rag.profile
     if args.profile is not None:
         profile = ModelProfile.read(args.profile.parent, args.profile.name)
-    scorers = {
-        rule: learned_controls(selection, profile).token_scorer
+    controls = {
+        rule: learned_controls(selection, profile)
         for rule, selection in rules.items()
         if selection is not None
     }
@@ -99,7 +100,7 @@ def ttft(args: argparse.Namespace) -> None:
         }
         # vLLM's TTFT of a full prefill and its seconds per decoding step (EOS ignored)
         vllm = ChildWorker(vllm_ttft_worker, vllm_engine, args.decode_tokens)
-    selections = Selections(rules, ladders, scorers)
+    selections = Selections(rules, ladders, controls)
     times, decode, num_tokens = _measure(args, rag, hf_model, vllm, selections)
     if vllm is not None:
         vllm.close()
@@ -196,14 +197,19 @@ def _fused_variants(
     for ratio in ratios:
         sources = reuse_sources(system_kv, chunk_kvs, ratio)
         for rule, selection in selections.rules.items():
+            learned = selections.controls.get(rule, LearnedControls())
+            # a rule carrying the packet prefills its prompt with the bridge, timed with it
+            bridged = learned.bridged(layout, sources, engine.spec.vocab_size)
+            ladder = selections.ladders.get(rule)
             variants[f"fused@{ratio}{rule}"] = (
-                lambda layout=layout, sources=sources, rule=rule, selection=selection: (
+                lambda layout=bridged, sources=sources, selection=selection, learned=learned, ladder=ladder: (
                     engine.prefill(
                         layout,
                         sources,
                         selection=selection,
-                        token_scorer=selections.scorers.get(rule),
-                        ladder=selections.ladders.get(rule),
+                        token_scorer=learned.token_scorer,
+                        ladder=ladder,
+                        packet=learned.bridge,
                     ).logits.argmax()
                 )
             )
