@@ -125,6 +125,15 @@ class PromptLayout:
         """
         return replace(self, query_ids=(*bridge_ids, *self.query_ids))
 
+    def with_trailers(self, trailer_ids: tuple[int, ...]) -> PromptLayout:
+        """The same prompt with ``trailer_ids`` (packet tokens) closing every chunk.
+
+        A trailer is part of its chunk's segment: cached, keyed and reused with it.
+        """
+        if not trailer_ids:
+            return self
+        return replace(self, chunk_ids=tuple((*ids, *trailer_ids) for ids in self.chunk_ids))
+
 
 Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
 """A sampling seed: any value a 64-bit engine takes (signed or unsigned)."""

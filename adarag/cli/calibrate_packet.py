@@ -9,7 +9,7 @@ from pathlib import Path
 from adarag.cli.calibrate_learned import profile_path, questions_for, records_dir, write_profile
 from adarag.config import AdaRagConfig
 from adarag.errors import InputError
-from adarag.evaluation.profiling.packet_fit import fit_bridge
+from adarag.evaluation.profiling.packet_fit import PacketShape, fit_packet
 from adarag.pipeline import AdaRAG
 from adarag.schema import GenerationParams
 
@@ -21,7 +21,15 @@ def add_packet_arguments(parser: argparse.ArgumentParser) -> None:
     """The options only ``--packet`` reads."""
     group = parser.add_argument_group("--packet")
     group.add_argument(
-        "--packet-tokens", type=int, default=8, help="rows of the bridge (default: 8)"
+        "--packet-variant",
+        choices=("bridge", "trailer", "both"),
+        default="bridge",
+        help="the bridge (packet tokens between the context and the question, computed with "
+        "the query), the trailer (packet tokens ending every chunk, stored with its KV: "
+        "re-warm after fitting one), or both (default: bridge)",
+    )
+    group.add_argument(
+        "--packet-tokens", type=int, default=8, help="rows of each part (default: 8)"
     )
     group.add_argument(
         "--epochs", type=int, default=3, help="passes over the fitting questions (default: 3)"
@@ -50,15 +58,20 @@ def run_packet(args: argparse.Namespace, config: AdaRagConfig) -> int:
             f"warning: {len(questions)} calibration questions; the packet wants at least "
             f"{MIN_QUESTIONS} (it fits the questions, not the task, below that)"
         )
-    records = args.records or records_dir(rag, output) / "packet"
+    records = args.records or records_dir(rag, output) / f"packet-{args.packet_variant}"
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    fitted = fit_bridge(
+    rows = args.packet_tokens
+    shape = PacketShape(
+        bridge=rows if args.packet_variant in ("bridge", "both") else 0,
+        trailer=rows if args.packet_variant in ("trailer", "both") else 0,
+    )
+    fitted = fit_packet(
         rag,
         questions,
         records,
         params,
         ratio=args.ratio,
-        num_tokens=args.packet_tokens,
+        shape=shape,
         epochs=args.epochs,
         learning_rate=args.learning_rate,
     )
@@ -69,10 +82,13 @@ def run_packet(args: argparse.Namespace, config: AdaRagConfig) -> int:
     write_profile(profile, output, rag)
     curve = " -> ".join(f"{x:.4f}" for x in record.loss_curve)
     print(
-        f"packet: a bridge of {record.bridge_tokens} tokens fitted on {record.num_questions} "
-        f"questions at ratio {record.ratio:g} in {fitted.seconds / 60:.1f} min; mean KL to full "
-        f"recomputation per pass: {curve}"
+        f"packet: bridge {record.bridge_tokens} and trailer {record.trailer_tokens} tokens, "
+        f"fitted on {record.num_questions} questions at ratio {record.ratio:g} in "
+        f"{fitted.seconds / 60:.1f} min; mean KL to full recomputation (no packet, starting "
+        f"rows, each pass): {curve}"
     )
+    if record.trailer_tokens:
+        print("the trailer is stored with each chunk: entries warmed before are computed again")
     if record.held_out_kl is not None:
         before, after = record.held_out_kl
         print(f"held out: mean KL {before:.4f} without the packet, {after:.4f} with it")

@@ -248,6 +248,7 @@ class Engine:
         chunk_ids: Sequence[int],
         system_kv: ChunkKV | None = None,
         before: Sequence[tuple[Sequence[int], ChunkKV]] = (),
+        packet: torch.Tensor | None = None,
     ) -> ChunkKV:
         """KV of one chunk computed after the system prefix (and ``before``), every token in full.
 
@@ -262,6 +263,7 @@ class Engine:
             system_kv: Cached KV of the system prefix, reused exactly when given.
             before: Chunks placed between the system prefix and the chunk, as (token ids, cached
                 KV), reused as they are.
+            packet: The packet table of the packet tokens ``chunk_ids`` ends with (a trailer).
         """
         context = tuple(tuple(ids) for ids, _ in before)
         layout = PromptLayout(tuple(system_ids), context, tuple(chunk_ids))
@@ -270,7 +272,7 @@ class Engine:
             *(SegmentSource(kv, 0.0) for _, kv in before),
             SegmentSource(),
         )
-        output = self.prefill(layout, sources)
+        output = self.prefill(layout, sources, packet=packet)
         return output.kv.segment(layout.cu_segments[-2], layout.num_tokens)
 
     def lens_signals(

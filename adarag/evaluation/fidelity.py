@@ -206,7 +206,7 @@ class FidelityRun:
                     name = self.rule_name(rule, storage)
                     if (name, ratio) in done:
                         continue
-                    packet = id(self._controls(selection).bridge)
+                    packet = id(self._controls(selection).packet)
                     if packet not in shared or 0.0 < ratio < 1.0:
                         sources = reuse_sources(system_kv, chunk_kvs, ratio)
                         scores = None
@@ -291,7 +291,7 @@ class FidelityRun:
             position_scores=position_scores,
             token_scorer=learned.token_scorer,
             ladder=learned.ladder,
-            packet=learned.bridge,
+            packet=learned.packet,
         )
         output.logits.argmax()  # the first token
         return time.perf_counter() - started, output, layout

@@ -3,8 +3,8 @@
 ``selection_policy="learned"`` scores tokens with the profile's fitted selector and
 ``cache.recompute.target_agreement`` climbs the profile's routing ladder. A model whose profile
 lacks one falls back (``query_deviation``'s scores; no routing) and the pipeline says so once
-in the log. ``cache.recompute.packet`` brings the profile's packet table (the bridge a prompt
-reusing chunk KV carries).
+in the log. ``cache.recompute.packet`` brings the profile's packet table: the bridge a prompt
+reusing chunk KV carries, and the trailer every chunk ends with.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from adarag.engine.routing import RoutingLadder
 from adarag.errors import ConfigError
 from adarag.fitted import FittedModel
 from adarag.profiles import ModelProfile
-from adarag.profiles.packet import BRIDGE
+from adarag.profiles.packet import BRIDGE, TRAILER, PacketRecord
 from adarag.schema import PromptLayout
 
 logger = logging.getLogger(__name__)
@@ -31,17 +31,24 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LearnedControls:
-    """What a fused prefill reads from the profile: the token scorer, the ladder, the bridge.
+    """What a fused prefill reads from the profile: the token scorer, the ladder, the packet.
 
     Attributes:
         token_scorer: The ``learned`` rule's scorer.
         ladder: The routing ladder.
-        bridge: [bridge_tokens, hidden_size] embeddings of the packet's bridge.
+        packet: [bridge_tokens + trailer_tokens, hidden_size] the packet's embeddings, the
+            bridge's rows first (the ``ForwardBatch.packet`` of a prompt carrying them).
+        bridge_tokens: Rows of the bridge.
+        trailer_tokens: Rows of the trailer.
+        packet_digest: The packet file's digest (entries made with a trailer are bound to it).
     """
 
     token_scorer: FittedModel | None = None
     ladder: RoutingLadder | None = None
-    bridge: torch.Tensor | None = None
+    packet: torch.Tensor | None = None
+    bridge_tokens: int = 0
+    trailer_tokens: int = 0
+    packet_digest: str | None = None
 
     def bridged(
         self, layout: PromptLayout, sources: Sequence[SegmentSource], vocab_size: int
@@ -51,9 +58,14 @@ class LearnedControls:
         A prompt whose context is all its own (:func:`reuses_approximately` is False) stays as
         it is, so ratio 1.0 and hard-tier replays equal what they were without a packet.
         """
-        if self.bridge is None or not reuses_approximately(sources):
+        if not self.bridge_tokens or not reuses_approximately(sources):
             return layout
-        return layout.with_bridge(packet_ids(vocab_size, self.bridge.shape[0]))
+        return layout.with_bridge(packet_ids(vocab_size, self.bridge_tokens))
+
+    def trailer_ids(self, vocab_size: int) -> tuple[int, ...]:
+        """The ids every chunk ends with (the trailer's rows, after the bridge's); () if none."""
+        ids = packet_ids(vocab_size, self.bridge_tokens + self.trailer_tokens)
+        return ids[self.bridge_tokens :]
 
 
 def learned_controls(
@@ -89,13 +101,19 @@ def learned_controls(
             )
         else:
             ladder = RoutingLadder(fitted.rungs, fitted.models, thresholds)
-    return LearnedControls(scorer, ladder, _bridge(recompute, profile, backend))
+    packet = _packet(recompute, profile, backend)
+    if packet is None:
+        return LearnedControls(scorer, ladder)
+    table, record = packet
+    return LearnedControls(
+        scorer, ladder, table, record.bridge_tokens, record.trailer_tokens, record.digest
+    )
 
 
-def _bridge(
+def _packet(
     recompute: RecomputeSettings, profile: ModelProfile, backend: str
-) -> torch.Tensor | None:
-    """The profile's bridge embeddings, if ``recompute.packet`` asks for them and they fit."""
+) -> tuple[torch.Tensor, PacketRecord] | None:
+    """The profile's packet table, if ``recompute.packet`` asks for it and the engine takes it."""
     if recompute.packet == "off":
         return None
     wanted = recompute.packet == "on"
@@ -119,4 +137,6 @@ def _bridge(
             profile.model,
         )
         return None
-    return load(profile.packet_bytes)[BRIDGE].float()
+    tensors = load(profile.packet_bytes)
+    parts = [tensors[name].float() for name in (BRIDGE, TRAILER) if name in tensors]
+    return torch.cat(parts), profile.packet

@@ -139,8 +139,9 @@ def warm_chunks(
     system_kv = resources.system_kv()
     given = as_chunks(chunks)
     new = set()
+    trailer = resources.trailer_ids
     for chunk in given:
-        ids = resources.prompts.chunk_ids(chunk.text)
+        ids = (*resources.prompts.chunk_ids(chunk.text), *trailer)
         if not resources.cache.has_independent(ids):
             resources.independent_kv(ids)
             new.add(chunk.text)

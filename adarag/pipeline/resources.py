@@ -115,9 +115,23 @@ class Resources:
 
     @property
     def kv_namespace(self) -> str:
-        """The checkpoint, the dtype KV is computed in and the dtype it is stored in."""
+        """The checkpoint, the dtype KV is computed in and the dtype it is stored in.
+
+        With a trailer, the packet's digest too: an entry prefilled with another packet (or
+        none) is never found, so it is computed again, never mixed.
+        """
         engine_dtype = self.config.engine.dtype
-        return f"{self.engine.fingerprint}-{engine_dtype}-{self.config.cache.store.storage_dtype}"
+        storage = self.config.cache.store.storage_dtype
+        namespace = f"{self.engine.fingerprint}-{engine_dtype}-{storage}"
+        learned = self.learned
+        if learned.trailer_tokens and learned.packet_digest:
+            namespace += f"-packet{learned.packet_digest[:12]}"
+        return namespace
+
+    @property
+    def trailer_ids(self) -> tuple[int, ...]:
+        """The packet tokens every chunk's entry ends with (the profile's trailer); () if none."""
+        return self.learned.trailer_ids(self.engine.spec.vocab_size)
 
     @property
     def cache(self) -> TieredCache:
@@ -210,6 +224,8 @@ class Resources:
             kv = cache.independent_kv(ids)
             if kv is None:
                 system_ids, system_kv = self.prompts.system_ids, self.system_kv()
-                kv = self.engine.compute_chunk(system_ids, ids, system_kv)
+                kv = self.engine.compute_chunk(
+                    system_ids, ids, system_kv, packet=self.learned.packet
+                )
                 cache.put_independent(ids, kv)
             return kv

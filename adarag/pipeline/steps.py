@@ -300,7 +300,7 @@ class AugmentedPrefill:
         previous: PrefillStep | None = None,
         min_capacity: int = 0,
     ) -> LookedUpPrefill:
-        """:meth:`fused_prefill`, with the layout prefilled (the bridge's, when it has one)."""
+        """:meth:`fused_prefill`, with the layout prefilled (the packet's, when it has one)."""
         tiers, strategies = self._tiers, self._strategies
         reuse = any(
             (
@@ -313,11 +313,16 @@ class AugmentedPrefill:
             )
         )
         system = SegmentSource(self._system_kv(), exact=True) if reuse else SegmentSource()
+        vocab_size = self._engine.spec.vocab_size
+        # a trailer ends every chunk (its entries hold it), whatever the tiers find
+        trailed = layout.with_trailers(self._learned.trailer_ids(vocab_size))
+        min_capacity += trailed.num_tokens - layout.num_tokens
+        layout = trailed
         with self._engine_lock:  # the tiers' counters are shared by concurrent requests too
             hits = self._cache.lookup(layout.cached_segments)
             sources = [system, *(_source(hit) for hit in hits)]
             sources.append(SegmentSource())
-            bridged = self._learned.bridged(layout, sources, self._engine.spec.vocab_size)
+            bridged = self._learned.bridged(layout, sources, vocab_size)
             # the whole request's rows, and the bridge's
             min_capacity += bridged.num_tokens - layout.num_tokens
             layout = bridged
@@ -338,7 +343,7 @@ class AugmentedPrefill:
                 min_capacity=min_capacity if self._levers.reuse_step_kv else 0,
                 token_scorer=self._learned.token_scorer,
                 ladder=self._learned.ladder,
-                packet=self._learned.bridge,
+                packet=self._learned.packet,
             )
             self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
         return LookedUpPrefill(layout, output, hits, time.perf_counter() - started)

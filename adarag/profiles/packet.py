@@ -19,6 +19,8 @@ from adarag.errors import ConfigError
 
 BRIDGE = "bridge"
 """The tensor name of the bridge's rows: packet tokens between the context and the question."""
+TRAILER = "trailer"
+"""The tensor name of the trailer's rows: packet tokens after each chunk, stored with its KV."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class PacketRecord:
     Attributes:
         file: The safetensors file's name, beside the profile.
         digest: SHA-256 of the file's bytes (hex).
-        bridge_tokens: Rows of the bridge.
+        bridge_tokens: Rows of the bridge (0: none).
         ratio: The recomputation ratio of the reused chunks the packet was fitted at.
         num_questions: Calibration questions it was fitted on.
         epochs: Passes over them.
@@ -36,6 +38,7 @@ class PacketRecord:
             the fitting questions: without a packet, with the starting rows, then each pass's
             mean while it trained.
         held_out_kl: The same on the held-out calibration questions: without, then with it.
+        trailer_tokens: Rows of the trailer (0: none).
     """
 
     file: str
@@ -46,6 +49,7 @@ class PacketRecord:
     epochs: int = 0
     loss_curve: tuple[float, ...] = ()
     held_out_kl: tuple[float, float] | None = None
+    trailer_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -58,6 +62,7 @@ class PacketRecord:
             "epochs": self.epochs,
             "loss_curve": list(self.loss_curve),
             "held_out_kl": None if self.held_out_kl is None else list(self.held_out_kl),
+            "trailer_tokens": self.trailer_tokens,
         }
 
     @classmethod
@@ -73,6 +78,7 @@ class PacketRecord:
             epochs=int(data.get("epochs", 0)),
             loss_curve=tuple(float(x) for x in data.get("loss_curve", ())),
             held_out_kl=None if held_out is None else (float(held_out[0]), float(held_out[1])),
+            trailer_tokens=int(data.get("trailer_tokens", 0)),
         )
 
 

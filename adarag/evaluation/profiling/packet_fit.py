@@ -1,4 +1,4 @@
-"""``adarag calibrate --packet``: fit the bridge's packet tokens by KL self-distillation.
+"""``adarag calibrate --packet``: fit a packet's tokens (bridge, trailer) by self-distillation.
 
 KV Packet's recipe with the chunk KV held fixed (no gradient through any document):
 
@@ -8,10 +8,12 @@ KV Packet's recipe with the chunk KV held fixed (no gradient through any documen
    left over. Each chunk's independent KV is computed once, as ingest stores it (rounded to the
    storage format).
 2. **Student.** The reused path the packet will run on: a fused prefill of the prompt with the
-   bridge opening the query, every chunk's KV reused at ``ratio`` with the pipeline's selection
-   rule, then the bridge, the question and the teacher's answer run again over the context rows
-   of that prefill with autograd (:func:`~adarag.engine.packet_student.tail_logits`).
-3. **Fit.** Adam on the bridge's rows alone, one question a step, minimising the KL from the
+   bridge opening the query and a trailer ending every chunk (computed after its chunk alone,
+   as warming stores it), every chunk's KV reused at ``ratio`` with the pipeline's selection
+   rule; then the bridge, the question and the teacher's answer run again over the context rows
+   of that prefill with autograd (:func:`~adarag.engine.packet_student.tail_logits`), the
+   trailers' rows in it carrying their gradient.
+3. **Fit.** Adam on the packet's rows alone, one question a step, minimising the KL from the
    teacher's distributions to the student's. Each question's teacher record is a file under the
    records folder and every pass over the questions is checkpointed, so a stopped run resumes
    where it was. Every fifth question is held out and scored before and after.
@@ -36,14 +38,15 @@ from adarag.cache.codec import KVCodec
 from adarag.config import RecomputeConfig
 from adarag.engine.core import Engine
 from adarag.engine.packet import packet_ids
-from adarag.engine.packet_student import context_copy, tail_logits
+from adarag.engine.packet_student import FreshRows, context_copy, tail_logits, tail_rows
+from adarag.errors import InputError
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.fitted import FittedModel
 from adarag.kv import ChunkKV
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.learned import learned_controls
-from adarag.profiles.packet import BRIDGE, PacketRecord, packet_file_name
+from adarag.profiles.packet import BRIDGE, TRAILER, PacketRecord, packet_file_name
 from adarag.schema import GenerationParams, PromptLayout
 
 logger = logging.getLogger(__name__)
@@ -55,6 +58,8 @@ HELD_OUT_EVERY = 5
 CHECKPOINT = "packet-checkpoint.pt"
 INIT_TEXT = "\n\nUse the passages above to answer the question below.\n"
 """The bridge starts as these tokens' embeddings (repeated to fill it)."""
+TRAILER_TEXT = "\n\n"
+"""The trailer starts as these tokens' embeddings (repeated to fill it)."""
 
 
 @dataclass(frozen=True)
@@ -179,63 +184,136 @@ class Student:
     token_scorer: FittedModel | None = None
 
 
-def student_loss(
-    engine: Engine, example: PacketExample, bridge: torch.Tensor | None, student: Student
-) -> torch.Tensor:
-    """The KL of the reused path carrying ``bridge`` (differentiable with respect to it).
+@dataclass(frozen=True)
+class PacketShape:
+    """Rows of each part of a packet table: the bridge's first, then the trailer's."""
 
-    None: the reused path as it is without a packet.
+    bridge: int
+    trailer: int
+
+    def ids(self, vocab_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The bridge's and the trailer's packet ids."""
+        ids = packet_ids(vocab_size, self.bridge + self.trailer)
+        return ids[: self.bridge], ids[self.bridge :]
+
+
+def student_loss(
+    engine: Engine,
+    example: PacketExample,
+    table: torch.Tensor | None,
+    shape: PacketShape,
+    student: Student,
+) -> torch.Tensor:
+    """The KL of the reused path carrying the packet ``table`` (differentiable in it).
+
+    None: the reused path as it is without a packet. A trailer's rows are computed after their
+    chunk alone (as warming stores them) and reused with it; those the selection does not
+    recompute keep their gradient.
     """
-    ids = () if bridge is None else packet_ids(engine.spec.vocab_size, bridge.shape[0])
-    layout = example.layout.with_bridge(ids)
-    sources = reuse_sources(example.system_kv, list(example.chunk_kvs), student.ratio)
+    bridge_ids, trailer_ids = shape.ids(engine.spec.vocab_size) if table is not None else ((), ())
+    layout = example.layout.with_trailers(trailer_ids).with_bridge(bridge_ids)
+    chunks, trailers = list(example.chunk_kvs), []
+    if trailer_ids:
+        assert table is not None
+        for idx, chunk in enumerate(chunks):
+            rows = trailer_rows(engine, example.system_kv, chunk, trailer_ids, table)
+            trailers.append(rows)
+            chunks[idx] = ChunkKV(
+                torch.cat([chunk.k.float(), rows.k.detach().float()], dim=1),
+                torch.cat([chunk.v.float(), rows.v.detach().float()], dim=1),
+                chunk.start_position,
+            )
+    sources = reuse_sources(example.system_kv, chunks, student.ratio)
     with torch.inference_mode():
         fused = engine.prefill(
             layout,
             sources,
             selection=student.selection,
             token_scorer=student.token_scorer,
-            packet=None if bridge is None else bridge.detach(),
+            packet=None if table is None else table.detach(),
         )
+    fresh = _moved_trailers(engine, layout, trailers, fused.recomputed_positions)
     cut = layout.cu_segments[-2]
     tail = torch.tensor((*layout.query_ids, *example.answer_ids))
-    logits = tail_logits(engine.runner, context_copy(fused.kv, cut), cut, tail, bridge)
+    logits = tail_logits(engine.runner, context_copy(fused.kv, cut), cut, tail, table, fresh)
     answered = logits[len(layout.query_ids) - 1 :]
     return distillation_loss(answered, example.top_ids, example.top_logprobs)
 
 
-def initial_bridge(engine: Engine, num_tokens: int) -> torch.Tensor:
-    """The bridge's starting rows: the embeddings of :data:`INIT_TEXT`'s tokens, repeated."""
-    ids = engine.tokenizer.encode(INIT_TEXT, add_special_tokens=False)  # type: ignore[attr-defined]
+def trailer_rows(
+    engine: Engine,
+    system_kv: ChunkKV,
+    chunk: ChunkKV,
+    trailer_ids: tuple[int, ...],
+    table: torch.Tensor,
+) -> FreshRows:
+    """The trailer's K/V after ``chunk`` alone (after the system prefix), with autograd."""
+    runner = engine.runner
+    length = system_kv.num_tokens + chunk.num_tokens
+    context = runner.new_cache(length)
+    with torch.no_grad():
+        context.load(0, system_kv.to(context.k.dtype), runner.inv_freq)
+        context.load(system_kv.num_tokens, chunk.to(context.k.dtype), runner.inv_freq)
+    context.length = length
+    return tail_rows(runner, context, length, torch.tensor(trailer_ids), table)
+
+
+def _moved_trailers(
+    engine: Engine,
+    layout: PromptLayout,
+    trailers: Sequence[FreshRows],
+    recomputed: torch.Tensor,
+) -> FreshRows | None:
+    """Each chunk's trailer rows at their place in ``layout``, but those recomputed there."""
+    if not trailers:
+        return None
+    cu = layout.cu_segments
+    parts = []
+    for idx, rows in zip(layout.chunk_segment_idx, trailers, strict=True):
+        end = cu[idx + 2]  # the chunk's segment (after the system prefix) ends at its trailer
+        positions = torch.arange(end - rows.positions.numel(), end)
+        moved = rows.moved(positions, engine.runner.inv_freq)
+        keep = ~torch.isin(positions, recomputed)
+        parts.append(FreshRows(positions[keep], moved.k[:, keep], moved.v[:, keep]))
+    return FreshRows(
+        torch.cat([part.positions for part in parts]),
+        torch.cat([part.k for part in parts], dim=1),
+        torch.cat([part.v for part in parts], dim=1),
+    )
+
+
+def initial_rows(engine: Engine, num_tokens: int, text: str = INIT_TEXT) -> torch.Tensor:
+    """Starting rows of a packet part: the embeddings of ``text``'s tokens, repeated."""
+    ids = engine.tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
     ids = (ids * (num_tokens // max(len(ids), 1) + 1))[:num_tokens]
     with torch.no_grad():
-        return engine.model.embed(torch.tensor(ids)).float().clone()
+        return engine.model.embed(torch.tensor(ids, dtype=torch.int64)).float().clone()
 
 
-def fit_bridge(
+def fit_packet(
     rag: AdaRAG,
     questions: Sequence[tuple[str, BenchQuestion]],
     records: Path,
     params: GenerationParams,
     *,
     ratio: float,
-    num_tokens: int = 8,
+    shape: PacketShape,
     epochs: int = 3,
     learning_rate: float = 0.05,
     seed: int = 0,
     progress: Callable[[str], None] = print,
 ) -> PacketFit:
-    """Fit the bridge on ``questions`` (the held-out fifth scores it); resumes from ``records``.
+    """Fit the packet on ``questions`` (the held-out fifth scores it); resumes from ``records``.
 
     Args:
         rag: The pipeline of the model (its selection rule is the student's).
         questions: Calibration questions only (never the report split).
-        records: Where the checkpoint of each pass is kept.
+        records: Where the teacher records and the checkpoint of each pass are kept.
         params: Decoding of the teacher's answers.
         ratio: The reused chunks' recomputation ratio in the student.
-        num_tokens: Rows of the bridge.
+        shape: Rows of the bridge and of the trailer.
         epochs: Passes over the fitting questions.
-        learning_rate: Adam's step, relative to the bridge's starting RMS.
+        learning_rate: Adam's step, relative to the starting rows' RMS.
         seed: Order of the questions in each pass.
         progress: Where each line of progress goes.
     """
@@ -257,18 +335,24 @@ def fit_bridge(
             progress(f"teacher: {number}/{len(questions)} questions ({dataset} {item.qid})")
     held = [p for i, p in enumerate(paths) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
     fitting = [p for i, p in enumerate(paths) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
-    initial = initial_bridge(engine, num_tokens)
-    bridge = initial.clone().requires_grad_(True)
+    initial = torch.cat(
+        [initial_rows(engine, shape.bridge), initial_rows(engine, shape.trailer, TRAILER_TEXT)]
+    )
+    table = initial.clone().requires_grad_(True)
     scale = float(initial.pow(2).mean().sqrt())
-    optimiser = torch.optim.Adam([bridge], lr=learning_rate * scale)
-    records.mkdir(parents=True, exist_ok=True)
+    optimiser = torch.optim.Adam([table], lr=learning_rate * scale)
     checkpoint_path = records / CHECKPOINT
     curve: list[float] = []
     done_epochs = 0
     if checkpoint_path.exists():
         state = torch.load(checkpoint_path, weights_only=True)
+        if tuple(state["table"].shape) != tuple(table.shape):
+            raise InputError(
+                f"{checkpoint_path} holds a packet of another shape; pass another --records "
+                "folder, or delete the checkpoint to start over"
+            )
         with torch.no_grad():
-            bridge.copy_(state["bridge"])
+            table.copy_(state["table"])
         optimiser.load_state_dict(state["optimiser"])
         curve, done_epochs = list(state["curve"]), int(state["epochs"])
         progress(f"resumed after pass {done_epochs} (loss curve {_curve(curve)})")
@@ -276,11 +360,12 @@ def fit_bridge(
     def mean_loss(items: Sequence[Path], rows: torch.Tensor | None) -> float:
         with torch.no_grad():
             return statistics.fmean(
-                float(student_loss(engine, load_example(path), rows, student)) for path in items
+                float(student_loss(engine, load_example(path), rows, shape, student))
+                for path in items
             )
 
     if not curve:
-        curve += [mean_loss(fitting, None), mean_loss(fitting, bridge.detach())]
+        curve += [mean_loss(fitting, None), mean_loss(fitting, table.detach())]
         progress(f"no packet: mean KL {curve[0]:.4f}; its starting rows: {curve[1]:.4f}")
     for epoch in range(done_epochs + 1, epochs + 1):
         shuffled = list(fitting)
@@ -288,9 +373,9 @@ def fit_bridge(
         losses = []
         for step, path in enumerate(shuffled, 1):
             optimiser.zero_grad()
-            loss = student_loss(engine, load_example(path), bridge, student)
+            loss = student_loss(engine, load_example(path), table, shape, student)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_([bridge], max_norm=1.0)
+            torch.nn.utils.clip_grad_norm_([table], max_norm=1.0)
             optimiser.step()
             losses.append(float(loss.detach()))
             if step % 20 == 0 or step == len(shuffled):
@@ -299,31 +384,27 @@ def fit_bridge(
                     f"{statistics.fmean(losses[-20:]):.4f}"
                 )
         curve.append(statistics.fmean(losses))
-        torch.save(
-            {
-                "bridge": bridge.detach(),
-                "optimiser": optimiser.state_dict(),
-                "curve": curve,
-                "epochs": epoch,
-            },
-            checkpoint_path,
-        )
+        state = {"table": table.detach(), "optimiser": optimiser.state_dict(), "curve": curve}
+        torch.save({**state, "epochs": epoch}, checkpoint_path)
     held_out = None
     if held:
-        held_out = (mean_loss(held, None), mean_loss(held, bridge.detach()))
-        progress(
-            f"held out ({len(held)} questions): mean KL {held_out[0]:.4f} -> {held_out[1]:.4f}"
-        )
-    data = save({BRIDGE: bridge.detach().float().contiguous()}, {"format": "adarag-packet-1"})
+        held_out = (mean_loss(held, None), mean_loss(held, table.detach()))
+        before, after = held_out
+        progress(f"held out ({len(held)} questions): mean KL {before:.4f} -> {after:.4f}")
+    rows = table.detach().float()
+    parts = {BRIDGE: rows[: shape.bridge], TRAILER: rows[shape.bridge :]}
+    tensors = {name: part.contiguous() for name, part in parts.items() if part.shape[0]}
+    data = save(tensors, {"format": "adarag-packet-1"})
     record = PacketRecord(
         file=packet_file_name(engine.checkpoint.name, data),
         digest=hashlib.sha256(data).hexdigest(),
-        bridge_tokens=num_tokens,
+        bridge_tokens=shape.bridge,
         ratio=ratio,
         num_questions=len(fitting),
         epochs=epochs,
         loss_curve=tuple(round(x, 5) for x in curve),
         held_out_kl=None if held_out is None else (round(held_out[0], 5), round(held_out[1], 5)),
+        trailer_tokens=shape.trailer,
     )
     (records / "packet-fit.json").write_text(json.dumps(record.to_dict(), indent=1) + "\n")
     return PacketFit(data, record, time.perf_counter() - started)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -201,19 +202,29 @@ def _fused_variants(
             # a rule carrying the packet prefills its prompt with the bridge, timed with it
             bridged = learned.bridged(layout, sources, engine.spec.vocab_size)
             ladder = selections.ladders.get(rule)
-            variants[f"fused@{ratio}{rule}"] = (
-                lambda layout=bridged, sources=sources, selection=selection, learned=learned, ladder=ladder: (
-                    engine.prefill(
-                        layout,
-                        sources,
-                        selection=selection,
-                        token_scorer=learned.token_scorer,
-                        ladder=ladder,
-                        packet=learned.bridge,
-                    ).logits.argmax()
-                )
+            variants[f"fused@{ratio}{rule}"] = functools.partial(
+                _first_token, engine, bridged, sources, selection, learned, ladder
             )
     return variants
+
+
+def _first_token(
+    engine: Engine,
+    layout: PromptLayout,
+    sources: list,
+    selection: RecomputeConfig | None,
+    learned: LearnedControls,
+    ladder: RoutingLadder | None,
+) -> Any:
+    """One fused prefill's first token."""
+    return engine.prefill(
+        layout,
+        sources,
+        selection=selection,
+        token_scorer=learned.token_scorer,
+        ladder=ladder,
+        packet=learned.packet,
+    ).logits.argmax()
 
 
 def _report(

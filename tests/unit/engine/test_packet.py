@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from adarag.engine.packet import packet_ids
-from adarag.engine.packet_student import context_copy, tail_logits
+from adarag.engine.packet_student import FreshRows, context_copy, tail_logits, tail_rows
 from adarag.errors import InputError
+from adarag.evaluation.reuse import reuse_sources
 from tests.unit.engine.helpers import CHUNKS, QUESTION, independent_sources, layout_of
 from tests.unit.engine.test_fusion import _engine
 
@@ -47,3 +48,53 @@ def test_packet_rows_stand_in_for_their_ids_and_carry_the_gradient(tiny_checkpoi
     assert packet.grad is not None and float(packet.grad.abs().sum()) > 0.0
     with pytest.raises(InputError, match="packet table"):
         engine.prefill(bridged, sources)  # packet ids without their table
+
+
+def test_a_trailers_rows_reused_in_a_fused_prefill_carry_the_gradient(
+    tiny_checkpoints, tiny_config
+):
+    engine = _engine(tiny_checkpoints, tiny_config)
+    spec = engine.spec
+    table = torch.randn(2, spec.hidden_size) * 0.02
+    trailer = packet_ids(spec.vocab_size, 2)
+    plain = layout_of(engine, QUESTION, CHUNKS)
+    layout = plain.with_trailers(trailer)
+    assert all(ids[-2:] == trailer for ids in layout.chunk_ids)
+    _, _, system_kv = independent_sources(engine, plain, 0.0)
+    packet = table.clone().requires_grad_(True)
+    entries, rows = [], []
+    for ids in plain.chunk_ids:
+        alone = engine.compute_chunk(plain.system_ids, ids, system_kv)
+        context = engine.runner.new_cache(system_kv.num_tokens + alone.num_tokens)
+        context.load(0, system_kv, engine.runner.inv_freq)
+        context.load(system_kv.num_tokens, alone, engine.runner.inv_freq)
+        fresh = tail_rows(engine.runner, context, context.capacity, torch.tensor(trailer), packet)
+        # the student's trailer rows are what warming stores: the chunk computed with them
+        stored = engine.compute_chunk(plain.system_ids, (*ids, *trailer), system_kv, packet=table)
+        torch.testing.assert_close(fresh.k.detach(), stored.k[:, -2:], atol=1e-5, rtol=1e-5)
+        entries.append(stored)
+        rows.append(fresh)
+    sources = reuse_sources(system_kv, entries, 0.0)
+    fused = engine.prefill(layout, sources, packet=table)
+    cu = layout.cu_segments
+    moved = [
+        row.moved(torch.arange(cu[idx + 2] - 2, cu[idx + 2]), engine.runner.inv_freq)
+        for idx, row in enumerate(rows)
+    ]
+    fresh = FreshRows(
+        torch.cat([m.positions for m in moved]),
+        torch.cat([m.k for m in moved], dim=1),
+        torch.cat([m.v for m in moved], dim=1),
+    )
+    cut = cu[-2]
+    logits = tail_logits(
+        engine.runner,
+        context_copy(fused.kv, cut),
+        cut,
+        torch.tensor(layout.query_ids),
+        packet,
+        fresh,
+    )
+    torch.testing.assert_close(logits[-1].detach(), fused.logits, atol=1e-4, rtol=1e-4)
+    logits[-1].logsumexp(-1).backward()
+    assert packet.grad is not None and float(packet.grad.abs().sum()) > 0.0

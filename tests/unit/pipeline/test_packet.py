@@ -15,22 +15,24 @@ from adarag.errors import ConfigError
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.learned import learned_controls
 from adarag.profiles import generic_profile
-from adarag.profiles.packet import BRIDGE, PacketRecord, packet_file_name
+from adarag.profiles.packet import BRIDGE, TRAILER, PacketRecord, packet_file_name
 from adarag.schema import GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION
 
 PARAMS = GenerationParams(max_new_tokens=6)
 
 
-def _with_packet(rag: AdaRAG, rows: int = 4) -> bytes:
-    """Give the model a profile whose packet is a random bridge, where `calibrate` writes it."""
-    table = torch.randn(rows, rag.engine.spec.hidden_size) * 0.5
-    data = save({BRIDGE: table})
+def _with_packet(rag: AdaRAG, rows: int = 4, trailer: int = 0) -> bytes:
+    """Give the model a profile with a random packet (bridge, trailer), as `calibrate` writes it."""
+    hidden = rag.engine.spec.hidden_size
+    parts = {BRIDGE: torch.randn(rows, hidden) * 0.5, TRAILER: torch.randn(trailer, hidden) * 0.5}
+    data = save({name: part for name, part in parts.items() if part.shape[0]})
     record = PacketRecord(
         packet_file_name(rag.engine.checkpoint.name, data),
         hashlib.sha256(data).hexdigest(),
         rows,
         0.2,
+        trailer_tokens=trailer,
     )
     engine = rag.engine
     profile = generic_profile(engine.checkpoint.name, engine.fingerprint, engine.spec.num_layers)
@@ -112,10 +114,36 @@ def test_packet_on_needs_a_packet_and_the_torch_engine(rag):
     profile = generic_profile("m", "f" * 16, 2)
     with pytest.raises(ConfigError, match="has no packet"):
         learned_controls(RecomputeSettings(packet="on"), profile)
-    assert learned_controls(RecomputeSettings(), profile).bridge is None  # auto: quietly none
+    assert learned_controls(RecomputeSettings(), profile).packet is None  # auto: quietly none
     _with_packet(rag)
     fitted = rag.profile
     with pytest.raises(ConfigError, match="torch engine"):
         learned_controls(RecomputeSettings(packet="on"), fitted, backend="vllm")
-    assert learned_controls(RecomputeSettings(), fitted, backend="vllm").bridge is None
-    assert learned_controls(RecomputeSettings(), fitted).bridge is not None
+    assert learned_controls(RecomputeSettings(), fitted, backend="vllm").packet is None
+    assert learned_controls(RecomputeSettings(), fitted).packet is not None
+
+
+def test_trailed_entries_are_bound_to_their_packet_and_another_one_recomputes(
+    tiny_checkpoints, tiny_config
+):
+    config = tiny_config(tiny_checkpoints["llama"])
+    rag = AdaRAG(config)
+    _with_packet(rag, rows=0, trailer=2)
+    rag = AdaRAG(config)  # reads the new profile
+    assert rag.warm(list(CHUNKS)) == len(CHUNKS)
+    layout = rag.prompts.layout(QUESTION, CHUNKS)
+    prefilled = rag.augmentation.looked_up_prefill(layout, 0)
+    ids = packet_ids(rag.engine.spec.vocab_size, 2)
+    assert all(chunk[-2:] == ids for chunk in prefilled.layout.chunk_ids)
+    assert prefilled.layout.query_ids == layout.query_ids  # no bridge in this packet
+    assert {hit.tier for hit in prefilled.hits} == {"hard", "independent"}  # warmed with it
+    first_namespace = rag.kv_namespace
+    assert "-packet" in first_namespace
+    assert AdaRAG(config).warm(list(CHUNKS)) == 0  # the same packet: its entries are found
+
+    _with_packet(rag, rows=0, trailer=2)  # a new fit: other rows, another digest
+    refitted = AdaRAG(config)
+    assert refitted.kv_namespace != first_namespace
+    stale = refitted.augmentation.looked_up_prefill(layout, 0)
+    assert {hit.tier for hit in stale.hits} == {"miss"}  # computed again, never mixed
+    assert refitted.warm(list(CHUNKS)) == len(CHUNKS)

@@ -66,3 +66,17 @@ def test_packet_fit_lowers_the_kl_resumes_and_the_pipeline_carries_it(
     layout = rag.prompts.layout(QUESTION, CHUNKS)
     prefilled = rag.augmentation.looked_up_prefill(layout, 0)
     assert len(prefilled.layout.query_ids) == len(layout.query_ids) + 2
+
+
+def test_a_trailer_fit_lowers_the_kl_and_names_its_rows(tiny_checkpoints, tmp_path):
+    _, config_path = _tiny_settings(tiny_checkpoints, tmp_path)
+    data = tmp_path / "data"
+    _write_data(data)
+    output = tmp_path / "profile.json"
+    argv = ["--config", str(config_path), "calibrate", "--packet", "--packet-variant", "trailer"]
+    argv += ["--dataset", "musique", "--data-dir", str(data), "--questions", "5"]
+    argv += ["--max-new-tokens", "3", "--packet-tokens", "2", "--learning-rate", "0.5"]
+    assert main([*argv, "--epochs", "3", "--output", str(output)]) == 0
+    packet = ModelProfile.read(output.parent, output.name).packet
+    assert packet is not None and (packet.bridge_tokens, packet.trailer_tokens) == (0, 2)
+    assert packet.loss_curve[-1] < packet.loss_curve[1]
