@@ -19,7 +19,9 @@ from adarag.cli.options import (
 )
 from adarag.errors import CacheError
 from adarag.retrievers import IngestReport, KnowledgeBase
-from adarag.retrievers.paths import describe_skipped
+from adarag.retrievers.file_types import supported_types
+from adarag.retrievers.gathering import check_named_types
+from adarag.retrievers.paths import SkippedFile
 from adarag.schema import Chunk
 
 if TYPE_CHECKING:
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 
 HELP = (
     "add documents (text, markdown, JSONL passages, PDF, HTML, Word .docx, CSV) to the Chroma "
-    "knowledge base, warming their KV"
+    "knowledge base, warming their KV; files that are not read are listed with their reasons"
 )
 
 
@@ -36,13 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "paths",
         nargs="+",
-        help="files or folders: .txt .md .rst .jsonl .pdf .html .htm .docx .csv .tsv (a folder's "
-        "other files are named as skipped)",
+        help=f"files or folders of {supported_types()} files (a folder's other files, hidden "
+        "files and files that cannot be read are listed as skipped, with their reasons)",
     )
     parser.add_argument(
         "--strict",
         action="store_true",
-        help="refuse to ingest anything when a folder holds a file that is not read",
+        help="refuse to ingest anything when a file is skipped, cannot be read or holds no text "
+        "(every one is named)",
     )
     parser.add_argument("--no-warm", action="store_true", help="skip precomputing chunk KV")
     parser.add_argument(
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     """Ingest, warm, and print what changed."""
     config = build_config(args)
     check_input_paths(args.paths)  # a mistyped path is refused before torch and the models load
+    check_named_types(args.paths)
     from adarag.pipeline import AdaRAG
 
     splitter = external_splitter(args)
@@ -99,13 +103,22 @@ def ingest_and_warm(
         f"collection {kb.config.collection!r} holds {kb.count()} chunks"
         + (f" ({kb.directory})" if kb.directory else "")
     )
-    if report.skipped:
-        print(f"skipped {len(report.skipped)} file(s): {describe_skipped(report.skipped)}")
+    _print_left_out("skipped", report.skipped)
+    _print_left_out("could not read", report.unreadable)
+    _print_left_out("no text in", report.empty)
     if warm and report.sources:
         # every chunk of these files, not only the added ones: a run stopped after the chunks
         # were stored but before their KV was (a crash, ^C) is completed here
         warm_chunks(rag, kb.chunks(sources=report.sources))
     return report
+
+
+def _print_left_out(what: str, files: Sequence[SkippedFile]) -> None:
+    """``skipped 2 file(s):`` then one indented line per file with its reason."""
+    if files:
+        print(f"{what} {len(files)} file(s):")
+        for item in files:
+            print(f"  {item}")
 
 
 def warm_chunks(rag: AdaRAG, chunks: Sequence[Chunk], desc: str = "warming chunk KV") -> int:
