@@ -82,7 +82,12 @@ def _add_learned_arguments(parser: argparse.ArgumentParser) -> None:
         "runs once every question is recorded",
     )
     learned.add_argument("--ratio", type=float, default=0.2, help="the oracle's ratio learned")
-    learned.add_argument("--kind", choices=("logistic", "mlp"), default="logistic")
+    learned.add_argument(
+        "--kind",
+        choices=("logistic", "mlp"),
+        default="logistic",
+        help="the selector fitted: logistic regression or one hidden layer (default: logistic)",
+    )
     learned.add_argument(
         "--target-agreement",
         type=float,

@@ -219,3 +219,37 @@ def test_a_splitter_that_is_neither_built_in_nor_module_and_class_is_refused(cap
         _parse(["--splitter", "paragraphs"])
     assert exited.value.code == 2
     assert "expected tokens, sentences, markdown or MODULE:CLASS" in capsys.readouterr().err
+
+
+def _commands():
+    from adarag.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return parser, commands.choices
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    _, commands = _commands()
+    missing = [
+        f"{name} {action.option_strings[0]}"
+        for name, command in commands.items()
+        for action in command._actions
+        if action.option_strings and not action.help
+    ]
+    assert missing == []
+
+
+def test_the_help_names_the_defaults_that_hold():
+    from adarag.config import AdaRagConfig
+
+    parser, commands = _commands()
+    assert "until the model is confident" not in parser.description.split(";")[0]
+    assert "top-k" in parser.description and "opt-in" in parser.description
+    demo = commands["demo"].format_help()
+    assert "Chroma collection (default: 'adarag-demo')" in demo
+    assert "(default: 4)" in demo and "answer tokens generated at most" in demo
+    assert commands["demo"].parse_args([]).collection == "adarag-demo"
+    ask = commands["ask"].format_help()
+    assert f"(default: {AdaRagConfig().retrieval.collection!r})" in ask
+    assert f"(default: {AdaRagConfig().retrieval.top_k})" in ask
