@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,13 +15,12 @@ from adarag.cli.options import (
     add_knowledge_base_arguments,
     add_model_arguments,
     build_config,
-    check_input_paths,
     external_splitter,
 )
 from adarag.errors import CacheError
 from adarag.retrievers import IngestReport, KnowledgeBase
 from adarag.retrievers.file_types import supported_types
-from adarag.retrievers.gathering import check_named_types
+from adarag.retrievers.gathering import GatheredFiles, gather_files, read_file
 from adarag.retrievers.paths import SkippedFile
 from adarag.schema import Chunk
 
@@ -60,14 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Ingest, warm, and print what changed."""
     config = build_config(args)
-    check_input_paths(args.paths)  # a mistyped path is refused before torch and the models load
-    check_named_types(args.paths)
+    # every file is read (and --strict decided) before torch and the models load
+    read = partial(read_file, config=config.retrieval)
+    gathered = gather_files(args.paths, read, strict=args.strict)
     from adarag.pipeline import AdaRAG
 
     splitter = external_splitter(args)
     rag = AdaRAG(config)
     with KnowledgeBase.from_config(config, splitter=splitter) as kb:
-        ingest_and_warm(rag, kb, args.paths, warm=not args.no_warm, strict=args.strict)
+        ingest_and_warm(rag, kb, gathered, warm=not args.no_warm)
         if args.prune:
             pruned = kb.prune_missing_sources()
             print(
@@ -82,12 +83,15 @@ def run(args: argparse.Namespace) -> int:
 def ingest_and_warm(
     rag: AdaRAG,
     kb: KnowledgeBase,
-    paths: Iterable[str | Path],
+    paths: Iterable[str | Path] | GatheredFiles,
     *,
     warm: bool = True,
     strict: bool = False,
 ) -> IngestReport:
-    """Ingest ``paths`` into ``kb`` with a progress bar, then warm the added chunks' KV."""
+    """Ingest ``paths`` into ``kb`` with a progress bar, then warm the added chunks' KV.
+
+    ``paths`` may be files already read (:func:`~adarag.retrievers.gathering.gather_files`).
+    """
     started = time.perf_counter()
     with tqdm(desc="embedding chunks", unit="chunk", leave=False) as bar:
 
@@ -95,7 +99,12 @@ def ingest_and_warm(
             bar.total = total
             bar.update(done - bar.n)
 
-        report = kb.ingest(paths, tokenizer=rag.tokenizer, on_progress=on_progress, strict=strict)
+        if isinstance(paths, GatheredFiles):
+            report = kb.ingest_gathered(paths, tokenizer=rag.tokenizer, on_progress=on_progress)
+        else:
+            report = kb.ingest(
+                paths, tokenizer=rag.tokenizer, on_progress=on_progress, strict=strict
+            )
     print(
         f"ingested {report.num_files} file(s), {report.num_files_unchanged} unchanged: "
         f"{len(report.added)} chunks added, {report.num_chunks_kept} kept, "

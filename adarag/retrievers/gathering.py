@@ -10,11 +10,14 @@ anything is stored.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from adarag.config import RetrievalConfig
 from adarag.errors import InputError
+from adarag.retrievers.chunking import read_source_file
 from adarag.retrievers.file_types import (
     SUPPORTED_SUFFIXES,
     is_supported,
@@ -69,8 +72,9 @@ def gather_files(
             or cannot be read (every such file named), or (``strict``) a file is skipped,
             unreadable or empty (every one named).
     """
+    paths = list(paths)
+    check_named_types(paths)  # named as given
     scanned = scan_paths(paths, SUPPORTED_SUFFIXES)
-    check_named_types(scanned.named)
     sources: list[SourceFile] = []
     unreadable: list[SkippedFile] = []
     for path in scanned.files:
@@ -99,6 +103,19 @@ def gather_files(
     return gathered
 
 
+def read_file(path: Path, config: RetrievalConfig) -> SourceFile:
+    """One file read into documents under ``config``'s limits (``KnowledgeBase.read``).
+
+    Raises:
+        InputError: Its name is not UTF-8, it is larger than ``max_file_bytes``, has a line over
+            ``max_line_chars``, or cannot be read as its type.
+    """
+    _check_file_name(path)
+    return read_source_file(
+        path, max_file_bytes=config.max_file_bytes, max_line_chars=config.max_line_chars
+    )
+
+
 def check_named_types(paths: Iterable[str | Path]) -> None:
     """Refuse a file given by name whose type ingest does not read (folders pass).
 
@@ -108,6 +125,22 @@ def check_named_types(paths: Iterable[str | Path]) -> None:
     for path in paths:
         if path_kind(Path(path)) == "file" and not is_supported(path):
             raise InputError(unsupported_type_message(shown_path(Path(path))))
+
+
+def _check_file_name(path: Path) -> None:
+    """Refuse a path that is not valid UTF-8 (Chroma stores the source name as text).
+
+    Raises:
+        InputError: Naming the file (undecodable bytes escaped) and the fix.
+    """
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", errors="backslashreplace")
+        raise InputError(
+            f"{shown}: the file name is not valid UTF-8, which the knowledge base cannot store; "
+            "rename the file (e.g. `convmv -f latin1 -t utf-8`)"
+        ) from None
 
 
 def _reason(err: InputError, path: Path) -> str:

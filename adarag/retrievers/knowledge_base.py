@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -30,10 +29,10 @@ from adarag.retrievers.chroma import (
     open_server_client,
 )
 from adarag.retrievers.chunk_plan import content_chunk_id, plan_chunks
-from adarag.retrievers.chunking import read_source_file, tokenizer_spans
+from adarag.retrievers.chunking import tokenizer_spans
 from adarag.retrievers.embedding import Embedder, SentenceEmbedder, as_embedder
 from adarag.retrievers.external_splitter import ExternalSplitter
-from adarag.retrievers.gathering import gather_files
+from adarag.retrievers.gathering import GatheredFiles, gather_files, read_file
 from adarag.retrievers.paths import SkippedFile
 from adarag.retrievers.sources import SourceFile
 from adarag.schema import Chunk
@@ -310,6 +309,19 @@ class KnowledgeBase:
         except InputError:
             self._remove_if_new_and_empty()
             raise
+        return self.ingest_gathered(gathered, tokenizer=tokenizer, on_progress=on_progress)
+
+    def ingest_gathered(
+        self,
+        gathered: GatheredFiles,
+        *,
+        tokenizer: Any,
+        on_progress: ProgressCallback | None = None,
+    ) -> IngestReport:
+        """Chunk, embed and store the files :func:`.gathering.gather_files` read.
+
+        The files it left out are named in the report.
+        """
         report = self.ingest_sources(gathered.sources, tokenizer=tokenizer, on_progress=on_progress)
         return dataclasses.replace(report, skipped=gathered.skipped, unreadable=gathered.unreadable)
 
@@ -319,12 +331,7 @@ class KnowledgeBase:
         Raises:
             InputError: As :meth:`ingest` says of one file.
         """
-        _check_file_name(path)
-        return read_source_file(
-            path,
-            max_file_bytes=self.config.max_file_bytes,
-            max_line_chars=self.config.max_line_chars,
-        )
+        return read_file(path, self.config)
 
     def ingest_sources(
         self,
@@ -507,22 +514,6 @@ def _batches(ids: Sequence[str]) -> Iterable[list[str]]:
     """``ids`` in slices Chroma accepts in one call (its limit is 5,461 with SQLite)."""
     for start in range(0, len(ids), WRITE_BATCH_SIZE):
         yield list(ids[start : start + WRITE_BATCH_SIZE])
-
-
-def _check_file_name(path: Path) -> None:
-    """Refuse a path that is not valid UTF-8 (Chroma stores the source name as text).
-
-    Raises:
-        InputError: Naming the file (undecodable bytes escaped) and the fix.
-    """
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:
-        shown = os.fsencode(path).decode("utf-8", errors="backslashreplace")
-        raise InputError(
-            f"{shown}: the file name is not valid UTF-8, which the knowledge base cannot store; "
-            "rename the file (e.g. `convmv -f latin1 -t utf-8`)"
-        ) from None
 
 
 def _check_chunk_text(text: object, idx: int) -> None:
