@@ -19,8 +19,11 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-MAX_PIECES = 16
+MAX_PIECES = 8
 """The most separator-delimited pieces one document may span."""
+LOOKUP_BUDGET_RATIO = 8
+"""Characters looked up (each tokenized) per character of the message, at most: a long message
+holding no cached document is given up on after a few milliseconds' work."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,8 @@ def find_context(rag: Any, messages: Sequence[BaseMessage]) -> ContextPrompt | N
     text = messages[-1].text
     separator = rag.config.prompt.chunk_separator
     pieces = text.split(separator)
-    runs = _cached_runs(rag, pieces, separator)
+    lookup = _Lookup(rag, LOOKUP_BUDGET_RATIO * len(text) + 4096)
+    runs = _cached_runs(lookup, pieces, separator)
     if not runs:
         return None
     (first_idx, first_offset, _), last_end = runs[0], runs[-1][2]
@@ -64,16 +68,34 @@ def find_context(rag: Any, messages: Sequence[BaseMessage]) -> ContextPrompt | N
     return ContextPrompt(system_prompt, intro, tuple(chunks), question)
 
 
-def _cached_runs(rag: Any, pieces: list[str], separator: str) -> list[tuple[int, int, int]]:
+class _Lookup:
+    """Whether texts are chunks whose KV is cached, within a budget of characters."""
+
+    def __init__(self, rag: Any, budget_chars: int) -> None:
+        self.rag = rag
+        self.budget_chars = budget_chars
+
+    @property
+    def is_spent(self) -> bool:
+        return self.budget_chars <= 0
+
+    def is_cached(self, text: str) -> bool:
+        if self.is_spent or not text.strip():
+            return False
+        self.budget_chars -= len(text)
+        return bool(self.rag.cache.has_independent(self.rag.prompts.chunk_ids(text)))
+
+
+def _cached_runs(lookup: _Lookup, pieces: list[str], separator: str) -> list[tuple[int, int, int]]:
     """``(first piece, offset in it, end piece)`` of each cached document, in order.
 
     The first may start at any line of its piece; the next ones start at a piece.
     """
     runs: list[tuple[int, int, int]] = []
     idx = 0
-    while idx < len(pieces):
+    while idx < len(pieces) and not lookup.is_spent:
         offsets = _line_starts(pieces[idx]) if not runs else [0]
-        found = _longest_cached(rag, pieces, separator, idx, offsets)
+        found = _shortest_cached(lookup, pieces, separator, idx, offsets)
         if found is None:
             idx += 1
             continue
@@ -82,13 +104,12 @@ def _cached_runs(rag: Any, pieces: list[str], separator: str) -> list[tuple[int,
     return runs
 
 
-def _longest_cached(
-    rag: Any, pieces: list[str], separator: str, idx: int, offsets: list[int]
+def _shortest_cached(
+    lookup: _Lookup, pieces: list[str], separator: str, idx: int, offsets: list[int]
 ) -> tuple[int, int, int] | None:
     for offset in offsets:
-        for end in range(min(len(pieces), idx + MAX_PIECES), idx, -1):
-            candidate = separator.join([pieces[idx][offset:], *pieces[idx + 1 : end]])
-            if candidate.strip() and rag.cache.has_independent(rag.prompts.chunk_ids(candidate)):
+        for end in range(idx + 1, min(len(pieces), idx + MAX_PIECES) + 1):
+            if lookup.is_cached(separator.join([pieces[idx][offset:], *pieces[idx + 1 : end]])):
                 return idx, offset, end
     return None
 
