@@ -144,9 +144,9 @@ def _check_file_name(path: Path) -> None:
 
 
 def _reason(err: InputError, path: Path) -> str:
-    """The error's message without the path it starts with."""
+    """The error's message without the path it starts with (``"an encrypted PDF; ..."``)."""
     message = str(err)
     for prefix in (str(path), shown_path(path)):
         if message.startswith(prefix):
-            return message.removeprefix(prefix).lstrip(": ") or message
+            return message.removeprefix(prefix).lstrip(": ").removeprefix("is ") or message
     return message

@@ -89,7 +89,7 @@ def test_a_messy_folder_fails_strict_naming_every_file_then_ingests_in_one_run(
         "notes.xyz (unsupported type .xyz)",
         "photo.png (unsupported type .png)",
         "cut.pdf (cannot be read as a PDF",
-        "locked.pdf (is an encrypted PDF",
+        "locked.pdf (an encrypted PDF",
         "scan.pdf (no text layer: a scanned PDF needs text recognition (OCR) first)",
     ]
 

@@ -32,7 +32,7 @@ LEFT_OUT = {
     "notes.xyz": "unsupported type .xyz",
     "photo.png": "unsupported type .png",
     "cut.pdf": "cannot be read as a PDF",
-    "locked.pdf": "is an encrypted PDF; save a copy without a password",
+    "locked.pdf": "an encrypted PDF; save a copy without a password",
     "scan.pdf": "no text layer: a scanned PDF needs text recognition (OCR) first",
 }
 
