@@ -18,7 +18,9 @@ from typing import NoReturn
 from adarag.errors import AdaRagError
 
 DESCRIPTION = """Retrieval-augmented answers from a local model, faster: the KV caches of chunks
-seen before are reused, and retrieved chunks are added until the model is confident."""
+seen before are reused, a few of their tokens recomputed. Each question gets the top-k retrieved
+chunks (--top-k); adding chunks until the model is confident (adaptive augmentation) is opt-in,
+for models calibrated for it (docs/usage.md)."""
 EXAMPLES = """examples:
   adarag demo                                  answer questions over a bundled corpus
   adarag ingest notes/ --collection notes      add files to the knowledge base (and warm KV)

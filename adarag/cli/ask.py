@@ -41,7 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: cache.independent.recompute_ratio)",
     )
     parser.add_argument("--full", action="store_true", help="full prefill (no reuse) instead")
-    parser.add_argument("--max-new-tokens", type=answer_tokens, default=48)
+    parser.add_argument(
+        "--max-new-tokens",
+        type=answer_tokens,
+        default=48,
+        help="answer tokens generated at most (default: 48)",
+    )
     add_knowledge_base_arguments(parser)
     add_model_arguments(parser)
 

@@ -77,8 +77,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offset", type=int, default=0, help="skip this many questions")
     parser.add_argument("--queries", type=int, default=24, help="stream length (>= --limit)")
     parser.add_argument("--zipf", type=float, default=1.1, help="power-law exponent of repeats")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        default=list(POLICIES),
+        choices=list(POLICIES),
+        help="the policies compared (default: all)",
+    )
     parser.add_argument(
         "--top-k",
         type=int,
@@ -87,8 +93,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--top-k-sweep", type=int, nargs="*", default=[], help="also TTFT vs top-k (Figure 8)"
     )
-    parser.add_argument("--max-new-tokens", type=answer_tokens, default=16)
-    parser.add_argument("--output", type=Path, default=Path("bench-results"))
+    parser.add_argument(
+        "--max-new-tokens",
+        type=answer_tokens,
+        default=16,
+        help="answer tokens generated at most per question (default: 16)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=Path("bench-results"),
+        help="folder the results are written to (default: bench-results)",
+    )
     parser.add_argument("--work-dir", type=Path, help="scratch for caches (default: temporary)")
     parser.add_argument(
         "--report-only",

@@ -94,9 +94,14 @@ def _add_learned_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.2,
         help="--selector: the oracle's ratio learned; --packet: the reused chunks' ratio the "
-        "bridge is fitted at (default: 0.2, the independent tier's)",
+        "packet is fitted at (default: 0.2, the independent tier's)",
     )
-    learned.add_argument("--kind", choices=("logistic", "mlp"), default="logistic")
+    learned.add_argument(
+        "--kind",
+        choices=("logistic", "mlp"),
+        default="logistic",
+        help="the selector fitted: logistic regression or one hidden layer (default: logistic)",
+    )
     learned.add_argument(
         "--target-agreement",
         type=float,

@@ -26,7 +26,12 @@ EXIT_WORDS = frozenset({"exit", "quit", ":q"})
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
-    parser.add_argument("--max-new-tokens", type=answer_tokens, default=64)
+    parser.add_argument(
+        "--max-new-tokens",
+        type=answer_tokens,
+        default=64,
+        help="answer tokens generated at most per turn (default: 64)",
+    )
     parser.add_argument(
         "--history-turns", type=non_negative_int, default=2, help="turns carried forward"
     )

@@ -21,17 +21,25 @@ from adarag.schema import GenerationParams
 
 HELP = "ingest a bundled corpus into Chroma and answer questions, showing sources, TTFT and tiers"
 DEMO_COLLECTION = "adarag-demo"
+DEMO_TOP_K = 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
     parser.add_argument("--questions", type=positive_int, default=3, help="how many demo questions")
-    parser.add_argument("--max-new-tokens", type=answer_tokens, default=32)
+    parser.add_argument(
+        "--max-new-tokens",
+        type=answer_tokens,
+        default=32,
+        help="answer tokens generated at most per question (default: 32)",
+    )
     parser.add_argument(
         "--rewarm", action="store_true", help="precompute the KV of chunks stored by earlier runs"
     )
-    add_knowledge_base_arguments(parser)
-    parser.set_defaults(collection=DEMO_COLLECTION, top_k=4)
+    add_knowledge_base_arguments(
+        parser, default_collection=DEMO_COLLECTION, default_top_k=DEMO_TOP_K
+    )
+    parser.set_defaults(collection=DEMO_COLLECTION, top_k=DEMO_TOP_K)
     add_model_arguments(parser)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,12 +15,13 @@ from adarag.cli.options import (
     add_knowledge_base_arguments,
     add_model_arguments,
     build_config,
-    check_input_paths,
     external_splitter,
 )
 from adarag.errors import CacheError
 from adarag.retrievers import IngestReport, KnowledgeBase
-from adarag.retrievers.paths import describe_skipped
+from adarag.retrievers.file_types import supported_types
+from adarag.retrievers.gathering import GatheredFiles, gather_files, read_file
+from adarag.retrievers.paths import SkippedFile
 from adarag.schema import Chunk
 
 if TYPE_CHECKING:
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 
 HELP = (
     "add documents (text, markdown, JSONL passages, PDF, HTML, Word .docx, CSV) to the Chroma "
-    "knowledge base, warming their KV"
+    "knowledge base, warming their KV; files that are not read are listed with their reasons"
 )
 
 
@@ -36,13 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "paths",
         nargs="+",
-        help="files or folders: .txt .md .rst .jsonl .pdf .html .htm .docx .csv .tsv (a folder's "
-        "other files are named as skipped)",
+        help=f"files or folders of {supported_types()} files (a folder's other files, hidden "
+        "files and files that cannot be read are listed as skipped, with their reasons)",
     )
     parser.add_argument(
         "--strict",
         action="store_true",
-        help="refuse to ingest anything when a folder holds a file that is not read",
+        help="refuse to ingest anything when a file is skipped, cannot be read or holds no text "
+        "(every one is named)",
     )
     parser.add_argument("--no-warm", action="store_true", help="skip precomputing chunk KV")
     parser.add_argument(
@@ -57,13 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Ingest, warm, and print what changed."""
     config = build_config(args)
-    check_input_paths(args.paths)  # a mistyped path is refused before torch and the models load
+    # every file is read (and --strict decided) before torch and the models load
+    read = partial(read_file, config=config.retrieval)
+    gathered = gather_files(args.paths, read, strict=args.strict)
     from adarag.pipeline import AdaRAG
 
     splitter = external_splitter(args)
     rag = AdaRAG(config)
     with KnowledgeBase.from_config(config, splitter=splitter) as kb:
-        ingest_and_warm(rag, kb, args.paths, warm=not args.no_warm, strict=args.strict)
+        ingest_and_warm(rag, kb, gathered, warm=not args.no_warm)
         if args.prune:
             pruned = kb.prune_missing_sources()
             print(
@@ -78,12 +83,15 @@ def run(args: argparse.Namespace) -> int:
 def ingest_and_warm(
     rag: AdaRAG,
     kb: KnowledgeBase,
-    paths: Iterable[str | Path],
+    paths: Iterable[str | Path] | GatheredFiles,
     *,
     warm: bool = True,
     strict: bool = False,
 ) -> IngestReport:
-    """Ingest ``paths`` into ``kb`` with a progress bar, then warm the added chunks' KV."""
+    """Ingest ``paths`` into ``kb`` with a progress bar, then warm the added chunks' KV.
+
+    ``paths`` may be files already read (:func:`~adarag.retrievers.gathering.gather_files`).
+    """
     started = time.perf_counter()
     with tqdm(desc="embedding chunks", unit="chunk", leave=False) as bar:
 
@@ -91,7 +99,12 @@ def ingest_and_warm(
             bar.total = total
             bar.update(done - bar.n)
 
-        report = kb.ingest(paths, tokenizer=rag.tokenizer, on_progress=on_progress, strict=strict)
+        if isinstance(paths, GatheredFiles):
+            report = kb.ingest_gathered(paths, tokenizer=rag.tokenizer, on_progress=on_progress)
+        else:
+            report = kb.ingest(
+                paths, tokenizer=rag.tokenizer, on_progress=on_progress, strict=strict
+            )
     print(
         f"ingested {report.num_files} file(s), {report.num_files_unchanged} unchanged: "
         f"{len(report.added)} chunks added, {report.num_chunks_kept} kept, "
@@ -99,13 +112,22 @@ def ingest_and_warm(
         f"collection {kb.config.collection!r} holds {kb.count()} chunks"
         + (f" ({kb.directory})" if kb.directory else "")
     )
-    if report.skipped:
-        print(f"skipped {len(report.skipped)} file(s): {describe_skipped(report.skipped)}")
+    _print_left_out("skipped", report.skipped)
+    _print_left_out("could not read", report.unreadable)
+    _print_left_out("no text in", report.empty)
     if warm and report.sources:
         # every chunk of these files, not only the added ones: a run stopped after the chunks
         # were stored but before their KV was (a crash, ^C) is completed here
         warm_chunks(rag, kb.chunks(sources=report.sources))
     return report
+
+
+def _print_left_out(what: str, files: Sequence[SkippedFile]) -> None:
+    """``skipped 2 file(s):`` then one indented line per file with its reason."""
+    if files:
+        print(f"{what} {len(files)} file(s):")
+        for item in files:
+            print(f"  {item}")
 
 
 def warm_chunks(rag: AdaRAG, chunks: Sequence[Chunk], desc: str = "warming chunk KV") -> int:

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import annotated_types
 
-from adarag.config import AdaRagConfig, find_config_file, load_config_file
+from adarag.config import AdaRagConfig, RetrievalConfig, find_config_file, load_config_file
 from adarag.errors import ConfigError, InputError, KnowledgeBaseError
 from adarag.retrievers import KnowledgeBase
 from adarag.retrievers.chunking import expand_paths
@@ -83,9 +83,25 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, help="CPU threads for torch")
 
 
-def add_knowledge_base_arguments(parser: argparse.ArgumentParser) -> None:
-    """--collection, --chroma-dir, --chroma-url, chunk sizes, --splitter, --top-k, --where."""
-    parser.add_argument("--collection", help="Chroma collection (default: 'adarag')")
+def add_knowledge_base_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    default_collection: str | None = None,
+    default_top_k: int | None = None,
+) -> None:
+    """--collection, --chroma-dir, --chroma-url, chunk sizes, --splitter, --top-k, --where.
+
+    Args:
+        parser: The command's parser.
+        default_collection: The collection the command uses without ``--collection``; None:
+            ``retrieval.collection``'s default.
+        default_top_k: The chunks per question without ``--top-k`` (shown in the help);
+            None: ``retrieval.top_k``'s default.
+    """
+    defaults = RetrievalConfig.model_fields
+    default_collection = default_collection or defaults["collection"].default
+    default_top_k = default_top_k or defaults["top_k"].default
+    parser.add_argument("--collection", help=f"Chroma collection (default: {default_collection!r})")
     parser.add_argument("--chroma-dir", help="Chroma directory (default: <home>/chroma)")
     parser.add_argument(
         "--chroma-url",
@@ -110,7 +126,11 @@ def add_knowledge_base_arguments(parser: argparse.ArgumentParser) -> None:
         help="an argument of a MODULE:CLASS --splitter (repeat for several; VALUE read as JSON "
         "when it parses), e.g. chunk_size=256",
     )
-    parser.add_argument("--top-k", type=positive_int, help="chunks retrieved per question")
+    parser.add_argument(
+        "--top-k",
+        type=positive_int,
+        help=f"chunks retrieved per question (default: {default_top_k})",
+    )
     parser.add_argument(
         "--where",
         action="append",

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import logging
 import os
 import re
 import stat
@@ -21,17 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from adarag.errors import InputError
+from adarag.retrievers.file_types import JSONL_SUFFIXES, SUPPORTED_SUFFIXES
 from adarag.retrievers.paths import path_kind, scan_paths
 from adarag.retrievers.readers import READERS, decode_text
 from adarag.retrievers.sources import MARKDOWN_SUFFIXES, SourceDocument, SourceFile
 from adarag.schema import Chunk
 
-logger = logging.getLogger(__name__)
-
-TEXT_SUFFIXES = frozenset({".txt", ".md", ".markdown", ".rst", ".text"})
-JSONL_SUFFIXES = frozenset({".jsonl"})
-READABLE_SUFFIXES = TEXT_SUFFIXES | JSONL_SUFFIXES | frozenset(READERS)
-"""The suffixes of the files ingest takes from a folder."""
+READABLE_SUFFIXES = SUPPORTED_SUFFIXES
+"""The suffixes of the files ingest reads (:data:`.file_types.SUPPORTED_SUFFIXES`)."""
+NO_TEXT = "holds no text"
+EMPTY_REASONS = {
+    ".pdf": "no text layer: a scanned PDF needs text recognition (OCR) first",
+}
+"""Why a file of this suffix gives no document, when it gives none (else :data:`NO_TEXT`)."""
 _FIX = "pass text, markdown, JSONL, PDF, HTML, Word (.docx) or CSV files"
 
 TokenSpans = Callable[[str], Sequence[tuple[int, int]]]
@@ -73,9 +74,8 @@ def read_source_file(
         if max_line_chars is not None:
             for read_document in read:
                 _check_line_lengths(read_document.text, path, max_line_chars)
-        if not read:
-            logger.warning("%s holds no text (a scanned PDF needs text recognition first)", path)
-        return SourceFile(path, digest, tuple(read), has_headings, converted=True)
+        empty = None if read else EMPTY_REASONS.get(suffix, NO_TEXT)
+        return SourceFile(path, digest, tuple(read), has_headings, True, empty)
     content = decode_text(data, path)
     if max_line_chars is not None:
         _check_line_lengths(content, path, max_line_chars)
@@ -92,9 +92,13 @@ def read_source_file(
                     raise InputError(
                         f"{path}:{line_no}: its passages nest too deeply; pass flat passages"
                     ) from None
-        return SourceFile(path, digest, tuple(documents))
+        empty = None if documents else NO_TEXT
+        return SourceFile(path, digest, tuple(documents), empty_reason=empty)
     document = SourceDocument(content, key="") if content.strip() else None
-    return SourceFile(path, digest, (document,) if document else (), suffix in MARKDOWN_SUFFIXES)
+    has_headings = suffix in MARKDOWN_SUFFIXES
+    if document is None:
+        return SourceFile(path, digest, (), has_headings, empty_reason=NO_TEXT)
+    return SourceFile(path, digest, (document,), has_headings)
 
 
 def _check_line_lengths(content: str, path: Path, max_line_chars: int) -> None:

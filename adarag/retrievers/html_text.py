@@ -5,7 +5,9 @@ Scripts, styles, templates, embedded objects, form controls, comments and elemen
 Install``), so the ``markdown`` splitter records heading paths as it does for a markdown file;
 list items start with ``- ``, a table row is its cells joined by `` | ``, ``<pre>`` keeps its
 lines, and any other text has its whitespace collapsed, one line per block. The walk is
-iterative, so a deeply nested page cannot exhaust the stack.
+iterative, so a deeply nested page cannot exhaust the stack. Of the converted page, the lines of
+its main content are kept (:mod:`adarag.retrievers.main_content`): menus, breadcrumbs, cookie
+banners and footers are left out.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from adarag.errors import MissingDependencyError
+from adarag.retrievers.main_content import main_content
 
 DROPPED = frozenset(
     {
@@ -72,10 +75,10 @@ HEADINGS = {f"h{level}": level for level in range(1, 7)}
 
 
 def html_to_markdown(markup: str) -> tuple[str | None, str]:
-    """``(title, text)`` of an HTML page: its ``<title>`` (None without one) and its text.
+    """``(title, text)`` of an HTML page: its ``<title>`` (None without one) and its main text.
 
     Raises:
-        MissingDependencyError: beautifulsoup4 or lxml is not installed.
+        MissingDependencyError: beautifulsoup4, lxml or trafilatura is not installed.
     """
     try:
         from bs4 import BeautifulSoup
@@ -91,7 +94,7 @@ def html_to_markdown(markup: str) -> tuple[str | None, str]:
         tag.decompose()
     writer = _Writer()
     _walk(soup, writer)
-    return title or None, writer.text()
+    return title or None, main_content(str(soup), writer.text())
 
 
 class _Writer:

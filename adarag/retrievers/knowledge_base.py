@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -30,10 +29,11 @@ from adarag.retrievers.chroma import (
     open_server_client,
 )
 from adarag.retrievers.chunk_plan import content_chunk_id, plan_chunks
-from adarag.retrievers.chunking import READABLE_SUFFIXES, read_source_file, tokenizer_spans
+from adarag.retrievers.chunking import tokenizer_spans
 from adarag.retrievers.embedding import Embedder, SentenceEmbedder, as_embedder
 from adarag.retrievers.external_splitter import ExternalSplitter
-from adarag.retrievers.paths import SkippedFile, describe_skipped, scan_paths
+from adarag.retrievers.gathering import GatheredFiles, gather_files, read_file
+from adarag.retrievers.paths import SkippedFile
 from adarag.retrievers.sources import SourceFile
 from adarag.schema import Chunk
 
@@ -51,13 +51,18 @@ class IngestReport:
     """What one ingestion changed.
 
     Attributes:
-        num_files: Files read.
-        num_files_unchanged: Files skipped because the knowledge base already holds them as is.
+        num_files: Files read that hold text.
+        num_files_unchanged: Of those, the files the knowledge base already holds as they are.
         num_chunks_kept: Chunks of changed files that were already stored.
         num_chunks_removed: Stale chunks of changed files that were removed.
         added: Chunks added (embedded and stored); their KV is what needs warming.
         sources: The files read, as the knowledge base names them (``source`` metadata).
-        skipped: The files of the folders given that were not read, each with the reason.
+        skipped: The files of the folders given that were not read (another type, hidden, not
+            a regular file), each with the reason.
+        unreadable: The files of the folders given that could not be read (a damaged or
+            encrypted PDF), each with the reason.
+        empty: The files read without any text (a scanned PDF), each with the reason; a file
+            that had text before loses its chunks.
     """
 
     num_files: int
@@ -67,6 +72,8 @@ class IngestReport:
     added: tuple[Chunk, ...]
     sources: tuple[str, ...] = ()
     skipped: tuple[SkippedFile, ...] = ()
+    unreadable: tuple[SkippedFile, ...] = ()
+    empty: tuple[SkippedFile, ...] = ()
 
 
 class KnowledgeBase:
@@ -153,24 +160,47 @@ class KnowledgeBase:
         try:
             if not create:
                 self._check_exists(client)
-            self.collection = client.get_or_create_collection(
-                config.collection,
-                embedding_function=None,
-                configuration={"hnsw": {"space": "cosine"}},
-                metadata={
-                    EMBEDDING_MODEL_KEY: self.embedder.name,
-                    EMBEDDING_DIMENSION_KEY: self.embedder.dimension,
-                },
-            )
-            self.retriever = ChromaRetriever(
-                self.collection,
-                self.embedder,
-                min_top_score=config.min_top_score,
-                where=chroma_where(config.where),
-            )
+            self._client = client
+            self._collection: Any = None
+            self._retriever: ChromaRetriever | None = None
+            self._is_new = config.collection not in _collection_names(client)
+            self._open_collection()
         except BaseException:
             self.close()
             raise
+
+    @property
+    def collection(self) -> Any:
+        """The chromadb collection (made again if a failed ingest removed it)."""
+        if self._collection is None:
+            self._open_collection()
+        return self._collection
+
+    @property
+    def retriever(self) -> ChromaRetriever:
+        """Dense retrieval over the collection."""
+        if self._retriever is None:
+            self._open_collection()
+        assert self._retriever is not None, "the collection was not opened"
+        return self._retriever
+
+    def _open_collection(self) -> None:
+        """Open (or create) the collection, and the retriever over it."""
+        self._collection = self._client.get_or_create_collection(
+            self.config.collection,
+            embedding_function=None,
+            configuration={"hnsw": {"space": "cosine"}},
+            metadata={
+                EMBEDDING_MODEL_KEY: self.embedder.name,
+                EMBEDDING_DIMENSION_KEY: self.embedder.dimension,
+            },
+        )
+        self._retriever = ChromaRetriever(
+            self._collection,
+            self.embedder,
+            min_top_score=self.config.min_top_score,
+            where=chroma_where(self.config.where),
+        )
 
     @classmethod
     def from_config(
@@ -181,7 +211,7 @@ class KnowledgeBase:
 
     def _check_exists(self, client: Any) -> None:
         """Raise :class:`KnowledgeBaseError` naming the collections there are, if ours is not."""
-        names = sorted(getattr(c, "name", c) for c in client.list_collections())
+        names = _collection_names(client)
         if self.config.collection not in names:
             where = f" in {self.directory}" if self.directory else ""
             if self.config.chroma_url is not None:
@@ -259,23 +289,41 @@ class KnowledgeBase:
             tokenizer: The model's Hugging Face fast tokenizer (``AdaRAG.tokenizer``): chunk
                 sizes are counted in its tokens.
             on_progress: Called as chunks are embedded.
-            strict: Refuse to ingest anything when a folder holds a file that is not read.
+            strict: Refuse to ingest anything when a file is skipped, cannot be read or holds
+                no text.
+
+        A folder's files that cannot be read are left out and named in
+        :attr:`IngestReport.unreadable`, files without text in :attr:`IngestReport.empty`
+        (see :mod:`adarag.retrievers.gathering`).
 
         Raises:
-            InputError: A path is missing, not UTF-8 (its content or its name), larger than
-                ``max_file_bytes`` or with a line over ``max_line_chars``, a document cannot be
-                parsed, a JSONL line is not a passage, or (``strict``) a folder holds a file
-                that is not read. Every path is read before anything is written.
+            InputError: A path is missing, a file given by name is of another type or cannot be
+                read (not UTF-8, larger than ``max_file_bytes``, a line over
+                ``max_line_chars``, a document that cannot be parsed, a JSONL line that is not
+                a passage), or (``strict``) a file is skipped, unreadable or empty. Every path
+                is read before anything is written; a collection this knowledge base created
+                is removed again when nothing was stored in it.
         """
-        scanned = scan_paths(paths, READABLE_SUFFIXES)
-        if strict and scanned.skipped:
-            raise InputError(
-                f"{len(scanned.skipped)} file(s) in the folders given are not read: "
-                f"{describe_skipped(scanned.skipped)}; move them out, or turn strict (--strict) off"
-            )
-        sources = [self.read(path) for path in scanned.files]
-        report = self.ingest_sources(sources, tokenizer=tokenizer, on_progress=on_progress)
-        return dataclasses.replace(report, skipped=scanned.skipped)
+        try:
+            gathered = gather_files(paths, self.read, strict=strict)
+        except InputError:
+            self._remove_if_new_and_empty()
+            raise
+        return self.ingest_gathered(gathered, tokenizer=tokenizer, on_progress=on_progress)
+
+    def ingest_gathered(
+        self,
+        gathered: GatheredFiles,
+        *,
+        tokenizer: Any,
+        on_progress: ProgressCallback | None = None,
+    ) -> IngestReport:
+        """Chunk, embed and store the files :func:`.gathering.gather_files` read.
+
+        The files it left out are named in the report.
+        """
+        report = self.ingest_sources(gathered.sources, tokenizer=tokenizer, on_progress=on_progress)
+        return dataclasses.replace(report, skipped=gathered.skipped, unreadable=gathered.unreadable)
 
     def read(self, path: Path) -> SourceFile:
         """One file read into documents, under the configured limits (nothing is stored).
@@ -283,12 +331,7 @@ class KnowledgeBase:
         Raises:
             InputError: As :meth:`ingest` says of one file.
         """
-        _check_file_name(path)
-        return read_source_file(
-            path,
-            max_file_bytes=self.config.max_file_bytes,
-            max_line_chars=self.config.max_line_chars,
-        )
+        return read_file(path, self.config)
 
     def ingest_sources(
         self,
@@ -322,13 +365,19 @@ class KnowledgeBase:
                 self.collection.update(ids=batch, metadatas=[by_id[i].metadata for i in batch])
         for batch in _batches(stale):
             self.collection.delete(ids=batch)
+        with_text = [source for source in sources if source.documents]
         report = IngestReport(
-            num_files=len(sources),
-            num_files_unchanged=len(sources) - len(changed),
+            num_files=len(with_text),
+            num_files_unchanged=sum(1 for source in with_text if source not in changed),
             num_chunks_kept=sum(len(ids) for ids in kept.values()),
             num_chunks_removed=len(stale),
             added=tuple(new_chunks),
             sources=tuple(str(source.path) for source in sources),
+            empty=tuple(
+                SkippedFile(source.path, source.empty_reason or "holds no text")
+                for source in sources
+                if not source.documents
+            ),
         )
         logger.info(
             "ingested %d files (%d unchanged): %d chunks added, %d kept, %d removed",
@@ -411,6 +460,18 @@ class KnowledgeBase:
 
     # --- internals
 
+    def _remove_if_new_and_empty(self) -> None:
+        """Remove the collection this knowledge base made, after a failed ingest stored nothing.
+
+        The next use makes it again.
+        """
+        if not self._is_new or self.count() > 0:
+            return
+        self._client.delete_collection(self.config.collection)
+        self._collection = self._retriever = None
+        self._is_new = True
+        logger.info("removed the empty collection %r again", self.config.collection)
+
     def _holds(self, source: SourceFile) -> bool:
         """The collection holds every chunk of this exact file version and nothing else of it.
 
@@ -444,26 +505,15 @@ class KnowledgeBase:
                 on_progress(start + len(batch), len(chunks))
 
 
+def _collection_names(client: Any) -> list[str]:
+    """The names of the client's collections, sorted."""
+    return sorted(getattr(c, "name", c) for c in client.list_collections())
+
+
 def _batches(ids: Sequence[str]) -> Iterable[list[str]]:
     """``ids`` in slices Chroma accepts in one call (its limit is 5,461 with SQLite)."""
     for start in range(0, len(ids), WRITE_BATCH_SIZE):
         yield list(ids[start : start + WRITE_BATCH_SIZE])
-
-
-def _check_file_name(path: Path) -> None:
-    """Refuse a path that is not valid UTF-8 (Chroma stores the source name as text).
-
-    Raises:
-        InputError: Naming the file (undecodable bytes escaped) and the fix.
-    """
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:
-        shown = os.fsencode(path).decode("utf-8", errors="backslashreplace")
-        raise InputError(
-            f"{shown}: the file name is not valid UTF-8, which the knowledge base cannot store; "
-            "rename the file (e.g. `convmv -f latin1 -t utf-8`)"
-        ) from None
 
 
 def _check_chunk_text(text: object, idx: int) -> None:

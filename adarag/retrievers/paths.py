@@ -1,10 +1,12 @@
 """Which files the paths given to ingest name: folders expanded, every file left out named.
 
 Inside a folder, only regular files (or links to them within the folder) whose suffix a reader
-takes are read. Everything else the folder holds is left out and named with the reason: another
-type, a FIFO, a device, a socket, a broken or looping link, a link leading out of the folder (a
-folder's content is what is inside it), a link to a folder (not followed). A path given by name
-is read whatever its suffix; one that is not a regular file or a folder is an error.
+takes are read. Everything else the folder holds is left out and named with the reason: a hidden
+file or folder (a name starting with ``.``; a hidden folder is named once, its content is not
+walked), another type, a FIFO, a device, a socket, a broken or looping link, a link leading out
+of the folder (a folder's content is what is inside it), a link to a folder (not followed). A
+path given by name is taken whatever its suffix or name (ingest refuses another type:
+:mod:`adarag.retrievers.gathering`); one that is not a regular file or a folder is an error.
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adarag.errors import InputError
+from adarag.retrievers.file_types import (
+    HIDDEN_FILE_REASON,
+    HIDDEN_FOLDER_REASON,
+    is_hidden,
+    unsupported_type_reason,
+)
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class SkippedFile:
-    """A file a folder holds that ingest does not read, and why (``"unsupported type"``)."""
+    """A file ingest does not read, and why (``"unsupported type .xyz"``)."""
 
     path: Path
     reason: str
@@ -34,10 +42,17 @@ class SkippedFile:
 
 @dataclass(frozen=True)
 class ScannedPaths:
-    """The files to read (resolved, each once) and the files of the folders that are not."""
+    """The files to read (resolved, each once) and the files of the folders that are not.
+
+    Attributes:
+        files: The files to read, resolved, each once.
+        skipped: The files (and hidden folders) of the folders given that are not read.
+        named: The ``files`` given by name rather than found in a folder.
+    """
 
     files: tuple[Path, ...]
     skipped: tuple[SkippedFile, ...]
+    named: frozenset[Path] = frozenset()
 
 
 def scan_paths(paths: Iterable[str | Path], suffixes: Collection[str]) -> ScannedPaths:
@@ -53,7 +68,7 @@ def scan_paths(paths: Iterable[str | Path], suffixes: Collection[str]) -> Scanne
         InputError: A path does not exist, is a link loop or a broken link, is not a regular
             file or folder (a FIFO, a device, a socket), or a folder holds no file to read.
     """
-    files: list[Path] = []
+    files: list[tuple[Path, bool]] = []  # (file, given by name)
     skipped: list[SkippedFile] = []
     for raw in paths:
         path = Path(raw).expanduser()
@@ -61,18 +76,22 @@ def scan_paths(paths: Iterable[str | Path], suffixes: Collection[str]) -> Scanne
         if kind == "directory":
             found, left_out = _folder_files(path, suffixes)
             skipped.extend(left_out)
-            files.extend(found)
+            files.extend((file, False) for file in found)
         elif kind == "file":
-            files.append(path)
+            files.append((path, True))
         else:
             raise InputError(f"{shown_path(path)} {kind}; pass files or folders of documents")
-    resolved: list[Path] = []
-    for file in files:
+    resolved: dict[Path, None] = {}
+    named: set[Path] = set()
+    for file, by_name in files:
         try:
-            resolved.append(file.resolve(strict=True))
+            resolved_file = file.resolve(strict=True)
         except (OSError, RuntimeError) as err:  # RuntimeError: a link loop (Python < 3.13)
             raise InputError(f"cannot resolve {file}: {err}; pass the file itself") from err
-    return ScannedPaths(tuple(dict.fromkeys(resolved)), tuple(skipped))
+        resolved[resolved_file] = None
+        if by_name:
+            named.add(resolved_file)
+    return ScannedPaths(tuple(resolved), tuple(skipped), frozenset(named))
 
 
 def expand_paths(paths: Iterable[str | Path], suffixes: Collection[str]) -> list[Path]:
@@ -90,9 +109,17 @@ def _folder_files(folder: Path, suffixes: Collection[str]) -> tuple[list[Path], 
         raise InputError(
             f"cannot list directory {folder}: {err.strerror or err}; check its permissions"
         ) from err
+    hidden_folders: list[Path] = []
     for entry in entries:
+        if any(entry.is_relative_to(hidden) for hidden in hidden_folders):
+            continue  # named once, as its hidden folder
         kind = path_kind(entry)
-        if kind == "directory":
+        if is_hidden(entry.name):
+            if kind == "directory" and not entry.is_symlink():
+                hidden_folders.append(entry)
+            reason = HIDDEN_FOLDER_REASON if kind == "directory" else HIDDEN_FILE_REASON
+            skipped.append(SkippedFile(entry, reason))
+        elif kind == "directory":
             if entry.is_symlink():
                 skipped.append(SkippedFile(entry, "a link to a folder, not followed"))
         elif kind != "file":
@@ -100,7 +127,7 @@ def _folder_files(folder: Path, suffixes: Collection[str]) -> tuple[list[Path], 
         elif entry.suffix.lower() in suffixes:
             found.append(entry)
         else:
-            skipped.append(SkippedFile(entry, "unsupported type"))
+            skipped.append(SkippedFile(entry, unsupported_type_reason(entry)))
     inside = _inside(found, folder)
     kept = set(inside)
     skipped.extend(
@@ -117,7 +144,8 @@ def _folder_files(folder: Path, suffixes: Collection[str]) -> tuple[list[Path], 
             f"directory {folder} holds no file ingest reads ({', '.join(sorted(suffixes))}){held}; "
             "pass a folder of documents"
         )
-    return inside, sorted(skipped, key=lambda item: item.path)
+    listed = [SkippedFile(item.path.absolute(), item.reason) for item in skipped]
+    return inside, sorted(listed, key=lambda item: item.path)
 
 
 def describe_skipped(skipped: Iterable[SkippedFile], limit: int = 20) -> str:

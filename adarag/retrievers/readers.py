@@ -1,7 +1,8 @@
 """Documents from PDF, Word, HTML and CSV files (the ``documents`` extra).
 
 - **PDF** (pypdf): one document per page with text (``page`` in its chunks' metadata); a page
-  without a text layer (a scan) gives none.
+  without a text layer (a scan) gives none. Running headers and footers are dropped and the
+  text NFKC-normalised (:mod:`adarag.retrievers.page_text`).
 - **Word** ``.docx`` (python-docx): paragraphs and tables in order; ``Heading N`` paragraphs
   become markdown headings, list paragraphs ``- `` items, a table row its cells joined by
   `` | ``. The document's title is its core properties' title, else its ``Title`` paragraph.
@@ -29,6 +30,7 @@ from typing import Any
 
 from adarag.errors import InputError, MissingDependencyError
 from adarag.retrievers.html_text import html_to_markdown
+from adarag.retrievers.page_text import clean_pages
 from adarag.retrievers.sources import SourceDocument
 
 DocumentReader = Callable[[Path, bytes, int | None], list[SourceDocument]]
@@ -87,7 +89,7 @@ def read_pdf(path: Path, data: bytes, max_bytes: int | None) -> list[SourceDocum
         raise _unreadable(path, "a PDF", err) from err
     return [
         SourceDocument(text, key=f"page {number}", metadata={"page": number})
-        for number, text in ((number, _cleaned(text)) for number, text in enumerate(pages, 1))
+        for number, text in enumerate(clean_pages([_cleaned(page) for page in pages]), 1)
         if text.strip()
     ]
 

@@ -40,6 +40,8 @@ class SourceFile:
             an HTML or Word file converted), which the ``markdown`` splitter cuts at.
         converted: Its documents were converted from another format (PDF, Word, HTML, CSV):
             the heading marks are not the file's, so chunks show each heading as a plain line.
+        empty_reason: Why it gave no document, for the user (a scanned PDF has no text
+            layer); None when it has documents.
     """
 
     path: Path
@@ -47,3 +49,4 @@ class SourceFile:
     documents: tuple[SourceDocument, ...]
     has_headings: bool = False
     converted: bool = False
+    empty_reason: str | None = None

@@ -10,8 +10,10 @@ import pytest
 
 from adarag import AdaRagConfig
 from adarag.cli import main as cli_main
+from adarag.errors import KnowledgeBaseError
 from adarag.retrievers import KnowledgeBase
 from tests.documents import CSV_FACT, HTML_FACT, mixed_folder
+from tests.unit.retrievers.messy_documents import GOOD_FILES, messy_folder
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("pypdf")
@@ -42,7 +44,7 @@ def test_strict_ingest_of_a_folder_with_an_unread_file_exits_2_and_stores_nothin
     err = [line for line in lines if line.startswith("adarag ingest: error: ")]
     assert status == 2 and len(err) == 1
     assert err[0].startswith("adarag ingest: error: 1 file(s)")
-    assert "notes.xyz (unsupported type)" in err[0]
+    assert "notes.xyz (unsupported type .xyz)" in err[0]
     assert stored_chunks(config) == []
 
 
@@ -53,7 +55,7 @@ def test_ingest_reads_each_document_names_the_skipped_file_and_ask_cites_pdf_and
     assert cli_main(["--config", str(config), "ingest", str(folder)]) == 0
     out = capfd.readouterr().out
     assert "ingested 5 file(s), 0 unchanged" in out
-    assert f"skipped 1 file(s): {folder / 'notes.xyz'} (unsupported type)" in out
+    assert f"skipped 1 file(s):\n  {folder / 'notes.xyz'} (unsupported type .xyz)\n" in out
     chunks = stored_chunks(config)
     html = [c for c in chunks if c.metadata["source"].endswith("guide.html")]
     assert any(HTML_FACT in c.text for c in html)
@@ -70,6 +72,43 @@ def test_ingest_reads_each_document_names_the_skipped_file_and_ask_cites_pdf_and
         first_source = next(line for line in out.splitlines() if "source 1:" in line)
         assert fact in answer, out
         assert first_source.endswith(source) or f"{source}," in first_source, out
+
+
+def test_a_messy_folder_fails_strict_naming_every_file_then_ingests_in_one_run(
+    real_config, tmp_path, capsys
+):
+    """A damaged, an encrypted and a scanned PDF, a hidden file and two other types: --strict
+    names all six and leaves no collection; without it one run ingests the rest and lists them."""
+    pytest.importorskip("trafilatura")
+    folder = messy_folder(tmp_path / "kb")
+    config = tmp_path / "config.json"
+    settings = {"home": str(tmp_path / "home"), "engine": {"model": real_config.engine.model}}
+    config.write_text(json.dumps(settings))
+    left_out = [
+        ".hidden.md (a hidden file)",
+        "notes.xyz (unsupported type .xyz)",
+        "photo.png (unsupported type .png)",
+        "cut.pdf (cannot be read as a PDF",
+        "locked.pdf (an encrypted PDF",
+        "scan.pdf (no text layer: a scanned PDF needs text recognition (OCR) first)",
+    ]
+
+    argv = ["--config", str(config), "ingest", "--no-warm", str(folder)]
+    assert cli_main([*argv, "--strict"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(err) == 1 and "6 file(s) are not read or hold no text" in err[0]
+    for item in left_out:
+        assert f"{folder}/{item}" in err[0], item
+    with pytest.raises(KnowledgeBaseError, match="there is no collection 'adarag'"):
+        KnowledgeBase.from_config(AdaRagConfig.from_file(config), create=False)
+
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"ingested {len(GOOD_FILES)} file(s), 0 unchanged" in out
+    for heading in ("skipped 3 file(s):", "could not read 2 file(s):", "no text in 1 file(s):"):
+        assert f"\n{heading}\n" in out, heading
+    for item in left_out:
+        assert f"\n  {folder}/{item}" in out, item
 
 
 def test_a_sentence_splitter_s_unchanged_chunks_keep_their_ids_and_kv(shared_rag, tmp_path):

@@ -25,6 +25,7 @@ from langchain_core.messages import (  # noqa: E402
     SystemMessage,
     trim_messages,
 )
+from langchain_core.output_parsers import StrOutputParser  # noqa: E402
 from langchain_core.prompts import ChatPromptTemplate, PromptTemplate  # noqa: E402
 from langchain_core.runnables import (
     ConfigurableField,
@@ -38,7 +39,7 @@ from langchain_tests.integration_tests import (  # noqa: E402
     RetrieversIntegrationTests,
 )
 
-from adarag import InputError  # noqa: E402
+from adarag import ConfigError, InputError  # noqa: E402
 from adarag.pipeline.answer_stream import NO_CONTEXT_ANSWER  # noqa: E402
 from adarag.retrievers import SentenceEmbedder  # noqa: E402
 from tests.integration.conftest import (  # noqa: E402
@@ -142,35 +143,92 @@ def test_the_chat_model_counts_tokens_with_its_own_tokenizer(kb_rag):
     assert model.get_num_tokens(text) == expected > 0
     messages = [SystemMessage("Answer briefly."), HumanMessage("Name a prime number.")]
     reply = model.invoke(messages)
-    assert model.get_num_tokens_from_messages(messages) == reply.usage_metadata["input_tokens"]
+    # the prompt is the messages and the assistant header, a few tokens the same for any prompt
+    header = reply.usage_metadata["input_tokens"] - model.get_num_tokens_from_messages(messages)
+    other = [SystemMessage("Be terse."), HumanMessage("Name a colour, please.")]
+    other_reply = model.invoke(other)
+    assert (
+        0
+        < header
+        == other_reply.usage_metadata["input_tokens"] - (model.get_num_tokens_from_messages(other))
+    )
 
 
 def test_token_counts_add_up_so_trim_messages_keeps_the_question(kb_rag):
     """Regression: [human] counted 36 tokens and [system, human] 22 (SmolLM2's chat template
     inserted its default system prompt into a list without one), so trim_messages kept only the
-    system message."""
+    system message; then each list's count held the assistant header once, so [system] 11 and
+    [human] 15 made more than [system, human] 22, and with max_tokens 24 trim_messages still
+    kept only the system message."""
     model = ChatAdaRag(rag=kb_rag, max_tokens=4)
     system = SystemMessage("Answer in one short sentence.")
     question = HumanMessage("What is the capital of France?")
     count = model.get_num_tokens_from_messages
-    assert count([question]) < count([system, question])
-    # each count holds the assistant header once: the same overlap for any split of a list
     earlier = [HumanMessage("Name a river in Paris."), AIMessage("The Seine.")]
-    header = count([system]) + count([question]) - count([system, question])
-    assert (
-        0
-        < header
-        == count([system, *earlier]) + count([question]) - count([system, *earlier, question])
-    )
+    assert 0 < count([question]) < count([system, question]) == count([system]) + count([question])
+    assert count([system, *earlier, question]) == count([system, *earlier]) + count([question])
+    budget = count([system, question]) + 2
     kept = trim_messages(
-        [system, question], token_counter=model, max_tokens=40, include_system=True
+        [system, question],
+        token_counter=model,
+        max_tokens=budget,
+        strategy="last",
+        include_system=True,
     )
-    assert kept == [system, question] and count(kept) <= 40
+    assert kept == [system, question]
     long_history = [HumanMessage("Tell me about Paris. " * 6), AIMessage("Paris is large. " * 6)]
     messages = [system, *long_history, *earlier, question]
     kept = trim_messages(messages, token_counter=model, max_tokens=60, include_system=True)
     assert kept[0] == system and kept[-1] == question and long_history[0] not in kept
     assert count(kept) <= 60 < count(messages)
+
+
+def test_an_output_parser_takes_the_answer_alone(chain):
+    """Regression: ``chain | StrOutputParser()`` failed with pydantic's ValidationError on the
+    output dict, with no hint."""
+    with pytest.raises(ConfigError, match=r"returns a dict .* chain\.answer_only\(\) \| StrOut"):
+        chain | StrOutputParser()
+    text = (chain.answer_only() | StrOutputParser()).invoke(LOTHAIR_QUESTION)
+    assert isinstance(text, str) and text
+    prompt = PromptTemplate.from_template("{question}")
+    deltas = list((prompt | chain.answer_only() | StrOutputParser()).stream(LOTHAIR_QUESTION))
+    assert all(isinstance(d, str) for d in deltas) and "".join(deltas) == text
+
+
+def test_the_textbook_chain_reuses_the_documents_kv(kb_rag):
+    """Regression: ``{context: retriever | format_docs, question} | prompt | ChatAdaRag |
+    StrOutputParser`` answered with ``cache_read: 0``: the documents in the prompt were
+    prefilled as plain text."""
+    tag = uuid.uuid4().hex[:8]
+    documents = [Document(f"The {tag} river flows through Quenby."), Document("Quenby bells.")]
+    store = InMemoryVectorStore(AdaRagEmbeddings())
+    store.add_documents(documents)
+    retriever = store.as_retriever(search_kwargs={"k": 2})
+    AdaptiveCachedRAG(rag=kb_rag).warm(documents)
+
+    def format_docs(docs):
+        return "\n\n".join(doc.page_content for doc in docs)
+
+    prompt = ChatPromptTemplate.from_template(
+        "Answer the question based only on the following context:\n{context}\n\n"
+        "Question: {question}\n"
+    )
+    model = ChatAdaRag(rag=kb_rag, max_tokens=8)
+    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt
+    question = f"Which river flows through Quenby ({tag})?"
+    reply = (chain | model).invoke(question)
+    assert reply.usage_metadata["input_token_details"]["cache_read"] > 0
+    assert isinstance((chain | model | StrOutputParser()).invoke(question), str)
+    chunks = list((chain | model).stream(question))
+    assert chunks[-1].usage_metadata["input_token_details"]["cache_read"] > 0
+
+    # documents in the system message are prefilled as plain text (the README says so)
+    in_system = ChatPromptTemplate.from_messages(
+        [("system", "Context:\n{context}"), ("human", "{question}")]
+    )
+    inputs = {"context": retriever | format_docs, "question": RunnablePassthrough()}
+    reply = (inputs | in_system | model).invoke(question)
+    assert reply.usage_metadata["input_token_details"]["cache_read"] == 0
 
 
 def test_tools_and_structured_output_are_refused_saying_why(kb_rag):

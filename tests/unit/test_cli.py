@@ -140,8 +140,8 @@ def test_a_malformed_vllm_url_is_refused_before_anything_loads(capsys):
     assert "must look like http://host:port" in capsys.readouterr().err
 
 
-def test_a_missing_ingest_path_is_refused_at_once_without_loading_torch(tmp_path):
-    """Regression: `adarag ingest no_such_file.md` loaded the models (11 s) before refusing."""
+def _run_cli(tmp_path, *argv):
+    """``adarag ARGV`` in a fresh interpreter; its stdout ends saying whether torch loaded."""
     code = (
         "import sys; from adarag.cli import main; status = main(sys.argv[1:]); "
         "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded'); sys.exit(status)"
@@ -149,14 +149,19 @@ def test_a_missing_ingest_path_is_refused_at_once_without_loading_torch(tmp_path
     root = str(Path(__file__).resolve().parents[2])  # this checkout's adarag, from any cwd
     path = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "ADARAG_HOME": str(tmp_path / "home"), "PYTHONPATH": path}
-    result = subprocess.run(
-        [sys.executable, "-c", code, "ingest", "no_such_file.md"],
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         env=env,
         timeout=60,
     )
+
+
+def test_a_missing_ingest_path_is_refused_at_once_without_loading_torch(tmp_path):
+    """Regression: `adarag ingest no_such_file.md` loaded the models (11 s) before refusing."""
+    result = _run_cli(tmp_path, "ingest", "no_such_file.md")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "adarag ingest: error: no_such_file.md does not exist; pass files or folders of documents"
@@ -164,6 +169,37 @@ def test_a_missing_ingest_path_is_refused_at_once_without_loading_torch(tmp_path
     # refused before torch (and so any model) loads; its time is measured, not asserted
     assert result.stdout.strip() == "torch not loaded"
     assert not (tmp_path / "home").exists()  # nothing was created either
+
+
+def test_strict_ingest_names_every_file_left_out_before_torch_loads(tmp_path):
+    """A folder with a damaged, an encrypted and a scanned PDF, a hidden file and two other
+    types: --strict names all six, and exits before any model loads or collection is made."""
+    pytest.importorskip("pypdf")
+    pytest.importorskip("docx")
+    pytest.importorskip("trafilatura")
+    from tests.unit.retrievers.messy_documents import messy_folder
+
+    messy_folder(tmp_path / "kb")
+    result = _run_cli(tmp_path, "ingest", "--strict", "kb")
+    assert result.returncode == 2, result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert error.startswith("adarag ingest: error: 6 file(s) are not read or hold no text: ")
+    for name in (".hidden.md", "notes.xyz", "photo.png", "cut.pdf", "locked.pdf", "scan.pdf"):
+        assert f"{tmp_path / 'kb' / name} (" in error, name
+    assert result.stdout.strip() == "torch not loaded"
+    assert not (tmp_path / "home").exists()  # no knowledge base, no collection
+
+
+def test_an_unsupported_file_given_by_name_gets_the_same_message_everywhere(tmp_path):
+    from adarag.retrievers.file_types import unsupported_type_message
+
+    (tmp_path / "notes.xyz").write_text("words")
+    result = _run_cli(tmp_path, "ingest", "notes.xyz")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"adarag ingest: error: {unsupported_type_message('notes.xyz')}"
+    ]
+    assert result.stdout.strip() == "torch not loaded"
 
 
 def test_a_splitter_given_as_module_and_class_is_made_with_its_options():
@@ -219,3 +255,37 @@ def test_a_splitter_that_is_neither_built_in_nor_module_and_class_is_refused(cap
         _parse(["--splitter", "paragraphs"])
     assert exited.value.code == 2
     assert "expected tokens, sentences, markdown or MODULE:CLASS" in capsys.readouterr().err
+
+
+def _commands():
+    from adarag.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return parser, commands.choices
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    _, commands = _commands()
+    missing = [
+        f"{name} {action.option_strings[0]}"
+        for name, command in commands.items()
+        for action in command._actions
+        if action.option_strings and not action.help
+    ]
+    assert missing == []
+
+
+def test_the_help_names_the_defaults_that_hold():
+    from adarag.config import AdaRagConfig
+
+    parser, commands = _commands()
+    assert "until the model is confident" not in parser.description.split(";")[0]
+    assert "top-k" in parser.description and "opt-in" in parser.description
+    demo = commands["demo"].format_help()
+    assert "Chroma collection (default: 'adarag-demo')" in demo
+    assert "(default: 4)" in demo and "answer tokens generated at most" in demo
+    assert commands["demo"].parse_args([]).collection == "adarag-demo"
+    ask = commands["ask"].format_help()
+    assert f"(default: {AdaRagConfig().retrieval.collection!r})" in ask
+    assert f"(default: {AdaRagConfig().retrieval.top_k})" in ask

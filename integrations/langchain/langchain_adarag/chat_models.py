@@ -13,6 +13,7 @@ from langchain_core.runnables import Runnable
 from pydantic import Field, PrivateAttr
 
 from adarag import AdaRAG, AdaRagConfig, Answer, GenerationParams
+from langchain_adarag._context_prompt import ContextPrompt, find_context
 from langchain_adarag._convert import chat_messages, usage_metadata
 
 TOOLS_UNSUPPORTED = (
@@ -28,6 +29,10 @@ STRUCTURED_OUTPUT_UNSUPPORTED = (
     "Ask for the format in the prompt and parse the text (PydanticOutputParser, "
     "JsonOutputParser), handling failures"
 )
+
+
+MAX_CONTEXT_PIPELINES = 8
+"""Prompt layouts (system prompt and context opening) a chat model keeps ready."""
 
 
 class ChatAdaRag(BaseChatModel):
@@ -47,11 +52,25 @@ class ChatAdaRag(BaseChatModel):
     Async (each engine step runs in a worker thread):
         >>> await model.ainvoke("...")
 
+    Use with a retriever (the textbook chain; each document's cached KV is reused):
+        >>> prompt = ChatPromptTemplate.from_template(TEMPLATE)  # "...{context}...{question}"
+        >>> chain = ({"context": retriever | format_docs, "question": RunnablePassthrough()}
+        ...          | prompt | model | StrOutputParser())
+
+    The documents are found in the (one) human message when ``format_docs`` joins them with a
+    blank line (``prompt.chunk_separator``), the first starts a line, and adarag holds their KV
+    (``adarag ingest`` warms a knowledge base's chunks, ``AdaptiveCachedRAG.warm(documents)``
+    any documents); the text after them is the question. Such a prompt is answered with its
+    text unchanged, each document's KV reused (``usage_metadata["input_token_details"]
+    ["cache_read"]``); a system message is the system prompt, and without one adarag's system
+    prompt is used instead of the template's default.
+
     Usage is on the message (``usage_metadata``, on the last chunk when streaming), under the
     checkpoint's name (``response_metadata["model_name"]``). ``get_num_tokens`` counts with the
     model's tokenizer, ``get_num_tokens_from_messages`` the messages as given in the chat
-    template (no default system prompt), so ``trim_messages(token_counter=model)`` works.
-    ``bind_tools`` and ``with_structured_output`` raise ``NotImplementedError`` saying why.
+    template (no default system prompt, no assistant header), so counts add up and
+    ``trim_messages(token_counter=model)`` keeps what fits. ``bind_tools`` and
+    ``with_structured_output`` raise ``NotImplementedError`` saying why.
     """
 
     adarag_config: AdaRagConfig = Field(default_factory=AdaRagConfig)
@@ -63,6 +82,8 @@ class ChatAdaRag(BaseChatModel):
     streaming: bool = False
     """``invoke`` streams internally (callbacks see each token)."""
     _rag: AdaRAG = PrivateAttr()
+    _context_pipelines: dict[tuple[str | None, str], AdaRAG] = PrivateAttr(default_factory=dict)
+    _header_tokens: int | None = PrivateAttr(default=None)
 
     def __init__(self, *, rag: AdaRAG | None = None, **kwargs: Any) -> None:
         """Build the model.
@@ -101,8 +122,7 @@ class ChatAdaRag(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         params = self._params(stop, **kwargs)
-        answer = self._rag.generate(chat_messages(messages), params=params).answer()
-        return self._result(answer, params)
+        return self._result(self._start(messages, params).answer(), params)
 
     async def _agenerate(
         self,
@@ -112,7 +132,7 @@ class ChatAdaRag(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         params = self._params(stop, **kwargs)
-        stream = await self._rag.agenerate(chat_messages(messages), params=params)
+        stream = await self._astart(messages, params)
         return self._result(await stream.answer(), params)
 
     def _stream(
@@ -123,7 +143,7 @@ class ChatAdaRag(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         params = self._params(stop, **kwargs)
-        stream = self._rag.generate(chat_messages(messages), params=params)
+        stream = self._start(messages, params)
         for delta in stream:
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
             if run_manager is not None:
@@ -139,7 +159,7 @@ class ChatAdaRag(BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         params = self._params(stop, **kwargs)
-        stream = await self._rag.agenerate(chat_messages(messages), params=params)
+        stream = await self._astart(messages, params)
         async for delta in stream:
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
             if run_manager is not None:
@@ -162,21 +182,21 @@ class ChatAdaRag(BaseChatModel):
     def get_num_tokens_from_messages(
         self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
     ) -> int:
-        """Tokens of ``messages`` as given, in the model's chat template, with the assistant header.
+        """Tokens of ``messages`` as given, in the model's chat template.
 
-        A list without a system message is counted without the default system prompt the
-        template adds to it (SmolLM2's "You are a helpful AI assistant named SmolLM..."), so
-        counts add up: the count of a list is the sum of its messages' counts less one
-        assistant header each, and ``trim_messages(token_counter=model)`` keeps what fits. A list
-        that starts with a system message counts exactly the prompt's tokens.
+        Counts add up: the count of a list is the sum of its messages' counts, so
+        ``trim_messages(token_counter=model)`` keeps what fits. So a list is counted without
+        the default system prompt the template adds to a list without one (SmolLM2's "You are
+        a helpful AI assistant named SmolLM...") and without the assistant header the prompt
+        ends with (a few tokens, the same for every prompt; ``usage_metadata["input_tokens"]``
+        of an answer includes it).
 
         Raises:
             NotImplementedError: ``tools`` are given (tool calling is not supported).
         """
         if tools:
             raise NotImplementedError(TOOLS_UNSUPPORTED)
-        prompts = self._rag.prompts
-        return len(prompts.chat_ids(chat_messages(messages), add_default_system=False))
+        return self._num_chat_ids(chat_messages(messages)) - self._assistant_header_tokens()
 
     # --- not supported
 
@@ -197,6 +217,51 @@ class ChatAdaRag(BaseChatModel):
         raise NotImplementedError(STRUCTURED_OUTPUT_UNSUPPORTED)
 
     # --- internals
+
+    def _num_chat_ids(self, messages: list[dict[str, str]]) -> int:
+        return len(self._rag.prompts.chat_ids(messages, add_default_system=False))
+
+    def _assistant_header_tokens(self) -> int:
+        """Tokens the template adds once per prompt, after its messages (the assistant header)."""
+        if self._header_tokens is None:
+            one = [{"role": "user", "content": "Hello."}]
+            self._header_tokens = 2 * self._num_chat_ids(one) - self._num_chat_ids(one + one)
+        return self._header_tokens
+
+    def _start(self, messages: list[BaseMessage], params: GenerationParams) -> Any:
+        """Prefill ``messages``: with the KV of the documents they hold, when cached."""
+        found = find_context(self._rag, messages)
+        if found is None:
+            return self._rag.generate(chat_messages(messages), params=params)
+        pipeline = self._context_pipeline(found)
+        return pipeline.stream(found.question, chunks=list(found.chunks), params=params)
+
+    async def _astart(self, messages: list[BaseMessage], params: GenerationParams) -> Any:
+        """Async :meth:`_start`."""
+        found = find_context(self._rag, messages)
+        if found is None:
+            return await self._rag.agenerate(chat_messages(messages), params=params)
+        pipeline = self._context_pipeline(found)
+        return await pipeline.astream(found.question, chunks=list(found.chunks), params=params)
+
+    def _context_pipeline(self, found: ContextPrompt) -> AdaRAG:
+        """The pipeline whose prompt layout is ``found``'s text (sharing the engine and cache)."""
+        key = (found.system_prompt, found.context_intro)
+        if key not in self._context_pipelines:
+            if len(self._context_pipelines) >= MAX_CONTEXT_PIPELINES:
+                self._context_pipelines.pop(next(iter(self._context_pipelines)))
+            system_prompt = found.system_prompt
+            prompt: dict[str, Any] = {
+                "context_intro": found.context_intro,
+                "question_template": "{question}",
+                "citations": False,
+            }
+            if system_prompt is not None:
+                prompt["system_prompt"] = system_prompt
+            self._context_pipelines[key] = self._rag.with_config(
+                prompt=prompt, augment={"enabled": False}
+            )
+        return self._context_pipelines[key]
 
     def _params(self, stop: list[str] | None, **kwargs: Any) -> GenerationParams:
         """Decoding options; ``max_tokens`` and ``temperature`` may be bound per call."""

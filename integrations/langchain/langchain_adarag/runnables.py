@@ -9,8 +9,9 @@ from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackMa
 from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
 from langchain_core.documents import Document
 from langchain_core.messages.ai import UsageMetadata
+from langchain_core.output_parsers import BaseOutputParser
 from langchain_core.prompt_values import ChatPromptValue, StringPromptValue
-from langchain_core.runnables import RunnableConfig, RunnableSerializable
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
 from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -31,6 +32,11 @@ from langchain_adarag.retrievers import AdaptiveCachedRetriever
 STEP_EVENT = "adarag_step"
 CALL_OPTIONS = frozenset({"max_new_tokens", "temperature", "stop", "k"})
 """Options one call may set (``chain.bind(max_new_tokens=32)``, ``invoke(..., k=2)``)."""
+OUTPUT_IS_A_DICT = (
+    "AdaptiveCachedRAG returns a dict ({{input, context, answer, confidence, stop_reason, "
+    "usage_metadata}}), as create_retrieval_chain does, and {parser} parses text; pipe the answer "
+    "alone into it: chain.answer_only() | {parser}()"
+)
 
 
 class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any]]):
@@ -60,8 +66,9 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         >>> out = await chain.ainvoke("...")
         >>> async for event in chain.astream_events("...", version="v2"): ...
 
-    Use with LangChain:
-        >>> chain.pick("answer")  # a Runnable[str, str]
+    Use with LangChain (the output is a dict, as ``create_retrieval_chain``'s; an output
+    parser takes the answer alone, ``chain | StrOutputParser()`` is an error saying so):
+        >>> chain.answer_only() | StrOutputParser()  # a Runnable[str, str]
         >>> {"question": RunnablePassthrough()} | prompt | chain.as_chat_model()
 
     Each augmentation step is also sent as a custom event named ``adarag_step``, and the
@@ -143,6 +150,24 @@ class AdaptiveCachedRAG(RunnableSerializable[str | dict[str, Any], dict[str, Any
         tier and survive restarts.
         """
         return self.rag.warm([d.page_content for d in documents if d.page_content.strip()])
+
+    def answer_only(self) -> Runnable[str | dict[str, Any], str]:
+        """The same chain returning (and streaming) the answer text alone.
+
+        For output parsers and chains that take text: ``chain.answer_only() |
+        StrOutputParser()``; it is ``chain.pick("answer")``.
+        """
+        return self.pick("answer")
+
+    def __or__(self, other: Any) -> Any:
+        """``chain | next``; an output parser is refused: it parses text, the chain gives a dict.
+
+        Raises:
+            ConfigError: ``other`` is an output parser; the message names ``answer_only()``.
+        """
+        if isinstance(other, BaseOutputParser):
+            raise ConfigError(OUTPUT_IS_A_DICT.format(parser=type(other).__name__))
+        return super().__or__(other)
 
     def as_chat_model(self) -> ChatAdaRag:
         """The same model as a LangChain chat model."""

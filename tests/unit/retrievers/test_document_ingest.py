@@ -39,7 +39,7 @@ def test_a_mixed_folder_ingests_each_document_and_names_the_file_it_skips(kb, tm
     report = kb.ingest([folder], tokenizer=WordTokenizer())
     assert report.num_files == 5
     assert [(item.path.name, item.reason) for item in report.skipped] == [
-        ("notes.xyz", "unsupported type"),
+        ("notes.xyz", "unsupported type .xyz"),
         ("pipe.md", "a FIFO (named pipe), not a regular file"),
     ]
     files = by_file(kb)
@@ -70,7 +70,7 @@ def test_a_mixed_folder_ingests_each_document_and_names_the_file_it_skips(kb, tm
 def test_strict_refuses_a_folder_with_a_file_it_would_skip_and_stores_nothing(kb, tmp_path):
     folder = mixed_folder(tmp_path / "docs")
     with pytest.raises(
-        InputError, match=r"1 file\(s\) .* not read: .*notes\.xyz \(unsupported type\)"
+        InputError, match=r"1 file\(s\) .* not read .*: .*notes\.xyz \(unsupported type \.xyz\)"
     ):
         kb.ingest([folder], tokenizer=WordTokenizer(), strict=True)
     assert kb.count() == 0
@@ -86,9 +86,10 @@ def test_a_folder_without_a_readable_file_names_what_it_holds(kb, tmp_path):
         kb.ingest([folder], tokenizer=WordTokenizer())
 
 
-def test_a_document_that_cannot_be_read_stores_nothing_of_the_others(kb, tmp_path):
+def test_a_document_given_by_name_that_cannot_be_read_stores_nothing_of_the_others(kb, tmp_path):
     folder = mixed_folder(tmp_path / "docs")
-    (folder / "broken.docx").write_bytes(b"PK\x03\x04 not really a zip")
-    with pytest.raises(InputError, match=r"broken\.docx cannot be read as a Word"):
-        kb.ingest([folder], tokenizer=WordTokenizer())
+    broken = tmp_path / "broken.docx"
+    broken.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(InputError, match=r"1 file\(s\) cannot be read: .*broken\.docx \(cannot be"):
+        kb.ingest([folder, broken], tokenizer=WordTokenizer())
     assert kb.count() == 0

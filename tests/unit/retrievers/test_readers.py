@@ -121,3 +121,50 @@ def test_a_csv_field_over_the_parser_limit_is_refused_with_its_line(tmp_path):
     path.write_text('a,b\n1,"' + "x" * 200_000 + '"\n')
     with pytest.raises(InputError, match=r"huge\.csv:\d+: not readable as CSV"):
         read_source_file(path)
+
+
+def test_a_printed_pdf_loses_its_running_header_footer_and_ligatures(tmp_path):
+    from tests.unit.retrievers.messy_documents import HEADER, PRINTED_FACT, printed_pdf
+
+    path = tmp_path / "handbook.pdf"
+    path.write_bytes(printed_pdf())
+    pages = {d.metadata["page"]: d.text for d in read_source_file(path).documents}
+    assert sorted(pages) == [1, 2, 3]  # page 4 held only the header and the footer
+    assert pages[2] == f"Safety\n{PRINTED_FACT}\nKeep the corridors clear."
+    for text in pages.values():
+        assert HEADER not in text and "Page" not in text and "\ufb01" not in text
+
+
+def test_a_two_page_pdf_keeps_lines_it_repeats(tmp_path):
+    path = tmp_path / "memo.pdf"
+    path.write_bytes(pdf_bytes([["Memo", "Lift out of order."], ["Memo", "Fixed on Monday."]]))
+    assert [d.text for d in read_source_file(path).documents] == [
+        "Memo\nLift out of order.",
+        "Memo\nFixed on Monday.",
+    ]
+
+
+def test_a_noisy_page_keeps_its_main_content_without_menu_banner_or_footer(tmp_path):
+    pytest.importorskip("trafilatura")
+    from tests.unit.retrievers.messy_documents import NOISY_FACT, NOISY_PAGE
+
+    path = tmp_path / "news.html"
+    path.write_text(NOISY_PAGE)
+    (document,) = read_source_file(path).documents
+    assert document.title == "Deliveries - Acme Housing"
+    lines = document.text.splitlines()
+    assert lines[:3] == [
+        "# Deliveries",
+        f"{NOISY_FACT} The porter signs for them and returns them to the sender afterwards.",
+        "",
+    ]
+    assert lines[3] == "## Opening hours" and lines[-1] == "- Large parcels go to the storage room."
+    for noise in ("cookies", "Home", "Contact", "Guide", "Privacy", "social media", "2026"):
+        assert noise not in document.text, noise
+
+
+def test_a_page_without_main_content_is_kept_whole(tmp_path):
+    pytest.importorskip("trafilatura")
+    path = tmp_path / "table.html"
+    path.write_text("<html><body><table><tr><th>Day</th><td>Hours</td></tr></table></body></html>")
+    assert [d.text for d in read_source_file(path).documents] == ["Day | Hours"]
