@@ -24,6 +24,7 @@ from adarag.serve.errors import APIError, invalid_request, model_not_found, unau
 from adarag.serve.http_errors import add_http_error_handler
 from adarag.serve.knowledge_routes import add_knowledge_routes
 from adarag.serve.limits import RequestLimits
+from adarag.serve.origins import OriginCheck
 from adarag.serve.protocol import ChatCompletionRequest, CompletionRequest, RagQueryRequest
 from adarag.serve.responses import Completion, rag_answer
 from adarag.serve.service import EngineService, StartAnswer, api_error, route_name
@@ -77,6 +78,7 @@ def create_app(
     app = FastAPI(title="adarag", summary="OpenAI-compatible RAG server", lifespan=lifespan)
     app.state.service = service
     app.add_middleware(RequestLimits, config=config, api_key=api_key)
+    app.add_middleware(OriginCheck, config=config)  # outermost: a foreign page gets nothing
     _add_error_handlers(app)
     check_key = _key_check(api_key)
     app.include_router(_routes(service, check_key))

@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 
 from adarag.serve.documents import DocumentInfo, DocumentLibrary
-from adarag.serve.errors import APIError, invalid_request
+from adarag.serve.errors import APIError, invalid_request, unsupported_media_type
+
+UPLOAD_MEDIA_TYPES = frozenset({"multipart/form-data", "application/json"})
 
 
 class TextDocument(BaseModel):
@@ -83,10 +85,17 @@ async def _sent_document(request: Request) -> tuple[str, bytes, str]:
     """``(filename, bytes, purpose)`` of a multipart upload or a JSON text.
 
     Raises:
-        APIError: 400, neither is well formed.
+        APIError: 415, the body is neither (by its Content-Type, so a web page cannot send a
+            document as a form or text without the browser asking the server first); 400, it
+            is not well formed.
     """
     content_type = request.headers.get("content-type", "")
-    if content_type.startswith("multipart/form-data"):
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type not in UPLOAD_MEDIA_TYPES:
+        raise unsupported_media_type(
+            content_type, "multipart/form-data (field 'file') or application/json"
+        )
+    if media_type == "multipart/form-data":
         async with request.form(max_files=1, max_fields=8) as form:
             upload = form.get("file")
             purpose = form.get("purpose")

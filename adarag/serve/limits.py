@@ -81,7 +81,7 @@ class RequestLimits:
         except _ClientGone:
             return
         except APIError as err:
-            await _refuse(send, err)
+            await send_refusal(send, err)
             return
         await call_until_disconnect(self.app, scope, _replay(body, receive), send, receive)
 
@@ -156,7 +156,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _refuse(send: Send, err: APIError) -> None:
+async def send_refusal(send: Send, err: APIError) -> None:
     """Answer ``err`` as JSON and close the connection (the body may be left unread)."""
     content = json.dumps(err.body()).encode()
     headers = [

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from adarag.config import ServeConfig
 from adarag.serve.connections import GuardedConfig
+from adarag.serve.origins import HostCheck
 from adarag.serve.service import EngineService
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class AdaRagServer(uvicorn.Server):
     def __init__(self, app: FastAPI, config: ServeConfig, *, log_level: str = "info") -> None:
         super().__init__(
             GuardedConfig(
-                app,
+                HostCheck(app, config),
                 header_read_timeout_s=config.header_read_timeout_s,
                 max_connections=config.max_connections,
                 host=config.host,
