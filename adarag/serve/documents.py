@@ -19,7 +19,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -43,6 +42,7 @@ answerable with its KV cached, or failed (its error says why)."""
 
 _OPENAI_STATUS = {"ready": "processed", "failed": "error"}
 MAX_NAME_BYTES = 255
+_STAGING = ".incoming"
 
 
 def file_id(source: str) -> str:
@@ -108,35 +108,35 @@ class DocumentLibrary:
         self._closing = threading.Event()
         self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adarag-documents")
 
-    def add(self, filename: str, data: bytes, purpose: str) -> DocumentInfo:
-        """Read a document, keep it under its name and queue its ingestion (blocking).
-
-        Raises:
-            InputError: The name is not a plain file name of a type ingest reads, or the
-                content cannot be read as that type; nothing is kept or changed then.
-        """
-        name = checked_name(filename)
-        staging = self.directory / ".incoming" / uuid.uuid4().hex
+    def new_staging_directory(self) -> Path:
+        """A private folder of its own for one upload, named for this process; remove it after."""
+        staging = self.directory / _STAGING / f"{os.getpid()}-{uuid.uuid4().hex}"
         make_private_directories(staging)
-        try:
-            staged = staging / name
-            staged.write_bytes(data)
-            try:
-                source = self.kb.read(staged)
-            except InputError as err:
-                raise InputError(str(err).replace(str(staged), name)) from None
-            target = self.directory / name
-            os.replace(staged, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        return staging
+
+    def keep(self, name: str, staged: Path, source: SourceFile, purpose: str) -> DocumentInfo:
+        """Keep a document read from ``staged`` under its name and queue its ingestion.
+
+        The file replaces the one of that name and takes the next generation under one lock, so
+        of two uploads of one name the one kept on disk is the one ingested (the last writer
+        wins); the older one's ingestion stops.
+
+        Args:
+            name: The checked file name (:func:`checked_name`).
+            staged: The file as received, in a staging folder of this directory.
+            source: What it holds (:meth:`KnowledgeBase.read`).
+            purpose: OpenAI's purpose field, listed back.
+        """
+        target = self.directory / name
         source = dataclasses.replace(source, path=target.resolve())
         key = str(source.path)
         with self._lock:
+            os.replace(staged, target)
             generation = self._generations.get(key, 0) + 1
             self._generations[key] = generation
             self._progress[key] = _Progress("queued", generation, purpose, int(time.time()))
         self._jobs.submit(self._ingest, source, generation)
-        logger.info("queued %s (%d bytes) for ingestion", name, len(data))
+        logger.info("queued %s (%d bytes) for ingestion", name, target.stat().st_size)
         found = self._info(key, None)
         assert found is not None, f"{key} vanished while it was added"
         return found
