@@ -139,6 +139,7 @@ def _routes(service: EngineService, check_key: Callable[[Request], None]) -> API
 
     @router.post("/rag/query")
     async def rag_query(body: RagQueryRequest) -> dict[str, Any]:
+        _check_given_chunks(body, rag.config.retrieval.max_top_k)
         params = body.params()
         start = partial(
             rag.stream,
@@ -151,6 +152,17 @@ def _routes(service: EngineService, check_key: Callable[[Request], None]) -> API
         return rag_answer(await service.answer(start), service.model_id)
 
     return router
+
+
+def _check_given_chunks(body: RagQueryRequest, max_chunks: int) -> None:
+    """Refuse more caller-given chunks than retrieval may find (before any prefill)."""
+    if body.chunks is not None and len(body.chunks) > max_chunks:
+        raise invalid_request(
+            f"chunks holds {len(body.chunks)} texts, above retrieval.max_top_k={max_chunks}; "
+            f"send at most {max_chunks} (the model's context holds only a few), or raise "
+            "retrieval.max_top_k",
+            "chunks",
+        )
 
 
 async def _respond(
