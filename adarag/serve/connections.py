@@ -10,6 +10,10 @@ adds the two limits of ``serve``:
 - ``max_connections``: a connection beyond this many open ones is closed as soon as it is
   accepted, before anything is read.
 
+A request framed both by ``Content-Length`` and by ``Transfer-Encoding`` (which h11 reads by the
+latter) is answered, and its connection closed after the response (RFC 9112, section 6.1), so a
+proxy that framed it by its length cannot have a second request smuggled in behind it.
+
 The body's own time limit, the header size and the rest are :mod:`adarag.serve.limits`'.
 """
 
@@ -21,7 +25,7 @@ from typing import Any
 
 import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +61,7 @@ class GuardedH11Protocol(H11Protocol):
         self._head_timeout_s = config.header_read_timeout_s
         self._max_connections = config.max_connections
         self._head_timer: asyncio.TimerHandle | None = None
+        self._framed_cycle: RequestResponseCycle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         """Accept the connection (or close it at once past the cap) and start the head's clock."""
@@ -76,6 +81,9 @@ class GuardedH11Protocol(H11Protocol):
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._stop_head_clock()
+        if self.cycle is not None and self.cycle is not self._framed_cycle:
+            self._framed_cycle = self.cycle
+            _close_if_framed_twice(self.cycle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Stop the head's clock, then let uvicorn clean up."""
@@ -102,3 +110,14 @@ class GuardedH11Protocol(H11Protocol):
         )
         self.transport.write(_TIMEOUT_RESPONSE)
         self.transport.close()
+
+
+def _close_if_framed_twice(cycle: RequestResponseCycle) -> None:
+    """Close the connection after a request framed by both Content-Length and Transfer-Encoding.
+
+    RFC 9112 (section 6.1): a proxy in front may have framed it by the other header.
+    """
+    names = {name for name, _ in cycle.scope["headers"]}
+    if b"content-length" in names and b"transfer-encoding" in names:
+        cycle.keep_alive = False
+        cycle.scope["headers"].append((b"connection", b"close"))  # uvicorn then sends it back
