@@ -120,4 +120,5 @@ def _close_if_framed_twice(cycle: RequestResponseCycle) -> None:
     names = {name for name, _ in cycle.scope["headers"]}
     if b"content-length" in names and b"transfer-encoding" in names:
         cycle.keep_alive = False
-        cycle.scope["headers"].append((b"connection", b"close"))  # uvicorn then sends it back
+        # uvicorn answers a request that asks to close with Connection: close
+        cycle.scope["headers"] = [*cycle.scope["headers"], (b"connection", b"close")]
