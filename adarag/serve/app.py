@@ -69,6 +69,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
+        if library is not None:  # the documents a stop cut short are warmed again
+            await asyncio.to_thread(library.resume)
         logger.info("serving %s", service.model_id)
         yield
         if library is not None:

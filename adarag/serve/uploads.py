@@ -34,13 +34,14 @@ from starlette.datastructures import UploadFile
 
 from adarag.config import ServeConfig
 from adarag.errors import InputError
-from adarag.serve.documents import DocumentInfo, DocumentLibrary, checked_name
+from adarag.serve.documents import DocumentInfo, DocumentLibrary
 from adarag.serve.errors import (
     APIError,
     ShuttingDownError,
     invalid_request,
     unsupported_media_type,
 )
+from adarag.serve.file_names import checked_name
 from adarag.serve.limits import check_json_depth
 from adarag.serve.parse_worker import DocumentParser, ParserClosedError, ParseTimeoutError
 
