@@ -40,6 +40,7 @@ class AdaRagServer(uvicorn.Server):
                 HostCheck(app, config),
                 header_read_timeout_s=config.header_read_timeout_s,
                 max_connections=config.max_connections,
+                max_connections_per_address=config.max_connections_per_address,
                 host=config.host,
                 port=config.port,
                 log_level=log_level,
