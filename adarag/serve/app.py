@@ -55,7 +55,10 @@ def create_app(
 
     Besides OpenAI's chat, completions and models routes and ``/v1/rag/query``: documents
     added, listed and deleted at ``/v1/files`` (when the retriever is a knowledge base),
-    ``/v1/embeddings``, Prometheus ``/metrics`` and the chat page at ``/``.
+    ``/v1/embeddings``, Prometheus ``/metrics`` and the chat page at ``/``. A request sent by a
+    web page of another origin than the server's and ``config.allowed_origins`` is refused
+    (:class:`~adarag.serve.origins.OriginCheck`); :class:`~adarag.serve.AdaRagServer` also
+    checks the ``Host`` each request names.
 
     Args:
         rag: The pipeline; the model loads when the application starts.

@@ -149,13 +149,14 @@ def foreign_origin(origin: str) -> APIError:
 
 
 def unsupported_media_type(content_type: str, expected: str) -> APIError:
-    """415: the body's Content-Type is not one the route reads."""
+    """415: the body's Content-Type is not one the route reads (the connection closes unread)."""
     return APIError(
         415,
         f"the request body's Content-Type is {content_type[:100] or '(none)'!r}; send it as "
         f"{expected}",
         error_type="invalid_request_error",
         code="unsupported_media_type",
+        headers={"Connection": "close"},
     )
 
 

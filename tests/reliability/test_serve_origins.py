@@ -115,6 +115,7 @@ def test_an_upload_must_say_it_is_multipart_or_json(server, ledger):
     for reply in attempts:
         assert reply.status_code == 415, reply.text
         assert "multipart/form-data" in reply.json()["error"]["message"]
+        assert reply.headers["connection"] == "close"  # the body is left unread
     assert "typed.md" not in listed(server)
     json_body = {"Content-Type": "application/json"}
     assert upload(server, "typed.md", json_body, content=text).status_code == 200
