@@ -126,9 +126,9 @@ class ServeConfig(_Frozen):
     allowed_origins: tuple[str, ...] = Field(
         default=(),
         description="Web origins ('https://app.example.com', scheme://host[:port]) whose pages "
-        "may call the server besides its own (the chat page); a request from any other page "
-        "(its Origin header) is refused with 403, so a page on another site cannot add "
-        "documents or query the knowledge base.",
+        "may call the server and read its answers (CORS) besides its own (the chat page); a "
+        "request from any other page (its Origin header) is refused with 403, so a page on "
+        "another site cannot add documents or query the knowledge base.",
     )
     body_read_timeout_s: float = Field(
         default=30.0,

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -83,6 +84,13 @@ def create_app(
     app = FastAPI(title="adarag", summary="OpenAI-compatible RAG server", lifespan=lifespan)
     app.state.service = service
     app.add_middleware(RequestLimits, config=config, api_key=api_key)
+    if config.allowed_origins:  # their pages may read answers, and preflights need no key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.allowed_origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     app.add_middleware(OriginCheck, config=config)  # outermost: a foreign page gets nothing
     _add_error_handlers(app)
     check_key = _key_check(api_key)

@@ -78,6 +78,23 @@ def test_the_servers_own_pages_allowed_origins_and_plain_clients_are_served(serv
     assert {"own.md", "allowed.md", "plain.md"} <= set(listed(server))
 
 
+def test_pages_of_allowed_origins_may_read_answers(server):
+    preflight = httpx.options(
+        f"{server.url}/v1/rag/query",
+        headers={
+            "Origin": ALLOWED,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+    )
+    assert preflight.status_code == 200, preflight.text
+    assert preflight.headers["access-control-allow-origin"] == ALLOWED
+    listing = httpx.get(f"{server.url}/v1/files", headers={"Origin": ALLOWED})
+    assert listing.headers["access-control-allow-origin"] == ALLOWED
+    own = httpx.get(f"{server.url}/v1/files", headers={"Origin": server.url})
+    assert "access-control-allow-origin" not in own.headers  # the same origin needs none
+
+
 def test_a_host_name_the_server_does_not_answer_to_is_refused(server, ledger):
     """Issue row 1: DNS rebinding reached every route (no Host check)."""
     rebound = {"Host": f"evil.example:{server.port}"}
