@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
+import sys
 from typing import Any
 
 from adarag.cli.options import (
@@ -17,6 +19,7 @@ from adarag.cli.options import (
     positive_int,
 )
 from adarag.config import ServeConfig
+from adarag.errors import ConfigError
 from adarag.pipeline import AdaRAG
 
 HELP = (
@@ -92,6 +95,26 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a request body may take to arrive; slower ones get 408 "
         f"{_default('body_read_timeout_s')}",
     )
+    parser.add_argument(
+        "--api-key",
+        help="the key clients must send as 'Authorization: Bearer KEY' (default: "
+        f"${ServeConfig.model_fields['api_key_env'].default}, which keeps it out of `ps`; "
+        "neither: no key is required)",
+    )
+    parser.add_argument(
+        "--allowed-origin",
+        action="append",
+        metavar="URL",
+        help="a web origin (scheme://host[:port]) whose pages may call the server besides its "
+        "own chat page (repeat for more; serve.allowed_origins)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a host name clients reach the server by, besides the address it listens on "
+        "(repeat for more; serve.allowed_hosts)",
+    )
     parser.add_argument("--model-name", help="model id to list (default: the checkpoint name)")
     parser.add_argument(
         "--history-turns",
@@ -136,17 +159,24 @@ def run(args: argparse.Namespace) -> int:
         for option, field in _SERVE_OPTIONS.items()
         if getattr(args, option) is not None
     }
+    if args.allowed_origin:
+        serve["allowed_origins"] = tuple(args.allowed_origin)
+    if args.allowed_host:
+        serve["allowed_hosts"] = tuple(args.allowed_host)
     flags = {
         f"serve.{field}": "--" + option.replace("_", "-")
         for option, field in _SERVE_OPTIONS.items()
     }
+    flags.update(
+        {"serve.allowed_origins": "--allowed-origin", "serve.allowed_hosts": "--allowed-host"}
+    )
     engine: dict[str, Any] = {"batch_decode": True} if args.batch_decode else {}
     if args.vllm_url:
         engine.update(backend="vllm-server", vllm_server_urls=tuple(args.vllm_url))
     if args.vllm_handoff:
         engine["vllm_handoff"] = args.vllm_handoff
     config = build_config(args, flags, serve=serve, engine=engine)
-    api_key = os.environ.get(config.serve.api_key_env) or None
+    api_key, key_source = api_key_of(args, config.serve)
     from adarag.serve import AdaRagServer, create_app
 
     logging.getLogger("adarag").setLevel(logging.INFO)
@@ -154,7 +184,10 @@ def run(args: argparse.Namespace) -> int:
         rag = AdaRAG(config, retriever=kb)
         app = create_app(rag, config.serve, api_key=api_key)
         server = AdaRagServer(app, config.serve, log_level=args.log_level)
-        key = f"API key from ${config.serve.api_key_env}" if api_key else "no API key"
+        key = f"API key from {key_source}" if api_key else "no API key"
+        warning = exposure_warning(config.serve.host, api_key, config.serve.api_key_env)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
         print(
             f"serving {kb.count()} chunks of {config.retrieval.collection!r} as "
             f"{app.state.service.model_id!r} ({key}); SIGTERM or Ctrl-C stops",
@@ -162,3 +195,38 @@ def run(args: argparse.Namespace) -> int:
         )
         server.run()
     return 0
+
+
+def api_key_of(args: argparse.Namespace, config: ServeConfig) -> tuple[str | None, str]:
+    """The API key (``--api-key``, else the environment variable) and where it came from.
+
+    Raises:
+        ConfigError: ``--api-key`` is empty or blank.
+    """
+    if args.api_key is not None:
+        if not args.api_key.strip():
+            raise ConfigError(
+                "--api-key is empty; give a key (e.g. `openssl rand -hex 32`), or leave the "
+                "option out to serve without one"
+            )
+        return args.api_key, "--api-key"
+    return os.environ.get(config.api_key_env) or None, f"${config.api_key_env}"
+
+
+def exposure_warning(
+    host: str, api_key: str | None, api_key_env: str = "ADARAG_API_KEY"
+) -> str | None:
+    """What to warn of when serving without a key on an address others can reach; else None."""
+    if api_key:
+        return None
+    name = host.strip("[]").lower()
+    try:
+        if name == "localhost" or ipaddress.ip_address(name).is_loopback:
+            return None
+    except ValueError:
+        pass  # a host name: it may resolve to any address
+    return (
+        f"serving on {host} without an API key: anyone who can reach this address can query "
+        f"the knowledge base and add or delete its documents; set --api-key or ${api_key_env}, "
+        "or listen on 127.0.0.1"
+    )

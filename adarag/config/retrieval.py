@@ -35,6 +35,15 @@ class RetrievalConfig(_Frozen):
         description="Longest line (characters) of a file ingest accepts; a longer one is refused "
         "with an error naming the file and line. Splitting is linear in the line's length.",
     )
+    max_parse_seconds: float = Field(
+        default=60.0,
+        gt=0.0,
+        le=86400.0,
+        description="Seconds of wall-clock and CPU time `adarag serve` gives one document sent "
+        "to POST /v1/files to be parsed (in a worker process, which is killed past it); a "
+        "document that takes longer, such as a Word file of millions of empty paragraphs, is "
+        "refused with 422 naming this setting.",
+    )
     chunk_overlap_tokens: int = Field(default=32, ge=0, description="Overlap of adjacent chunks.")
     splitter: Literal["tokens", "sentences", "markdown"] = Field(
         default="markdown",

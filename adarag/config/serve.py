@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
@@ -104,6 +106,30 @@ class ServeConfig(_Frozen):
         description="Open client connections at most; one more is closed as soon as it is "
         "accepted (keep it under the process's open-file limit).",
     )
+    max_connections_per_address: int = Field(
+        default=32,
+        ge=1,
+        le=65536,
+        description="Open connections from one client IP address at most; one more is closed as "
+        "soon as it is accepted, so one client cannot hold every connection. Behind a reverse "
+        "proxy every client shares the proxy's address: raise it to max_connections there and "
+        "cap connections per client at the proxy.",
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        default=(),
+        description="Host names (the Host header, without the port) the server answers to "
+        "besides the address it listens on; loopback names (localhost, 127.0.0.1, ::1) are "
+        "always accepted on a loopback address, and IP addresses and this machine's name on "
+        "0.0.0.0 or ::. Another Host is refused with 403, so a web page cannot reach the server "
+        "by DNS rebinding. '*' accepts any Host (only behind a proxy that checks it).",
+    )
+    allowed_origins: tuple[str, ...] = Field(
+        default=(),
+        description="Web origins ('https://app.example.com', scheme://host[:port]) whose pages "
+        "may call the server and read its answers (CORS) besides its own (the chat page); a "
+        "request from any other page (its Origin header) is refused with 403, so a page on "
+        "another site cannot add documents or query the knowledge base.",
+    )
     body_read_timeout_s: float = Field(
         default=30.0,
         gt=0.0,
@@ -124,7 +150,55 @@ class ServeConfig(_Frozen):
         "one is refused with 413 before it is read. Other routes keep max_request_body_bytes.",
     )
 
+    max_concurrent_uploads: int = Field(
+        default=2,
+        ge=1,
+        le=256,
+        description="Documents POST /v1/files receives and parses at once; more wait for a free "
+        "slot (each upload is written to disk as it arrives and parsed in a worker process).",
+    )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        hosts = tuple(host.strip().lower().strip("[]") for host in value)
+        bad = [host for host in hosts if not host or "/" in host or " " in host]
+        if bad:
+            raise ValueError(
+                f"allowed_hosts holds {bad!r}; give host names or addresses such as "
+                "'kb.example.com' or '10.0.0.5', without a scheme, path or port"
+            )
+        return hosts
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _check_origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_origin(origin) for origin in value)
+
     @field_validator("documents_directory", mode="before")
     @classmethod
     def _check_documents_directory(cls, value: Any) -> Any:
         return _check_path(value, "documents_directory")
+
+
+def _origin(given: str) -> str:
+    """``scheme://host[:port]`` of an allowed origin, lower-cased, default port dropped."""
+    parts = urlsplit(given.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/"):
+        raise ValueError(
+            f"allowed_origins holds {given!r}; give origins as scheme://host[:port], such as "
+            "'https://app.example.com' or 'http://localhost:3000'"
+        )
+    return normal_origin(parts.scheme, parts.hostname, parts.port)
+
+
+def normal_origin(scheme: str, host: str, port: int | None) -> str:
+    """An origin as compared: lower case, an IPv6 address in brackets, no default port."""
+    host = host.lower()
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            host = f"[{host}]"
+    except ValueError:
+        pass
+    default_port = {"http": 80, "https": 443}.get(scheme)
+    return f"{scheme}://{host}" if port in (None, default_port) else f"{scheme}://{host}:{port}"

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -24,6 +25,7 @@ from adarag.serve.errors import APIError, invalid_request, model_not_found, unau
 from adarag.serve.http_errors import add_http_error_handler
 from adarag.serve.knowledge_routes import add_knowledge_routes
 from adarag.serve.limits import RequestLimits
+from adarag.serve.origins import OriginCheck
 from adarag.serve.protocol import ChatCompletionRequest, CompletionRequest, RagQueryRequest
 from adarag.serve.responses import Completion, rag_answer
 from adarag.serve.service import EngineService, StartAnswer, api_error, route_name
@@ -54,7 +56,10 @@ def create_app(
 
     Besides OpenAI's chat, completions and models routes and ``/v1/rag/query``: documents
     added, listed and deleted at ``/v1/files`` (when the retriever is a knowledge base),
-    ``/v1/embeddings``, Prometheus ``/metrics`` and the chat page at ``/``.
+    ``/v1/embeddings``, Prometheus ``/metrics`` and the chat page at ``/``. A request sent by a
+    web page of another origin than the server's and ``config.allowed_origins`` is refused
+    (:class:`~adarag.serve.origins.OriginCheck`); :class:`~adarag.serve.AdaRagServer` also
+    checks the ``Host`` each request names.
 
     Args:
         rag: The pipeline; the model loads when the application starts.
@@ -68,6 +73,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
+        if library is not None:  # the documents a stop cut short are warmed again
+            await asyncio.to_thread(library.resume)
         logger.info("serving %s", service.model_id)
         yield
         if library is not None:
@@ -77,6 +84,14 @@ def create_app(
     app = FastAPI(title="adarag", summary="OpenAI-compatible RAG server", lifespan=lifespan)
     app.state.service = service
     app.add_middleware(RequestLimits, config=config, api_key=api_key)
+    if config.allowed_origins:  # their pages may read answers, and preflights need no key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.allowed_origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    app.add_middleware(OriginCheck, config=config)  # outermost: a foreign page gets nothing
     _add_error_handlers(app)
     check_key = _key_check(api_key)
     app.include_router(_routes(service, check_key))
@@ -137,6 +152,7 @@ def _routes(service: EngineService, check_key: Callable[[Request], None]) -> API
 
     @router.post("/rag/query")
     async def rag_query(body: RagQueryRequest) -> dict[str, Any]:
+        _check_given_chunks(body, rag.config.retrieval.max_top_k)
         params = body.params()
         start = partial(
             rag.stream,
@@ -149,6 +165,17 @@ def _routes(service: EngineService, check_key: Callable[[Request], None]) -> API
         return rag_answer(await service.answer(start), service.model_id)
 
     return router
+
+
+def _check_given_chunks(body: RagQueryRequest, max_chunks: int) -> None:
+    """Refuse more caller-given chunks than retrieval may find (before any prefill)."""
+    if body.chunks is not None and len(body.chunks) > max_chunks:
+        raise invalid_request(
+            f"chunks holds {len(body.chunks)} texts, above retrieval.max_top_k={max_chunks}; "
+            f"send at most {max_chunks} (the model's context holds only a few), or raise "
+            "retrieval.max_top_k",
+            "chunks",
+        )
 
 
 async def _respond(

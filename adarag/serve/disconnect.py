@@ -19,7 +19,12 @@ logger = logging.getLogger(__name__)
 
 
 async def call_until_disconnect(
-    app: ASGIApp, scope: Scope, receive: Receive, send: Send, client_receive: Receive
+    app: ASGIApp,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    client_receive: Receive,
+    body_read: asyncio.Event | None = None,
 ) -> None:
     """Run ``app`` on the request; cancel it if the client hangs up before the response starts.
 
@@ -30,6 +35,9 @@ async def call_until_disconnect(
         send: Where the response goes.
         client_receive: The connection's own ``receive``, its body already read: the next
             message it gives is the hang-up.
+        body_read: Set once the application has read the whole body through ``receive``,
+            when the body is passed on as it arrives (an upload); the hang-up is watched for
+            from then on. None: the body was read before.
     """
     started = asyncio.Event()
 
@@ -39,7 +47,7 @@ async def call_until_disconnect(
         await send(message)
 
     handling = asyncio.ensure_future(app(scope, receive, send_noting_start))
-    watching = asyncio.ensure_future(_until_gone_before(started, client_receive))
+    watching = asyncio.ensure_future(_until_gone_before(started, client_receive, body_read))
     try:
         await asyncio.wait({handling, watching}, return_when=asyncio.FIRST_COMPLETED)
         if watching.done() and watching.result():
@@ -59,8 +67,20 @@ async def call_until_disconnect(
         await asyncio.gather(handling, watching, return_exceptions=True)
 
 
-async def _until_gone_before(started: asyncio.Event, client_receive: Receive) -> bool:
+async def _until_gone_before(
+    started: asyncio.Event, client_receive: Receive, body_read: asyncio.Event | None
+) -> bool:
     """True when the client hangs up before ``started`` is set; False once it is."""
+    if body_read is not None:
+        read = asyncio.ensure_future(body_read.wait())
+        response = asyncio.ensure_future(started.wait())
+        try:
+            await asyncio.wait({read, response}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            read.cancel()
+            response.cancel()
+        if started.is_set():
+            return False
     hang_up = asyncio.ensure_future(_hang_up(client_receive))
     response = asyncio.ensure_future(started.wait())
     try:

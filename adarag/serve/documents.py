@@ -9,8 +9,10 @@ Chroma belongs to the server process, so the server makes these writes itself.
 
 Every document the knowledge base holds is listed, also those ``adarag ingest`` added, under an
 id hashed from its source. Deleting one removes its chunks, and its file when it was sent over
-HTTP (a file ingested from elsewhere stays where it is). Progress is kept in memory: after a
-restart every stored document is listed as processed.
+HTTP (a file ingested from elsewhere stays where it is). Progress is kept in memory; when the
+server starts, the documents sent before are warmed again (:meth:`DocumentLibrary.resume`: the
+chunks whose KV is stored are skipped), so one whose warming a stop cut short is listed as
+warming, not processed, until its KV is complete.
 """
 
 from __future__ import annotations
@@ -19,21 +21,19 @@ import dataclasses
 import hashlib
 import logging
 import os
-import shutil
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
-from adarag.errors import InputError
-from adarag.files import make_private_directories, unlink_quietly
+from adarag.files import unlink_quietly
 from adarag.pipeline import AdaRAG
 from adarag.retrievers import KnowledgeBase
-from adarag.retrievers.chunking import READABLE_SUFFIXES
 from adarag.retrievers.sources import SourceFile
+from adarag.schema import Chunk
+from adarag.serve.staging import new_staging_directory, sweep_staging
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,6 @@ State = Literal["queued", "embedding", "warming", "ready", "failed"]
 answerable with its KV cached, or failed (its error says why)."""
 
 _OPENAI_STATUS = {"ready": "processed", "failed": "error"}
-MAX_NAME_BYTES = 255
 
 
 def file_id(source: str) -> str:
@@ -107,36 +106,35 @@ class DocumentLibrary:
         self._write_lock = threading.Lock()  # one writer of the knowledge base at a time
         self._closing = threading.Event()
         self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adarag-documents")
+        sweep_staging(directory)  # what uploads cut short by a crash left
 
-    def add(self, filename: str, data: bytes, purpose: str) -> DocumentInfo:
-        """Read a document, keep it under its name and queue its ingestion (blocking).
+    def new_staging_directory(self) -> Path:
+        """A private folder of its own for one upload, named for this process; remove it after."""
+        return new_staging_directory(self.directory)
 
-        Raises:
-            InputError: The name is not a plain file name of a type ingest reads, or the
-                content cannot be read as that type; nothing is kept or changed then.
+    def keep(self, name: str, staged: Path, source: SourceFile, purpose: str) -> DocumentInfo:
+        """Keep a document read from ``staged`` under its name and queue its ingestion.
+
+        The file replaces the one of that name and takes the next generation under one lock, so
+        of two uploads of one name the one kept on disk is the one ingested (the last writer
+        wins); the older one's ingestion stops.
+
+        Args:
+            name: The checked file name (:func:`~adarag.serve.file_names.checked_name`).
+            staged: The file as received, in a staging folder of this directory.
+            source: What it holds (:meth:`KnowledgeBase.read`).
+            purpose: OpenAI's purpose field, listed back.
         """
-        name = checked_name(filename)
-        staging = self.directory / ".incoming" / uuid.uuid4().hex
-        make_private_directories(staging)
-        try:
-            staged = staging / name
-            staged.write_bytes(data)
-            try:
-                source = self.kb.read(staged)
-            except InputError as err:
-                raise InputError(str(err).replace(str(staged), name)) from None
-            target = self.directory / name
-            os.replace(staged, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        target = self.directory / name
         source = dataclasses.replace(source, path=target.resolve())
         key = str(source.path)
         with self._lock:
+            os.replace(staged, target)
             generation = self._generations.get(key, 0) + 1
             self._generations[key] = generation
             self._progress[key] = _Progress("queued", generation, purpose, int(time.time()))
         self._jobs.submit(self._ingest, source, generation)
-        logger.info("queued %s (%d bytes) for ingestion", name, len(data))
+        logger.info("queued %s (%d bytes) for ingestion", name, target.stat().st_size)
         found = self._info(key, None)
         assert found is not None, f"{key} vanished while it was added"
         return found
@@ -185,17 +183,60 @@ class DocumentLibrary:
                     return  # deleted or replaced while it waited
                 self.kb.ingest_sources([source], tokenizer=self.rag.tokenizer)
                 chunks = self.kb.chunks(sources=[key])
-            if not self._set(key, generation, "warming"):
-                return
-            for chunk in chunks:
-                if self._closing.is_set() or not self._set(key, generation, "warming"):
-                    return
-                self.rag.warm([chunk])
-            self._set(key, generation, "ready")
-            logger.info("%s is ready: %d chunks stored and warmed", source.path.name, len(chunks))
+            self._warm(key, generation, chunks)
         except Exception as err:  # the job's failure is the document's state; the server goes on
             logger.exception("adding %s failed", source.path.name)
             self._set(key, generation, "failed", f"{type(err).__name__}: {err}")
+
+    def resume(self) -> int:
+        """Warm the documents sent before this server started again, in the background.
+
+        A server stopped (or killed) while warming a document leaves chunks without KV; each
+        document is listed as warming until every chunk of it has its KV (chunks stored already
+        are skipped at the cost of a lookup), then ready. Returns how many were queued.
+        """
+        queued: list[tuple[str, int]] = []
+        sent = [key for key in self.kb.sources() if self._is_sent(key)]
+        with self._lock:
+            for key in sent:
+                if key in self._progress:
+                    continue  # sent again since this server started
+                generation = self._generations.get(key, 0) + 1
+                self._generations[key] = generation
+                created_at = int(Path(key).stat().st_mtime) if Path(key).exists() else 0
+                self._progress[key] = _Progress("warming", generation, "knowledge_base", created_at)
+                queued.append((key, generation))
+        for key, generation in queued:
+            self._jobs.submit(self._resume, key, generation)
+        if queued:
+            logger.info("checking the KV of %d documents sent before the restart", len(queued))
+        return len(queued)
+
+    def _resume(self, key: str, generation: int) -> None:
+        try:
+            with self._write_lock:
+                chunks = self.kb.chunks(sources=[key])
+            self._warm(key, generation, chunks)
+        except Exception as err:  # as in _ingest
+            logger.exception("warming %s failed", PurePath(key).name)
+            self._set(key, generation, "failed", f"{type(err).__name__}: {err}")
+
+    def _warm(self, key: str, generation: int, chunks: list[Chunk]) -> None:
+        """Compute the KV of ``chunks`` (those without), one at a time, then list it ready."""
+        if not self._set(key, generation, "warming"):
+            return
+        num_computed = 0
+        for chunk in chunks:
+            if self._closing.is_set() or not self._set(key, generation, "warming"):
+                return
+            num_computed += self.rag.warm([chunk])
+        self._set(key, generation, "ready")
+        logger.info(
+            "%s is ready: %d chunks stored, %d warmed now",
+            PurePath(key).name,
+            len(chunks),
+            num_computed,
+        )
 
     def _set(self, key: str, generation: int, state: State, error: str | None = None) -> bool:
         """Move a document's progress on; False when a newer upload or a delete superseded it."""
@@ -233,30 +274,3 @@ class DocumentLibrary:
     def _is_sent(self, source: str) -> bool:
         """Whether ``source`` is a file this library keeps (sent over HTTP)."""
         return Path(source).parent == self.directory.resolve()
-
-
-def checked_name(filename: str) -> str:
-    """A sent file's name as it is kept: its last path part, checked.
-
-    Raises:
-        InputError: It is empty, hidden, too long, holds control characters, is not valid
-            UTF-8, or is not of a type ingest reads.
-    """
-    name = filename.replace("\\", "/").rsplit("/", 1)[-1].strip()
-    if not name or name.startswith(".") or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise InputError(
-            f"the file name {filename!r} is not usable; send a plain name such as 'manual.pdf'"
-        )
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InputError(f"the file name {filename!r} is not valid UTF-8; rename it") from None
-    if size > MAX_NAME_BYTES:
-        raise InputError(f"the file name is {size} bytes long; send one of at most 255")
-    suffix = PurePath(name).suffix.lower()
-    if suffix not in READABLE_SUFFIXES:
-        raise InputError(
-            f"{name}: unsupported type {suffix or '(no suffix)'}; send one of "
-            f"{', '.join(sorted(READABLE_SUFFIXES))}"
-        )
-    return name

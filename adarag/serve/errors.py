@@ -124,6 +124,42 @@ def nested_too_deeply(limit: int) -> APIError:
     )
 
 
+def foreign_host(host: str) -> APIError:
+    """403: the Host header names neither the server's address nor ``serve.allowed_hosts``."""
+    return APIError(
+        403,
+        f"this server does not answer to the host name {host[:100]!r} (a page reaching it by "
+        "DNS rebinding sends such a name); use the address it listens on, or add the name to "
+        "serve.allowed_hosts (`adarag serve --allowed-host NAME`)",
+        error_type="invalid_request_error",
+        code="host_not_allowed",
+    )
+
+
+def foreign_origin(origin: str) -> APIError:
+    """403: a web page of another origin sent the request."""
+    return APIError(
+        403,
+        f"requests from web pages of {origin[:200]!r} are refused: only the server's own pages "
+        "and the origins in serve.allowed_origins (`adarag serve --allowed-origin URL`) may "
+        "call it",
+        error_type="invalid_request_error",
+        code="origin_not_allowed",
+    )
+
+
+def unsupported_media_type(content_type: str, expected: str) -> APIError:
+    """415: the body's Content-Type is not one the route reads (the connection closes unread)."""
+    return APIError(
+        415,
+        f"the request body's Content-Type is {content_type[:100] or '(none)'!r}; send it as "
+        f"{expected}",
+        error_type="invalid_request_error",
+        code="unsupported_media_type",
+        headers={"Connection": "close"},
+    )
+
+
 class QueueFullError(APIError):
     """429: every active slot is busy and the wait queue is full."""
 

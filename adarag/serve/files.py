@@ -4,44 +4,26 @@ OpenAI's client works as is (``client.files.create(file=..., purpose="assistants
 ``files.list()``, ``files.retrieve(id)``, ``files.delete(id)``); a text can also be sent as JSON
 (``{"filename": "notes.md", "text": "..."}``). A file object's ``status`` is ``uploaded``
 while its chunks are embedded and warmed, ``processed`` once its KV is cached, ``error`` if that
-failed; ``adarag.state`` says which step it is at. See :mod:`adarag.serve.documents`.
+failed; ``adarag.state`` says which step it is at. See :mod:`adarag.serve.uploads` (what an
+upload must pass) and :mod:`adarag.serve.documents`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.datastructures import UploadFile
 
 from adarag.serve.documents import DocumentInfo, DocumentLibrary
-from adarag.serve.errors import APIError, invalid_request
+from adarag.serve.errors import APIError
+from adarag.serve.uploads import Uploads
 
 
-class TextDocument(BaseModel):
-    """A document sent as JSON text."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    text: str = Field(min_length=1)
-    filename: str | None = Field(default=None, min_length=1)
-    purpose: str = "assistants"
-
-    def name(self) -> str:
-        """The file name, or one made from the text's hash (a markdown document)."""
-        digest = hashlib.sha256(self.text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-        return self.filename or f"text-{digest}.md"
-
-
-def files_router(
-    library: DocumentLibrary | None, check_key: Callable[[Request], None]
-) -> APIRouter:
-    """The ``/v1/files`` routes over ``library`` (None: the server has no knowledge base)."""
+def files_router(uploads: Uploads | None, check_key: Callable[[Request], None]) -> APIRouter:
+    """The ``/v1/files`` routes over ``uploads`` (None: the server has no knowledge base)."""
+    library = uploads.library if uploads is not None else None
     router = APIRouter(prefix="/v1/files", dependencies=[Depends(check_key)])
 
     def documents() -> DocumentLibrary:
@@ -57,10 +39,9 @@ def files_router(
 
     @router.post("")
     async def add(request: Request) -> dict[str, Any]:
-        kept = documents()
-        filename, data, purpose = await _sent_document(request)
-        info = await asyncio.to_thread(kept.add, filename, data, purpose)
-        return info.as_openai()
+        documents()  # 404 without a knowledge base
+        assert uploads is not None, "a library comes with its uploads"
+        return (await uploads.add(request)).as_openai()
 
     @router.get("")
     async def listed() -> dict[str, Any]:
@@ -77,30 +58,6 @@ def files_router(
         return {"id": info.file_id, "object": "file", "deleted": True}
 
     return router
-
-
-async def _sent_document(request: Request) -> tuple[str, bytes, str]:
-    """``(filename, bytes, purpose)`` of a multipart upload or a JSON text.
-
-    Raises:
-        APIError: 400, neither is well formed.
-    """
-    content_type = request.headers.get("content-type", "")
-    if content_type.startswith("multipart/form-data"):
-        async with request.form(max_files=1, max_fields=8) as form:
-            upload = form.get("file")
-            purpose = form.get("purpose")
-            if not isinstance(upload, UploadFile):
-                raise invalid_request("send the document as the multipart field 'file'", "file")
-            return upload.filename or "", await upload.read(), str(purpose or "assistants")
-    try:
-        body = TextDocument.model_validate(json.loads(await request.body()))
-    except (ValueError, ValidationError) as err:  # json.JSONDecodeError is a ValueError
-        raise invalid_request(
-            "send a multipart upload (field 'file') or JSON "
-            f'{{"filename": "notes.md", "text": "..."}} ({str(err).splitlines()[0]})'
-        ) from err
-    return body.name(), body.text.encode("utf-8", "surrogatepass"), body.purpose
 
 
 def _found(info: DocumentInfo | None, wanted_id: str) -> DocumentInfo:

@@ -14,7 +14,9 @@ from adarag.serve.documents import DocumentLibrary
 from adarag.serve.embeddings import embeddings_router
 from adarag.serve.files import files_router
 from adarag.serve.metrics import metrics_router
+from adarag.serve.parse_worker import DocumentParser
 from adarag.serve.service import EngineService
+from adarag.serve.uploads import Uploads
 
 
 def add_knowledge_routes(
@@ -31,10 +33,13 @@ def add_knowledge_routes(
     """
     rag = service.rag
     kb = rag.retriever if isinstance(rag.retriever, KnowledgeBase) else None
-    library = None
+    library = uploads = None
     if kb is not None:
         directory = config.documents_directory or rag.config.home / "documents"
         library = DocumentLibrary(rag, kb, directory)
+        parser = DocumentParser(rag.config.retrieval)
+        service.call_on_shutdown(parser.close)  # parses are killed, not waited for
+        uploads = Uploads(library, parser, config)
 
     @cache
     def embedder() -> Embedder:
@@ -43,7 +48,7 @@ def add_knowledge_routes(
         retrieval = rag.config.retrieval
         return SentenceEmbedder(retrieval.embedding_model, retrieval.embedding_batch_size)
 
-    app.include_router(files_router(library, check_key))
+    app.include_router(files_router(uploads, check_key))
     app.include_router(embeddings_router(embedder, service.metrics, check_key))
     app.include_router(metrics_router(service.metrics, check_key))
     app.include_router(chat_page_router())

@@ -8,7 +8,9 @@
 3. a ``Content-Length`` over ``serve.max_request_body_bytes`` (``serve.max_upload_bytes`` for
    a document upload, ``POST /v1/files``) (413), before any of the body is read; then it reads
    the body, refusing it once more bytes than that have arrived (413) or when it has not all
-   arrived within ``serve.body_read_timeout_s`` (408);
+   arrived within ``serve.body_read_timeout_s`` (408). An upload's body is not read here but
+   passed on as it arrives, under the same two limits, so it goes to disk, never whole into
+   memory (:mod:`adarag.serve.uploads`);
 4. JSON nested deeper than ``serve.max_json_depth`` (400), counted without parsing (a
    ``multipart/form-data`` upload is not JSON and is not counted).
 
@@ -74,6 +76,13 @@ class RequestLimits:
             return
         try:
             self._check_headers(scope)
+            if scope["path"] == UPLOAD_PATH and scope["method"] == "POST":
+                self._check_length(scope, *self._limit(scope))
+                streamed = _StreamedBody(receive, self.config)
+                await call_until_disconnect(
+                    self.app, scope, streamed.receive, send, receive, streamed.done
+                )
+                return
             body = await self._read_body(scope, receive)
             content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
             if not content_type.lower().startswith(b"multipart/form-data"):
@@ -81,7 +90,7 @@ class RequestLimits:
         except _ClientGone:
             return
         except APIError as err:
-            await _refuse(send, err)
+            await send_refusal(send, err)
             return
         await call_until_disconnect(self.app, scope, _replay(body, receive), send, receive)
 
@@ -96,14 +105,20 @@ class RequestLimits:
         if not hmac.compare_digest(given, self._expected):
             raise unauthorized()
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self.config.max_request_body_bytes
-        setting = "serve.max_request_body_bytes"
+    def _limit(self, scope: Scope) -> tuple[int, str]:
         if scope["path"] == UPLOAD_PATH and scope["method"] == "POST":
-            limit, setting = self.config.max_upload_bytes, "serve.max_upload_bytes"
+            return self.config.max_upload_bytes, "serve.max_upload_bytes"
+        return self.config.max_request_body_bytes, "serve.max_request_body_bytes"
+
+    @staticmethod
+    def _check_length(scope: Scope, limit: int, setting: str) -> None:
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise payload_too_large(limit, f"{int(declared)} bytes (its Content-Length)", setting)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit, setting = self._limit(scope)
+        self._check_length(scope, limit, setting)
         parts: list[bytes] = []
         size_bytes = 0
         try:
@@ -142,6 +157,48 @@ def check_json_depth(body: bytes, limit: int) -> None:
         raise nested_too_deeply(limit)
 
 
+class _StreamedBody:
+    """An upload's body passed on as it arrives, held to its size and time limits.
+
+    ``done`` is set once the body has all arrived (or the client hung up), when a hang-up can
+    next be watched for. A limit passed raises its :class:`APIError` (with ``Connection:
+    close``, the rest of the body unread) in the application, which answers it.
+    """
+
+    def __init__(self, receive: Receive, config: ServeConfig) -> None:
+        self._receive = receive
+        self._limit = config.max_upload_bytes
+        self._timeout_s = config.body_read_timeout_s
+        self._deadline: float | None = None
+        self._size_bytes = 0
+        self.done = asyncio.Event()
+
+    async def receive(self) -> Message:
+        """The next part of the body (the client's hang-up once it has all arrived)."""
+        if self.done.is_set():
+            return await self._receive()
+        loop = asyncio.get_running_loop()
+        if self._deadline is None:
+            self._deadline = loop.time() + self._timeout_s
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                message = await self._receive()
+        except TimeoutError:
+            raise _closing(body_timeout(self._timeout_s)) from None
+        self._size_bytes += len(message.get("body", b""))
+        if self._size_bytes > self._limit:
+            size = f"over {self._limit} bytes"
+            raise _closing(payload_too_large(self._limit, size, "serve.max_upload_bytes"))
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            self.done.set()
+        return message
+
+
+def _closing(err: APIError) -> APIError:
+    err.headers["Connection"] = "close"
+    return err
+
+
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A ``receive`` giving the body read, then what the client sends next (its hang-up)."""
     replayed = False
@@ -156,7 +213,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _refuse(send: Send, err: APIError) -> None:
+async def send_refusal(send: Send, err: APIError) -> None:
     """Answer ``err`` as JSON and close the connection (the body may be left unread)."""
     content = json.dumps(err.body()).encode()
     headers = [

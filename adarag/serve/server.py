@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from adarag.config import ServeConfig
 from adarag.serve.connections import GuardedConfig
+from adarag.serve.origins import HostCheck
 from adarag.serve.service import EngineService
 
 logger = logging.getLogger(__name__)
@@ -24,8 +25,10 @@ class AdaRagServer(uvicorn.Server):
     ``shutdown_grace_s`` to finish before they are cancelled; the KV cache is then flushed to
     disk. A second SIGINT exits at once (no flush). The process exits with status 0. HTTP is
     parsed by h11, which buffers at most twice ``max_request_header_bytes`` of a request's head;
-    a head must arrive within ``header_read_timeout_s`` and at most ``max_connections`` are open
-    (:mod:`adarag.serve.connections`).
+    a head must arrive within ``header_read_timeout_s``, at most ``max_connections`` are open and
+    ``max_connections_per_address`` from one client address (:mod:`adarag.serve.connections`).
+    A request whose ``Host`` names neither the address listened on nor one of ``allowed_hosts``
+    is refused (:class:`~adarag.serve.origins.HostCheck`: DNS rebinding).
 
     Args:
         app: An application from :func:`~adarag.serve.create_app`.
@@ -36,9 +39,10 @@ class AdaRagServer(uvicorn.Server):
     def __init__(self, app: FastAPI, config: ServeConfig, *, log_level: str = "info") -> None:
         super().__init__(
             GuardedConfig(
-                app,
+                HostCheck(app, config),
                 header_read_timeout_s=config.header_read_timeout_s,
                 max_connections=config.max_connections,
+                max_connections_per_address=config.max_connections_per_address,
                 host=config.host,
                 port=config.port,
                 log_level=log_level,

@@ -52,6 +52,7 @@ class EngineService:
             lambda: self.slots.num_active, lambda: self.slots.num_queued, rag.cache_stats
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_shutdown: list[Callable[[], None]] = []
 
     async def start(self) -> None:
         """Load the model (and open the cache) before the first request."""
@@ -63,7 +64,13 @@ class EngineService:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._begin_shutdown)
 
+    def call_on_shutdown(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` in the event loop when a shutdown begins (to stop work at once)."""
+        self._on_shutdown.append(callback)
+
     def _begin_shutdown(self) -> None:
+        for callback in self._on_shutdown:
+            callback()
         if not self.slots.is_closing:
             refused = self.slots.close()
             logger.info(

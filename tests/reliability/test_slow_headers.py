@@ -44,7 +44,10 @@ def _health_s(url: str) -> float:
 
 
 def test_slow_header_connections_are_closed_within_the_timeout(rag, ledger):
-    with serving(rag, header_read_timeout_s=HEAD_TIMEOUT_S) as served:
+    # all from one address: the per-address cap (test_serve_connections.py) is lifted here
+    with serving(
+        rag, header_read_timeout_s=HEAD_TIMEOUT_S, max_connections_per_address=NUM_SLOW + 10
+    ) as served:
         opened = time.monotonic()
         sockets = {_open(served.port): time.monotonic() for _ in range(NUM_SLOW)}
         closed_after: dict[socket.socket, float] = {}
@@ -111,7 +114,12 @@ def test_a_complete_head_is_served_and_its_connection_kept_alive(rag):
 
 def test_connections_past_the_cap_are_closed_at_once(rag, ledger):
     cap, extra = 20, 10
-    with serving(rag, max_connections=cap, header_read_timeout_s=30.0) as served:
+    with serving(
+        rag,
+        max_connections=cap,
+        max_connections_per_address=cap + extra,
+        header_read_timeout_s=30.0,
+    ) as served:
         held = [_open(served.port) for _ in range(cap)]
         time.sleep(0.5)
         refused = 0
