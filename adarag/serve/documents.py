@@ -183,7 +183,8 @@ class DocumentLibrary:
                     return  # deleted or replaced while it waited
                 self.kb.ingest_sources([source], tokenizer=self.rag.tokenizer)
                 chunks = self.kb.chunks(sources=[key])
-            self._warm(key, generation, chunks)
+            # a file with no text (a scanned PDF) is listed ready with the reason it holds none
+            self._warm(key, generation, chunks, source.empty_reason)
         except Exception as err:  # the job's failure is the document's state; the server goes on
             logger.exception("adding %s failed", source.path.name)
             self._set(key, generation, "failed", f"{type(err).__name__}: {err}")
@@ -221,8 +222,13 @@ class DocumentLibrary:
             logger.exception("warming %s failed", PurePath(key).name)
             self._set(key, generation, "failed", f"{type(err).__name__}: {err}")
 
-    def _warm(self, key: str, generation: int, chunks: list[Chunk]) -> None:
-        """Compute the KV of ``chunks`` (those without), one at a time, then list it ready."""
+    def _warm(
+        self, key: str, generation: int, chunks: list[Chunk], note: str | None = None
+    ) -> None:
+        """Compute the KV of ``chunks`` (those without), one at a time, then list it ready.
+
+        ``note`` goes with the ready state as its details (why a file gave no chunk).
+        """
         if not self._set(key, generation, "warming"):
             return
         num_computed = 0
@@ -230,7 +236,7 @@ class DocumentLibrary:
             if self._closing.is_set() or not self._set(key, generation, "warming"):
                 return
             num_computed += self.rag.warm([chunk])
-        self._set(key, generation, "ready")
+        self._set(key, generation, "ready", note)
         logger.info(
             "%s is ready: %d chunks stored, %d warmed now",
             PurePath(key).name,

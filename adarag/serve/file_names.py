@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import unicodedata
-from pathlib import PurePath
 
 from adarag.errors import InputError
-from adarag.retrievers.chunking import READABLE_SUFFIXES
+from adarag.retrievers.file_types import is_hidden, is_supported, unsupported_type_message
 
 MAX_NAME_BYTES = 255
 NAME_PUNCTUATION = frozenset(" -_.,()[]+&@#'~!%=")
@@ -24,7 +23,7 @@ def checked_name(filename: str) -> str:
             or is not of a type ingest reads.
     """
     name = filename.replace("\\", "/").rsplit("/", 1)[-1].strip()
-    if not name or name.startswith(".") or any(ord(c) < 32 or ord(c) == 127 for c in name):
+    if not name or is_hidden(name) or any(ord(c) < 32 or ord(c) == 127 for c in name):
         raise InputError(
             f"the file name {filename!r} is not usable; send a plain name such as 'manual.pdf'"
         )
@@ -41,12 +40,8 @@ def checked_name(filename: str) -> str:
             f"U+{ord(odd):04X} ({unicodedata.name(odd, 'unnamed')}); rename it using letters, "
             f"digits, spaces and {''.join(sorted(NAME_PUNCTUATION - {' '}))}"
         )
-    suffix = PurePath(name).suffix.lower()
-    if suffix not in READABLE_SUFFIXES:
-        raise InputError(
-            f"{name}: unsupported type {suffix or '(no suffix)'}; send one of "
-            f"{', '.join(sorted(READABLE_SUFFIXES))}"
-        )
+    if not is_supported(name):
+        raise InputError(unsupported_type_message(name))
     return name
 
 

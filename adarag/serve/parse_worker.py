@@ -149,6 +149,7 @@ def _as_json(source: SourceFile) -> dict[str, Any]:
         "documents": [[doc.text, doc.key, doc.title, doc.metadata] for doc in source.documents],
         "has_headings": source.has_headings,
         "converted": source.converted,
+        "empty_reason": source.empty_reason,
     }
 
 
@@ -163,6 +164,7 @@ def _source_file(found: dict[str, Any]) -> SourceFile:
         documents,
         has_headings=found["has_headings"],
         converted=found["converted"],
+        empty_reason=found.get("empty_reason"),
     )
 
 

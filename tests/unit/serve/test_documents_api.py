@@ -131,3 +131,17 @@ def test_documents_need_the_key_and_an_unknown_id_is_404(served):
     assert client.post("/v1/files", json={"text": "x"}).status_code == 401
     missing = client.delete("/v1/files/file-nope", headers=AUTH)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "file_not_found"
+
+
+def test_a_scanned_pdf_is_processed_with_the_reason_it_holds_no_text(served):
+    client, _, _, _ = served
+    sent = client.post(
+        "/v1/files",
+        files={"file": ("scan.pdf", pdf_bytes([[], []]), "application/pdf")},
+        data={"purpose": "assistants"},
+        headers=AUTH,
+    )
+    assert sent.status_code == 200, sent.text
+    done = wait_until_processed(client, sent.json()["id"])
+    assert done["status"] == "processed" and done["adarag"]["num_chunks"] == 0
+    assert "no text layer" in (done["status_details"] or "")
