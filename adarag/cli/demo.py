@@ -44,22 +44,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Ingest (unchanged data is skipped; new chunks' KV is precomputed), answer the questions."""
+    """Ingest (unchanged data is skipped), answer the questions, then warm the rest.
+
+    Only the chunks the questions retrieve have their KV precomputed before the first answer;
+    every other chunk of the corpus (of the whole collection with ``--rewarm``) is warmed after
+    the answers, so a later ``adarag chat`` finds them cached.
+    """
     config = build_config(args)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    questions = demo_questions()[: args.questions]
     with KnowledgeBase.from_config(config) as kb:
         rag = AdaRAG(config, retriever=kb)
         corpus = resources.files("adarag.data").joinpath("demo_corpus.jsonl")
         with resources.as_file(corpus) as corpus_path:
-            ingest_and_warm(rag, kb, [corpus_path])
-        if args.rewarm:
-            warm_chunks(rag, kb.chunks(), desc="warming stored chunks")
-        for record in demo_questions()[: args.questions]:
+            report = ingest_and_warm(rag, kb, [corpus_path], warm=False)
+        needed = {
+            chunk.chunk_id: chunk
+            for record in questions
+            for chunk in rag.retrieve(str(record["question"]))
+        }
+        warm_chunks(rag, list(needed.values()), desc="warming the questions' chunks")
+        for record in questions:
             question = str(record["question"])
             gold = ", ".join(str(answer) for answer in record["answers"])  # type: ignore[attr-defined]
             print(f"\nQ: {question}  (gold: {gold})\nA: ", end="")
             answer = stream_answer(rag.stream(question, params=params))
             print("\n".join(describe(answer)))
+        print()
+        if args.rewarm:
+            warm_chunks(rag, kb.chunks(), desc="warming stored chunks")
+        else:
+            # every chunk of the corpus, not only the added ones: a run stopped before their KV
+            # was stored (a crash, ^C) is completed here
+            warm_chunks(rag, kb.chunks(sources=report.sources), desc="warming the other chunks")
     print(
         f"\nChat with this corpus: adarag chat --collection {config.retrieval.collection}"
         "\nAdd your own files:    adarag ingest notes.md passages.jsonl && adarag chat"

@@ -6,6 +6,7 @@
 const KEY_ITEM = "adarag-api-key";
 const conversation = [];
 let modelId = "adarag";
+let streaming = null; // the AbortController of the answer streaming in, if any
 
 const $ = (id) => document.getElementById(id);
 
@@ -58,12 +59,36 @@ function showFigures(bubble, figures) {
   if (figures.serverTtft !== undefined) parts.push(`server TTFT ${figures.serverTtft} s`);
   if (figures.tiers !== undefined) parts.push(`cache tiers: ${figures.tiers}`);
   if (figures.cached !== undefined) parts.push(`${figures.cached} prompt tokens from cache`);
+  if (figures.stopped) parts.push("stopped");
   bubble.querySelector(".meta").textContent = parts.join(" | ");
 }
 
+function sourceDetails(source) {
+  // what the stream says of a source: its text when the server sends it, else where it is from
+  const details = element("details", "");
+  details.append(element("summary", "", sourceLabel(source)));
+  if (typeof source.text === "string") details.append(element("div", "source-text", source.text));
+  const fields = element("dl", "");
+  const rows = { ...(source.metadata || {}), chunk_id: source.chunk_id, score: source.score };
+  for (const [name, value] of Object.entries(rows)) {
+    if (value === undefined || value === null || value === "") continue;
+    fields.append(element("dt", "", name), element("dd", "", String(value)));
+  }
+  details.append(fields);
+  const item = element("li", "source");
+  item.append(details);
+  return item;
+}
+
 function showSources(bubble, sources) {
-  const list = bubble.querySelector(".sources");
-  list.replaceChildren(...sources.map((source) => element("li", "source", sourceLabel(source))));
+  bubble.querySelector(".sources").replaceChildren(...sources.map(sourceDetails));
+}
+
+function showFailure(bubble, message) {
+  bubble.classList.add("error");
+  bubble.querySelector(".meta").textContent = "";
+  bubble.querySelector(".failure").textContent = message;
+  bubble.dataset.failed = "true";
 }
 
 async function readEvents(response, onEvent) {
@@ -88,53 +113,71 @@ async function readEvents(response, onEvent) {
   }
 }
 
-async function ask(question) {
-  conversation.push({ role: "user", content: question });
+// Asks the question with the conversation so far; the turn joins the conversation once it is
+// answered (or stopped, with what arrived by then), never when the request failed.
+async function ask(question, controller) {
   $("conversation").append(element("div", "message user", question));
   const bubble = element("div", "message assistant");
-  bubble.append(element("div", "text", ""), element("div", "meta", "..."));
-  bubble.append(element("ol", "sources"));
+  bubble.append(element("div", "text", ""), element("div", "failure", ""));
+  bubble.append(element("div", "meta", "..."), element("ol", "sources"));
   bubble.dataset.deltas = "0";
   $("conversation").append(bubble);
   const figures = {};
   const started = performance.now();
   let answer = "";
+  try {
+    await streamAnswer(question, controller.signal, (chunk) => {
+      if (chunk.error) throw new Error(chunk.error.message);
+      if (chunk.adarag) {
+        showSources(bubble, chunk.adarag.sources || []);
+        if (chunk.adarag.stop_reason !== "no_context") {
+          figures.serverTtft = chunk.adarag.ttft_s.toFixed(2);
+          figures.tiers = tierText(chunk.adarag.tiers);
+        }
+      }
+      const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+      if (delta && delta.content) {
+        if (figures.clientTtft === undefined) {
+          figures.clientTtft = ((performance.now() - started) / 1000).toFixed(2);
+        }
+        answer += delta.content;
+        bubble.querySelector(".text").textContent = answer;
+        bubble.dataset.deltas = String(Number(bubble.dataset.deltas) + 1);
+      }
+      if (chunk.usage && chunk.usage.prompt_tokens_details) {
+        figures.cached = chunk.usage.prompt_tokens_details.cached_tokens;
+      }
+      showFigures(bubble, figures);
+    });
+  } catch (err) {
+    if (!controller.signal.aborted) {
+      showFailure(bubble, String(err.message || err));
+      return;
+    }
+    figures.stopped = true;
+    bubble.dataset.stopped = "true";
+    showFigures(bubble, figures);
+  }
+  if (answer) {
+    conversation.push({ role: "user", content: question }, { role: "assistant", content: answer });
+  }
+  bubble.dataset.done = "true";
+}
+
+async function streamAnswer(question, signal, onEvent) {
   const response = await fetch("/v1/chat/completions", {
     method: "POST",
     headers: headers({ "Content-Type": "application/json" }),
     body: JSON.stringify({
       model: modelId,
-      messages: conversation,
+      messages: [...conversation, { role: "user", content: question }],
       stream: true,
       stream_options: { include_usage: true },
     }),
+    signal,
   });
   if (!response.ok) throw new Error(await errorText(response));
-  await readEvents(response, (chunk) => {
-    if (chunk.error) throw new Error(chunk.error.message);
-    if (chunk.adarag) {
-      showSources(bubble, chunk.adarag.sources || []);
-      if (chunk.adarag.stop_reason !== "no_context") {
-        figures.serverTtft = chunk.adarag.ttft_s.toFixed(2);
-        figures.tiers = tierText(chunk.adarag.tiers);
-      }
-    }
-    const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
-    if (delta && delta.content) {
-      if (figures.clientTtft === undefined) {
-        figures.clientTtft = ((performance.now() - started) / 1000).toFixed(2);
-      }
-      answer += delta.content;
-      bubble.querySelector(".text").textContent = answer;
-      bubble.dataset.deltas = String(Number(bubble.dataset.deltas) + 1);
-    }
-    if (chunk.usage && chunk.usage.prompt_tokens_details) {
-      figures.cached = chunk.usage.prompt_tokens_details.cached_tokens;
-    }
-    showFigures(bubble, figures);
-  });
-  conversation.push({ role: "assistant", content: answer });
-  bubble.dataset.done = "true";
+  await readEvents(response, onEvent);
 }
 
 async function loadModel() {
@@ -172,6 +215,7 @@ async function loadDocuments() {
 }
 
 async function removeDocument(fileId, filename) {
+  if (!window.confirm(`Delete ${filename} from the knowledge base?`)) return;
   const response = await fetch(`/v1/files/${encodeURIComponent(fileId)}`, {
     method: "DELETE",
     headers: headers(),
@@ -204,7 +248,7 @@ async function upload(file) {
 
 function busy(form, isBusy) {
   for (const control of form.querySelectorAll("button, textarea, input")) {
-    control.disabled = isBusy;
+    control.disabled = control.id === "stop" ? !isBusy : isBusy;
   }
 }
 
@@ -218,18 +262,25 @@ function start() {
   $("ask-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const question = $("question").value.trim();
-    if (!question) return;
+    if (!question || streaming) return;
     $("question").value = "";
     busy(event.target, true);
+    streaming = new AbortController();
     try {
-      await ask(question);
-    } catch (err) {
-      $("conversation").append(element("div", "message error", String(err.message || err)));
+      await ask(question, streaming);
     } finally {
+      streaming = null;
       busy(event.target, false);
       $("question").focus();
     }
   });
+  $("question").addEventListener("keydown", (event) => {
+    // Enter sends, Shift+Enter starts a new line (and Enter while composing text is the IME's)
+    if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
+    event.preventDefault();
+    $("ask-form").requestSubmit();
+  });
+  $("stop").addEventListener("click", () => streaming && streaming.abort());
   $("upload-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const file = $("upload").files[0];
