@@ -54,11 +54,12 @@ def source(chunk: Chunk, *, with_text: bool) -> dict[str, Any]:
 def trace_summary(chunks: Sequence[Chunk], trace: QueryTrace) -> dict[str, Any]:
     """What the ``adarag`` field of an OpenAI response holds: sources and the main figures.
 
+    Each source carries its text, so a client (the chat page) can show what the answer read.
     ``tiers``: the cache tier each chunk's KV came from, in the prompt's order (``miss``:
     computed in full).
     """
     return {
-        "sources": [source(chunk, with_text=False) for chunk in chunks],
+        "sources": [source(chunk, with_text=True) for chunk in chunks],
         "stop_reason": trace.stop_reason,
         "ttft_s": trace.ttft_s,
         "num_chunks_used": trace.num_chunks_used,

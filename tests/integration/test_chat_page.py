@@ -279,6 +279,7 @@ def test_a_source_opens_to_show_what_the_answer_says_of_it(browser, page_server)
     values = [dd.text for dd in source.find_elements(By.TAG_NAME, "dd")]
     assert "source" in names and "storage.md" in values
     assert "chunk_id" in names and values[names.index("chunk_id")]
+    assert source.find_element(By.CSS_SELECTOR, ".source-text").text.strip()  # what it read
     _screenshot(browser, "chat-source.png")
 
 
