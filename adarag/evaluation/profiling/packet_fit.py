@@ -302,6 +302,7 @@ def fit_packet(
     learning_rate: float = 0.05,
     seed: int = 0,
     progress: Callable[[str], None] = print,
+    starts: tuple[str, str] = (INIT_TEXT, TRAILER_TEXT),
 ) -> PacketFit:
     """Fit the packet on ``questions`` (the held-out fifth scores it); resumes from ``records``.
 
@@ -316,6 +317,7 @@ def fit_packet(
         learning_rate: Adam's step, relative to the starting rows' RMS.
         seed: Order of the questions in each pass.
         progress: Where each line of progress goes.
+        starts: The texts whose token embeddings the bridge and the trailer start as.
     """
     started = time.perf_counter()
     engine = rag.engine
@@ -336,7 +338,10 @@ def fit_packet(
     held = [p for i, p in enumerate(paths) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
     fitting = [p for i, p in enumerate(paths) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
     initial = torch.cat(
-        [initial_rows(engine, shape.bridge), initial_rows(engine, shape.trailer, TRAILER_TEXT)]
+        [
+            initial_rows(engine, shape.bridge, starts[0]),
+            initial_rows(engine, shape.trailer, starts[1]),
+        ]
     )
     table = initial.clone().requires_grad_(True)
     scale = float(initial.pow(2).mean().sqrt())
