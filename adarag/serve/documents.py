@@ -277,6 +277,10 @@ class DocumentLibrary:
             error=progress.error if progress else None,
         )
 
+    def kept_file(self, info: DocumentInfo) -> Path | None:
+        """The file this library keeps for ``info`` (sent over HTTP); None for one ingested."""
+        return Path(info.source) if self._is_sent(info.source) else None
+
     def _is_sent(self, source: str) -> bool:
         """Whether ``source`` is a file this library keeps (sent over HTTP)."""
         return Path(source).parent == self.directory.resolve()
