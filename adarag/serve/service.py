@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -102,14 +103,17 @@ class EngineService:
             APIError: 429 queue full, 503 shutting down, 504 timed out, 400 bad input.
         """
         outcome: Outcome = "cancelled"
+        arrived = time.perf_counter()
         try:
             slot, deadline = await self._admit()
             try:
                 stream = await self._start(slot, deadline, start)
+                first_token_at = time.perf_counter()
                 try:
                     answer = await self.worker.call(slot, deadline, "answering", stream.answer)
                 finally:
                     self.worker.close_stream(slot, stream)  # nothing to do once it has ended
+                self._observe(answer, arrived, first_token_at)
                 outcome = "ok"
                 return answer
             finally:
@@ -136,6 +140,7 @@ class EngineService:
             APIError: 429 queue full, 503 shutting down, 504 timed out, 400 bad input.
         """
         route = route_name(completion)
+        arrived = time.perf_counter()
         try:
             slot, deadline = await self._admit()
         except APIError as err:
@@ -154,7 +159,8 @@ class EngineService:
             self.worker.close_stream(slot, stream)
             slot.release()
 
-        return self._events(slot, deadline, stream, params, completion, finish), finish
+        events = self._events(slot, deadline, stream, params, completion, finish, arrived)
+        return events, finish
 
     async def _events(
         self,
@@ -164,13 +170,16 @@ class EngineService:
         params: GenerationParams,
         completion: Completion,
         finish: Callable[[], None],
+        arrived: float,
     ) -> AsyncIterator[str]:
         """The stream's events; a failure mid-stream ends it with an error event and ``[DONE]``.
 
         The client going away (or the server's grace period running out) cancels the task:
         the stream is then closed in a worker thread and its slot freed once it is.
+        ``arrived`` is when the request arrived (``time.perf_counter()``).
         """
         outcome: Outcome = "cancelled"
+        first_token_at = time.perf_counter()  # prefilled: the first token is out
         try:
             yield completion.first_chunk(stream.chunks, stream.trace)
             while True:
@@ -178,7 +187,9 @@ class EngineService:
                 if delta is None:
                     break
                 yield completion.delta_chunk(delta)
-            for event in completion.last_chunks(stream.answer(), params):
+            answer = stream.answer()
+            self._observe(answer, arrived, first_token_at)
+            for event in completion.last_chunks(answer, params):
                 yield event
             outcome = "ok"
         except APIError as err:
@@ -211,6 +222,13 @@ class EngineService:
             raise api_error(err) from err
         self.metrics.observe_prefill(stream.trace)
         return stream
+
+    def _observe(self, answer: Answer, arrived: float, first_token_at: float) -> None:
+        """Record an answer's latency, generated tokens and time per token after the first."""
+        ended = time.perf_counter()
+        self.metrics.observe_answer(
+            answer.num_completion_tokens, ended - arrived, ended - first_token_at
+        )
 
     def health(self) -> dict[str, Any]:
         """The server's state and load."""
