@@ -22,6 +22,7 @@ from adarag.errors import AdaRagError
 from adarag.pipeline import AdaRAG, AnswerStream
 from adarag.pipeline import Request as RagRequest
 from adarag.schema import GenerationParams
+from adarag.serve.documents import EMPTY_KNOWLEDGE_BASE
 from adarag.serve.errors import APIError, invalid_request, model_not_found, unauthorized
 from adarag.serve.http_errors import add_http_error_handler
 from adarag.serve.knowledge_routes import add_knowledge_routes
@@ -76,6 +77,8 @@ def create_app(
         await service.start()
         if library is not None:  # the documents a stop cut short are warmed again
             await asyncio.to_thread(library.resume)
+            if await asyncio.to_thread(library.is_empty):
+                logger.warning(EMPTY_KNOWLEDGE_BASE)
         logger.info("serving %s", service.model_id)
         yield
         if library is not None:

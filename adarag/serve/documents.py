@@ -43,6 +43,13 @@ answerable with its KV cached, or failed (its error says why)."""
 
 _OPENAI_STATUS = {"ready": "processed", "failed": "error"}
 
+EMPTY_KNOWLEDGE_BASE = (
+    "the knowledge base is empty: add documents with POST /v1/files (OpenAI's client: "
+    "client.files.create(file=open(PATH, 'rb'), purpose='assistants')) or on the chat page at "
+    "/; questions are answered once a document's chunks are stored"
+)
+"""What a server over an empty knowledge base logs when it starts and answers questions with."""
+
 
 def file_id(source: str) -> str:
     """The id a document is listed under: a hash of its source (the stored file's path)."""
@@ -169,6 +176,10 @@ class DocumentLibrary:
                 unlink_quietly(Path(info.source))
         logger.info("deleted %s (%d chunks)", info.filename, info.num_chunks)
         return info
+
+    def is_empty(self) -> bool:
+        """Whether the knowledge base holds no chunk."""
+        return self.kb.count() == 0
 
     def close(self) -> None:
         """Stop the background work: a warming stops after its chunk, queued work is dropped."""

@@ -11,7 +11,9 @@ from typing import Any
 from adarag.config import ServeConfig
 from adarag.errors import AdaRagError, BackendError, ConfigError, InputError, KnowledgeBaseError
 from adarag.pipeline import AdaRAG, AnswerStream
+from adarag.retrievers import KnowledgeBase
 from adarag.schema import Answer, GenerationParams
+from adarag.serve.documents import EMPTY_KNOWLEDGE_BASE
 from adarag.serve.errors import APIError, internal_error, invalid_request
 from adarag.serve.metrics import Outcome, ServerMetrics, outcome_of
 from adarag.serve.responses import DONE, Completion, sse_event
@@ -218,6 +220,16 @@ class EngineService:
     async def _start(self, slot: Slot, deadline: float, start: StartAnswer) -> AnswerStream:
         try:
             stream = await self.worker.call(slot, deadline, "before its first token", start)
+        except KnowledgeBaseError as err:  # an empty one is filled over HTTP, not by ingest
+            kb = self.rag.retriever
+            if isinstance(kb, KnowledgeBase) and await asyncio.to_thread(kb.count) == 0:
+                raise APIError(
+                    409,
+                    EMPTY_KNOWLEDGE_BASE,
+                    error_type="invalid_request_error",
+                    code="knowledge_base",
+                ) from err
+            raise api_error(err) from err
         except AdaRagError as err:
             raise api_error(err) from err
         self.metrics.observe_prefill(stream.trace)
