@@ -161,8 +161,8 @@ class EngineService:
             self.worker.close_stream(slot, stream)
             slot.release()
 
-        events = self._events(slot, deadline, stream, params, completion, finish, arrived)
-        return events, finish
+        timing = (arrived, time.perf_counter())  # prefilled: the first token is out
+        return self._events(slot, deadline, stream, params, completion, finish, timing), finish
 
     async def _events(
         self,
@@ -172,16 +172,16 @@ class EngineService:
         params: GenerationParams,
         completion: Completion,
         finish: Callable[[], None],
-        arrived: float,
+        timing: tuple[float, float],
     ) -> AsyncIterator[str]:
         """The stream's events; a failure mid-stream ends it with an error event and ``[DONE]``.
 
         The client going away (or the server's grace period running out) cancels the task:
         the stream is then closed in a worker thread and its slot freed once it is.
-        ``arrived`` is when the request arrived (``time.perf_counter()``).
+        ``timing`` is when the request arrived and when its first token was out
+        (``time.perf_counter()``).
         """
         outcome: Outcome = "cancelled"
-        first_token_at = time.perf_counter()  # prefilled: the first token is out
         try:
             yield completion.first_chunk(stream.chunks, stream.trace)
             while True:
@@ -190,7 +190,7 @@ class EngineService:
                     break
                 yield completion.delta_chunk(delta)
             answer = stream.answer()
-            self._observe(answer, arrived, first_token_at)
+            self._observe(answer, *timing)
             for event in completion.last_chunks(answer, params):
                 yield event
             outcome = "ok"
@@ -220,20 +220,29 @@ class EngineService:
     async def _start(self, slot: Slot, deadline: float, start: StartAnswer) -> AnswerStream:
         try:
             stream = await self.worker.call(slot, deadline, "before its first token", start)
-        except KnowledgeBaseError as err:  # an empty one is filled over HTTP, not by ingest
-            kb = self.rag.retriever
-            if isinstance(kb, KnowledgeBase) and await asyncio.to_thread(kb.count) == 0:
-                raise APIError(
-                    409,
-                    EMPTY_KNOWLEDGE_BASE,
-                    error_type="invalid_request_error",
-                    code="knowledge_base",
-                ) from err
-            raise api_error(err) from err
+        except KnowledgeBaseError as err:
+            raise await self._knowledge_base_error(err) from err
         except AdaRagError as err:
             raise api_error(err) from err
         self.metrics.observe_prefill(stream.trace)
         return stream
+
+    async def _knowledge_base_error(self, err: KnowledgeBaseError) -> APIError:
+        """409 saying how to fill the knowledge base when it is empty; ``err`` as HTTP otherwise.
+
+        The message names the HTTP routes, not ``adarag ingest``, which cannot open the Chroma
+        directory the server holds.
+        """
+        kb = self.rag.retriever
+        try:
+            is_empty = isinstance(kb, KnowledgeBase) and await asyncio.to_thread(kb.count) == 0
+        except Exception:  # the knowledge base cannot be read: its own error says why
+            is_empty = False
+        if not is_empty:
+            return api_error(err)
+        return APIError(
+            409, EMPTY_KNOWLEDGE_BASE, error_type="invalid_request_error", code="knowledge_base"
+        )
 
     def _observe(self, answer: Answer, arrived: float, first_token_at: float) -> None:
         """Record an answer's latency, generated tokens and time per token after the first."""
