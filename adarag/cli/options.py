@@ -282,14 +282,24 @@ def _stored_source(value: Any) -> Any:
     return value
 
 
-def open_knowledge_base(config: AdaRagConfig, splitter: Any = None) -> KnowledgeBase:
-    """The configured knowledge base, for reading (never created); ``splitter`` cuts what it adds.
+def open_knowledge_base(
+    config: AdaRagConfig, splitter: Any = None, *, allow_empty: bool = False
+) -> KnowledgeBase:
+    """The configured knowledge base, for reading; ``splitter`` cuts what it adds.
+
+    Args:
+        config: The configuration naming the collection.
+        splitter: How documents added to it are cut (see :class:`KnowledgeBase`).
+        allow_empty: Create the collection when it does not exist and accept it empty (a
+            server, which documents are sent to); otherwise it is never created.
 
     Raises:
-        KnowledgeBaseError: There is no such collection, it is empty, or no chunk passes the
-            metadata filter (``--where``).
+        KnowledgeBaseError: There is no such collection or it is empty (unless
+            ``allow_empty``), or no chunk passes the metadata filter (``--where``).
     """
-    kb = KnowledgeBase.from_config(config, create=False, splitter=splitter)
+    kb = KnowledgeBase.from_config(config, create=allow_empty, splitter=splitter)
+    if kb.count() == 0 and allow_empty:
+        return kb
     if kb.count() == 0:
         kb.close()
         raise KnowledgeBaseError(

@@ -180,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
     from adarag.serve import AdaRagServer, create_app
 
     logging.getLogger("adarag").setLevel(logging.INFO)
-    with open_knowledge_base(config, external_splitter(args)) as kb:  # it cuts documents sent
+    # it cuts documents sent; an empty one is filled over HTTP (/v1/files, the chat page)
+    with open_knowledge_base(config, external_splitter(args), allow_empty=True) as kb:
         rag = AdaRAG(config, retriever=kb)
         app = create_app(rag, config.serve, api_key=api_key)
         server = AdaRagServer(app, config.serve, log_level=args.log_level)

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from adarag.config import AdaRagConfig
 from adarag.errors import ConfigError, InputError
 from adarag.pipeline.arrange import Arrangement, arrange
-from adarag.pipeline.prompt import CITATION_KEY, PromptBuilder, Turn, check_text
+from adarag.pipeline.prompt import (
+    CITATION_KEY,
+    PromptBuilder,
+    Turn,
+    check_text,
+    instruction_note,
+)
 from adarag.pipeline.resources import Resources
 from adarag.retrievers.base import Retriever
 from adarag.schema import Chunk, GenerationParams, PromptLayout
@@ -97,22 +103,34 @@ def request_context(
     params: GenerationParams,
     history: Sequence[Turn],
     conversation_chunks: Sequence[Chunk | str],
+    instruction: str = "",
 ) -> RequestContext:
-    """``found`` arranged and fitted to the model's context, with the order hint."""
+    """``found`` arranged and fitted to the model's context, with the order hint.
+
+    ``instruction`` (see :class:`~adarag.pipeline.request.Request`) goes before the order hint,
+    both right before the question; the returned ``note`` is the order hint alone.
+    """
     config, prompts = resources.config, resources.prompts
     arranged = arrange_chunks(resources, found, conversation_chunks) if found else None
     layout: PromptLayout | None = None
     fitting: list[Chunk] = []
     note = ""
+    instructed = instruction_note(instruction)
     if arranged is not None:
         note = arranged.hint(config)
         max_context_tokens = resources.engine.max_context_tokens
         layout, fitting = fit_context(
-            prompts, max_context_tokens, question, arranged.chunks, params, history, note
+            prompts,
+            max_context_tokens,
+            question,
+            arranged.chunks,
+            params,
+            history,
+            instructed + note,
         )
         if layout is not None and len(fitting) < len(arranged.chunks) and note:
             note = arranged.hint(config, len(fitting))
-            history_ids, query_ids = prompts.query_segments(question, history, note)
+            history_ids, query_ids = prompts.query_segments(question, history, instructed + note)
             layout = dataclasses.replace(layout, history_ids=history_ids, query_ids=query_ids)
     dropped = (len(arranged.chunks) if arranged else 0) - len(fitting)
     return RequestContext(layout, fitting, note, dropped)

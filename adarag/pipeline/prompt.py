@@ -355,6 +355,27 @@ def retrieval_query(
     )
 
 
+def check_instruction(instruction: str) -> None:
+    """Refuse an instruction (a chat's system message) the prompt cannot carry.
+
+    Raises:
+        InputError: It is not text, holds a lone surrogate or a control character the prompt
+            layout reserves (U+0000, U+0001, U+0002).
+    """
+    check_text(instruction, "the instruction")
+    for reserved in (_CHUNKS_MARKER[0], "\x01", _TURN_MARKER):
+        if reserved in instruction:
+            raise InputError(
+                f"the instruction holds the control character U+{ord(reserved):04X}, which the "
+                "prompt layout reserves; remove it"
+            )
+
+
+def instruction_note(instruction: str) -> str:
+    """The text an instruction puts before the question (none for a blank one)."""
+    return f"{instruction.strip()}\n" if instruction.strip() else ""
+
+
 def check_text(text: object, what: str) -> None:
     """Raise :class:`InputError` unless ``text`` is a string the tokenizer can encode.
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from adarag.config import ChatConfig
 from adarag.pipeline.answer_stream import PreparedAnswer, no_context
 from adarag.pipeline.context import as_chunks, check_question, numbered, request_context
-from adarag.pipeline.prompt import Turn, condense_prompt, retrieval_query
+from adarag.pipeline.prompt import Turn, check_instruction, condense_prompt, retrieval_query
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.schema import Chunk, GenerationParams
@@ -40,6 +40,10 @@ class Request:
         top_k: Chunks to retrieve (``retrieval.top_k`` when None).
         history: Earlier turns of a conversation, oldest first.
         conversation_chunks: The conversation's context so far, in listed order.
+        instruction: What the answer must follow besides the system prompt (a chat's system
+            message, e.g. "Always answer in French."). It goes right before the question, after
+            the context, so the system prefix and the chunks keep their cached KV; it is not
+            part of what is retrieved with.
     """
 
     question: str
@@ -48,6 +52,7 @@ class Request:
     top_k: int | None = None
     history: tuple[Turn, ...] = ()
     conversation_chunks: tuple[Chunk | str, ...] = ()
+    instruction: str = ""
 
     @classmethod
     def of(
@@ -59,13 +64,16 @@ class Request:
         top_k: int | None = None,
         history: Sequence[Turn] = (),
         conversation_chunks: Sequence[Chunk | str] = (),
+        instruction: str = "",
     ) -> Request:
-        """The request, its question checked and its chunks made :class:`Chunk` values.
+        """The request, its question and instruction checked, its chunks :class:`Chunk` values.
 
         Raises:
-            InputError: The question is not text or is empty.
+            InputError: The question is not text or is empty, or the instruction is not text
+                the prompt can hold.
         """
         check_question(question)
+        check_instruction(instruction)
         return cls(
             question,
             None if chunks is None else as_chunks(chunks),
@@ -73,6 +81,7 @@ class Request:
             top_k,
             tuple(history),
             tuple(conversation_chunks),
+            instruction,
         )
 
 
@@ -131,7 +140,13 @@ def prepare_answer(
     retrieval_s = time.perf_counter() - started
     params = request.params
     context = request_context(
-        resources, request.question, found, params, request.history, request.conversation_chunks
+        resources,
+        request.question,
+        found,
+        params,
+        request.history,
+        request.conversation_chunks,
+        request.instruction,
     )
     if context.layout is None:
         prepared = no_context(retrieval_s)

@@ -19,8 +19,10 @@ from starlette.types import Receive, Scope, Send
 
 from adarag.config import ServeConfig
 from adarag.errors import AdaRagError
-from adarag.pipeline import AdaRAG
+from adarag.pipeline import AdaRAG, AnswerStream
+from adarag.pipeline import Request as RagRequest
 from adarag.schema import GenerationParams
+from adarag.serve.documents import EMPTY_KNOWLEDGE_BASE
 from adarag.serve.errors import APIError, invalid_request, model_not_found, unauthorized
 from adarag.serve.http_errors import add_http_error_handler
 from adarag.serve.knowledge_routes import add_knowledge_routes
@@ -75,6 +77,8 @@ def create_app(
         await service.start()
         if library is not None:  # the documents a stop cut short are warmed again
             await asyncio.to_thread(library.resume)
+            if await asyncio.to_thread(library.is_empty):
+                logger.warning(EMPTY_KNOWLEDGE_BASE)
         logger.info("serving %s", service.model_id)
         yield
         if library is not None:
@@ -133,7 +137,7 @@ def _routes(service: EngineService, check_key: Callable[[Request], None]) -> API
             except ValueError as err:
                 raise invalid_request(str(err), "messages") from err
             start: StartAnswer = partial(
-                rag.stream, question, history=history, params=params, top_k=body.top_k
+                _stream_instructed, rag, question, history, params, body.top_k, body.instruction()
             )
         else:
             start = partial(rag.generate, body.chat_messages(), params=params)
@@ -165,6 +169,21 @@ def _routes(service: EngineService, check_key: Callable[[Request], None]) -> API
         return rag_answer(await service.answer(start), service.model_id)
 
     return router
+
+
+def _stream_instructed(
+    rag: AdaRAG,
+    question: str,
+    history: list[tuple[str, str]],
+    params: GenerationParams,
+    top_k: int | None,
+    instruction: str,
+) -> AnswerStream:
+    """``rag.stream`` with an instruction (a chat's system messages); checked in the worker."""
+    request = RagRequest.of(
+        question, params=params, top_k=top_k, history=history, instruction=instruction
+    )
+    return rag.stream_request(request)
 
 
 def _check_given_chunks(body: RagQueryRequest, max_chunks: int) -> None:

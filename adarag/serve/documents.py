@@ -43,6 +43,13 @@ answerable with its KV cached, or failed (its error says why)."""
 
 _OPENAI_STATUS = {"ready": "processed", "failed": "error"}
 
+EMPTY_KNOWLEDGE_BASE = (
+    "the knowledge base is empty: add documents with POST /v1/files (OpenAI's client: "
+    "client.files.create(file=open(PATH, 'rb'), purpose='assistants')) or on the chat page at "
+    "/; questions are answered once a document's chunks are stored"
+)
+"""What a server over an empty knowledge base logs when it starts and answers questions with."""
+
 
 def file_id(source: str) -> str:
     """The id a document is listed under: a hash of its source (the stored file's path)."""
@@ -170,6 +177,10 @@ class DocumentLibrary:
         logger.info("deleted %s (%d chunks)", info.filename, info.num_chunks)
         return info
 
+    def is_empty(self) -> bool:
+        """Whether the knowledge base holds no chunk."""
+        return self.kb.count() == 0
+
     def close(self) -> None:
         """Stop the background work: a warming stops after its chunk, queued work is dropped."""
         self._closing.set()
@@ -276,6 +287,10 @@ class DocumentLibrary:
             num_chunks=num_chunks,
             error=progress.error if progress else None,
         )
+
+    def kept_file(self, info: DocumentInfo) -> Path | None:
+        """The file this library keeps for ``info`` (sent over HTTP); None for one ingested."""
+        return Path(info.source) if self._is_sent(info.source) else None
 
     def _is_sent(self, source: str) -> bool:
         """Whether ``source`` is a file this library keeps (sent over HTTP)."""

@@ -1,7 +1,10 @@
 """``GET /metrics``: the server's Prometheus metrics (``prometheus-client``).
 
-Counted as requests are served: answers' time to first token and recomputed share
-(histograms), and requests by route and outcome. Read when scraped: active and queued requests,
+Counted as requests are served: answers' time to first token, recomputed share, end-to-end
+latency and time per output token (histograms), the tokens they generated, and requests by route
+and outcome (the latency and token metrics are vLLM's ``vllm:e2e_request_latency_seconds``,
+``vllm:time_per_output_token_seconds`` and ``vllm:generation_tokens_total`` under adarag's
+prefix). Read when scraped: active and queued requests,
 the cache's lookups by tier (``miss`` included), prompt and recomputed tokens, and the KV store's
 bytes, entries and evictions per layer. Each application has a registry of its own, so several
 servers in one process never share a metric.
@@ -36,6 +39,8 @@ or the client went away."""
 
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
+LATENCY_BUCKETS_S = (0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+TOKEN_TIME_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 _OUTCOMES = {400: "invalid", 409: "invalid", 429: "rejected", 503: "unavailable", 504: "timeout"}
 
 
@@ -73,6 +78,25 @@ class ServerMetrics:
             buckets=RATIO_BUCKETS,
             registry=self.registry,
         )
+        self.latency = Histogram(
+            "adarag_e2e_request_latency_seconds",
+            "Seconds from a request's arrival (queue included) to its answer's last token, per "
+            "answer",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.token_time = Histogram(
+            "adarag_time_per_output_token_seconds",
+            "Seconds per generated token after the first (decoding time over the tokens after "
+            "the first), per answer of two tokens or more",
+            buckets=TOKEN_TIME_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.generated = Counter(
+            "adarag_generation_tokens",
+            "Tokens generated in the answers served",
+            registry=self.registry,
+        )
         self.requests = Counter(
             "adarag_requests",
             "Requests by route and outcome",
@@ -93,6 +117,19 @@ class ServerMetrics:
             return  # nothing was prefilled
         self.ttft.observe(trace.ttft_s)
         self.recomputed.observe(min(trace.recomputed_ratio, 1.0))
+
+    def observe_answer(self, num_tokens: int, latency_s: float, decode_s: float) -> None:
+        """Record an answer of ``num_tokens`` once its last token is out.
+
+        Args:
+            num_tokens: Its generated tokens.
+            latency_s: Seconds from the request's arrival to the answer's end.
+            decode_s: Seconds from its first token to its end.
+        """
+        self.latency.observe(latency_s)
+        self.generated.inc(num_tokens)
+        if num_tokens >= 2:
+            self.token_time.observe(decode_s / (num_tokens - 1))
 
     def count(self, route: str, outcome: Outcome) -> None:
         """Count a request of ``route`` that ended with ``outcome``."""

@@ -112,9 +112,11 @@ class ChatCompletionRequest(_OpenAIBody):
     """``POST /v1/chat/completions``.
 
     With ``rag`` (the default) the last message is the question, answered from the knowledge
-    base; earlier (user, assistant) pairs are the conversation's history, and system messages
-    are left to the server's RAG prompt (``prompt.system_prompt``). With ``"rag": false`` every
-    message goes to the model's chat template as is, without retrieval.
+    base; earlier (user, assistant) pairs are the conversation's history, and the system (and
+    developer) messages are the answer's instruction (:meth:`instruction`), which goes right
+    before the question: the server's system prompt (``prompt.system_prompt``) and the cached
+    context stay as they are. With ``"rag": false`` every message goes to the model's chat
+    template as is, without retrieval.
     """
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -170,6 +172,11 @@ class ChatCompletionRequest(_OpenAIBody):
             and answered.text.strip() != NO_CONTEXT_ANSWER
         ]
         return last.text, turns[-history_turns:] if history_turns else []
+
+    def instruction(self) -> str:
+        """The system and developer messages' text, one per line (empty without any)."""
+        texts = (m.text.strip() for m in self.messages if m.role in ("system", "developer"))
+        return "\n".join(text for text in texts if text)
 
     def chat_messages(self) -> list[dict[str, str]]:
         """Every message as ``{"role", "content"}`` (developer as system), for the template."""

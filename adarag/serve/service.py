@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from adarag.config import ServeConfig
 from adarag.errors import AdaRagError, BackendError, ConfigError, InputError, KnowledgeBaseError
 from adarag.pipeline import AdaRAG, AnswerStream
+from adarag.retrievers import KnowledgeBase
 from adarag.schema import Answer, GenerationParams
+from adarag.serve.documents import EMPTY_KNOWLEDGE_BASE
 from adarag.serve.errors import APIError, internal_error, invalid_request
 from adarag.serve.metrics import Outcome, ServerMetrics, outcome_of
 from adarag.serve.responses import DONE, Completion, sse_event
@@ -102,14 +105,17 @@ class EngineService:
             APIError: 429 queue full, 503 shutting down, 504 timed out, 400 bad input.
         """
         outcome: Outcome = "cancelled"
+        arrived = time.perf_counter()
         try:
             slot, deadline = await self._admit()
             try:
                 stream = await self._start(slot, deadline, start)
+                first_token_at = time.perf_counter()
                 try:
                     answer = await self.worker.call(slot, deadline, "answering", stream.answer)
                 finally:
                     self.worker.close_stream(slot, stream)  # nothing to do once it has ended
+                self._observe(answer, arrived, first_token_at)
                 outcome = "ok"
                 return answer
             finally:
@@ -136,6 +142,7 @@ class EngineService:
             APIError: 429 queue full, 503 shutting down, 504 timed out, 400 bad input.
         """
         route = route_name(completion)
+        arrived = time.perf_counter()
         try:
             slot, deadline = await self._admit()
         except APIError as err:
@@ -154,7 +161,8 @@ class EngineService:
             self.worker.close_stream(slot, stream)
             slot.release()
 
-        return self._events(slot, deadline, stream, params, completion, finish), finish
+        timing = (arrived, time.perf_counter())  # prefilled: the first token is out
+        return self._events(slot, deadline, stream, params, completion, finish, timing), finish
 
     async def _events(
         self,
@@ -164,11 +172,14 @@ class EngineService:
         params: GenerationParams,
         completion: Completion,
         finish: Callable[[], None],
+        timing: tuple[float, float],
     ) -> AsyncIterator[str]:
         """The stream's events; a failure mid-stream ends it with an error event and ``[DONE]``.
 
         The client going away (or the server's grace period running out) cancels the task:
         the stream is then closed in a worker thread and its slot freed once it is.
+        ``timing`` is when the request arrived and when its first token was out
+        (``time.perf_counter()``).
         """
         outcome: Outcome = "cancelled"
         try:
@@ -178,7 +189,9 @@ class EngineService:
                 if delta is None:
                     break
                 yield completion.delta_chunk(delta)
-            for event in completion.last_chunks(stream.answer(), params):
+            answer = stream.answer()
+            self._observe(answer, *timing)
+            for event in completion.last_chunks(answer, params):
                 yield event
             outcome = "ok"
         except APIError as err:
@@ -207,10 +220,36 @@ class EngineService:
     async def _start(self, slot: Slot, deadline: float, start: StartAnswer) -> AnswerStream:
         try:
             stream = await self.worker.call(slot, deadline, "before its first token", start)
+        except KnowledgeBaseError as err:
+            raise await self._knowledge_base_error(err) from err
         except AdaRagError as err:
             raise api_error(err) from err
         self.metrics.observe_prefill(stream.trace)
         return stream
+
+    async def _knowledge_base_error(self, err: KnowledgeBaseError) -> APIError:
+        """409 saying how to fill the knowledge base when it is empty; ``err`` as HTTP otherwise.
+
+        The message names the HTTP routes, not ``adarag ingest``, which cannot open the Chroma
+        directory the server holds.
+        """
+        kb = self.rag.retriever
+        try:
+            is_empty = isinstance(kb, KnowledgeBase) and await asyncio.to_thread(kb.count) == 0
+        except Exception:  # the knowledge base cannot be read: its own error says why
+            is_empty = False
+        if not is_empty:
+            return api_error(err)
+        return APIError(
+            409, EMPTY_KNOWLEDGE_BASE, error_type="invalid_request_error", code="knowledge_base"
+        )
+
+    def _observe(self, answer: Answer, arrived: float, first_token_at: float) -> None:
+        """Record an answer's latency, generated tokens and time per token after the first."""
+        ended = time.perf_counter()
+        self.metrics.observe_answer(
+            answer.num_completion_tokens, ended - arrived, ended - first_token_at
+        )
 
     def health(self) -> dict[str, Any]:
         """The server's state and load."""

@@ -10,10 +10,11 @@ In order, an upload is refused:
    ``serve.max_upload_bytes`` and ``serve.body_read_timeout_s``): a multipart file goes to disk
    (spooled past 1 MiB) and is copied into a private staging folder, so an upload is never held
    in memory whole; a JSON text (held in memory) is checked for ``serve.max_json_depth``;
-4. with 400 when its name is not a plain file name of a type ingest reads, or it cannot be read
-   as that type; with 422 when parsing it takes longer than ``retrieval.max_parse_seconds``
-   (:mod:`adarag.serve.parse_worker`, which is killed then, when the client hangs up or when
-   the server shuts down).
+4. with 400 when a multipart upload has no ``purpose`` field (OpenAI's client always sends
+   one; a JSON text defaults to ``assistants``), when its name is not a plain file name of a
+   type ingest reads, or it cannot be read as that type; with 422 when parsing it takes longer
+   than ``retrieval.max_parse_seconds`` (:mod:`adarag.serve.parse_worker`, which is killed
+   then, when the client hangs up or when the server shuts down).
 
 Only then does it replace the document of its name (:meth:`DocumentLibrary.keep`). The staging
 folder is removed whatever happens; those a crash left are swept when the server starts.
@@ -103,10 +104,17 @@ class Uploads:
                 upload = form.get("file")
                 if not isinstance(upload, UploadFile):
                     raise invalid_request("send the document as the multipart field 'file'", "file")
+                purpose = form.get("purpose")
+                if not isinstance(purpose, str) or not purpose.strip():
+                    raise invalid_request(
+                        "purpose: the upload has no purpose; send the form field 'purpose' "
+                        "with the file (e.g. purpose=assistants), as OpenAI's Files API requires",
+                        "purpose",
+                    )
                 name = _checked(upload.filename or "")
                 staged = staging / name
                 await asyncio.to_thread(_copy, upload.file, staged)
-                return name, staged, str(form.get("purpose") or "assistants")
+                return name, staged, purpose.strip()
         body = await request.body()
         check_json_depth(body, self.config.max_json_depth)
         try:

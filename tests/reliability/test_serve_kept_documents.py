@@ -19,6 +19,7 @@ import httpx
 from tests.reliability.http_server import serving
 from tests.reliability.kb_server import kb_rag, kb_serving, listed, wait_processed
 
+PURPOSE = {"purpose": "assistants"}  # every multipart upload names one
 LODGE = "\n\n".join(
     f"# Section {idx}\n\nThe lodge keeps record {idx} of the gate, the bikes and the bins."
     for idx in range(6)
@@ -75,7 +76,10 @@ def test_names_with_bidi_overrides_or_markup_are_refused(tiny_checkpoints, tmp_p
     with kb_serving(tiny_checkpoints["llama"], tmp_path) as (served, _):
         for name in refused:
             reply = httpx.post(
-                f"{served.url}/v1/files", files={"file": (name, b"# a\n\nwords\n")}, timeout=60
+                f"{served.url}/v1/files",
+                files={"file": (name, b"# a\n\nwords\n")},
+                data=PURPOSE,
+                timeout=60,
             )
             assert reply.status_code == 400, (name, reply.text)
             message = reply.json()["error"]["message"]
@@ -83,7 +87,10 @@ def test_names_with_bidi_overrides_or_markup_are_refused(tiny_checkpoints, tmp_p
             assert "\u202e" not in message and "<script>" not in message
         for name in kept:
             reply = httpx.post(
-                f"{served.url}/v1/files", files={"file": (name, b"# a\n\nwords\n")}, timeout=60
+                f"{served.url}/v1/files",
+                files={"file": (name, b"# a\n\nwords\n")},
+                data=PURPOSE,
+                timeout=60,
             )
             assert reply.status_code == 200, (name, reply.text)
         assert set(listed(served)) == set(kept)

@@ -58,7 +58,7 @@ def wait_for(condition, timeout_s: float) -> float:
 
 def send_bomb(url: str) -> httpx.Response:
     files = {"file": ("minutes.docx", docx_bomb())}
-    return httpx.post(f"{url}/v1/files", files=files, timeout=600)
+    return httpx.post(f"{url}/v1/files", files=files, data={"purpose": "assistants"}, timeout=600)
 
 
 def test_a_docx_bomb_is_refused_within_the_parse_deadline(tiny_checkpoints, tmp_path, ledger):
@@ -113,6 +113,8 @@ def test_a_client_hanging_up_kills_its_parse(tiny_checkpoints, tmp_path, ledger)
         body = docx_bomb()
         boundary = "bomb-boundary"
         part = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n'
+            f"assistants\r\n"
             f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
             'filename="minutes.docx"\r\n\r\n'
         ).encode()

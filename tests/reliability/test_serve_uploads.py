@@ -29,6 +29,7 @@ from tests.reliability.kb_server import kb_serving, wait_processed
 from tests.reliability.test_serve_parse import parse_workers
 
 MIB = 1024 * 1024
+PURPOSE = {"purpose": "assistants"}  # every multipart upload names one
 
 
 def test_the_last_of_many_uploads_of_one_name_is_the_one_stored(tiny_checkpoints, tmp_path, ledger):
@@ -46,6 +47,7 @@ def test_the_last_of_many_uploads_of_one_name_is_the_one_stored(tiny_checkpoints
                 reply = httpx.post(
                     f"{served.url}/v1/files",
                     files={"file": ("race.md", text.encode())},
+                    data={"purpose": "assistants"},
                     timeout=120,
                 )
                 assert reply.status_code == 200, reply.text
@@ -81,12 +83,16 @@ def test_an_upload_goes_to_disk_not_memory(tiny_checkpoints, tmp_path, ledger):
         line = server.stdout.readline()
         assert line.startswith("port "), line
         url = f"http://127.0.0.1:{int(line.split()[1])}"
-        small = httpx.post(f"{url}/v1/files", files={"file": ("warm.md", b"# a\n\nwords\n")})
+        small = httpx.post(
+            f"{url}/v1/files", files={"file": ("warm.md", b"# a\n\nwords\n")}, data=PURPOSE
+        )
         assert small.status_code == 200, small.text
         time.sleep(1)
         before = peak_rss_bytes(server.pid)
         blank = b"\n" * (60 * MIB)  # a file of 60 MiB that holds no text: nothing to embed
-        reply = httpx.post(f"{url}/v1/files", files={"file": ("blank.md", blank)}, timeout=300)
+        reply = httpx.post(
+            f"{url}/v1/files", files={"file": ("blank.md", blank)}, data=PURPOSE, timeout=300
+        )
         assert reply.status_code == 200, reply.text
         grown_mib = (peak_rss_bytes(server.pid) - before) / MIB
     finally:
@@ -121,7 +127,8 @@ def test_at_most_max_concurrent_uploads_are_parsed_at_once(tiny_checkpoints, tmp
 
         def send(idx: int) -> int:
             files = {"file": (f"slow{idx}.docx", slow)}
-            return httpx.post(f"{served.url}/v1/files", files=files, timeout=300).status_code
+            reply = httpx.post(f"{served.url}/v1/files", files=files, data=PURPOSE, timeout=300)
+            return reply.status_code
 
         try:
             with ThreadPoolExecutor(6) as pool:

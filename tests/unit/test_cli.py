@@ -289,3 +289,23 @@ def test_the_help_names_the_defaults_that_hold():
     ask = commands["ask"].format_help()
     assert f"(default: {AdaRagConfig().retrieval.collection!r})" in ask
     assert f"(default: {AdaRagConfig().retrieval.top_k})" in ask
+
+
+def test_serve_starts_over_a_knowledge_base_never_ingested(
+    tiny_checkpoints, tmp_path, monkeypatch, capsys
+):
+    import adarag.retrievers.knowledge_base as knowledge_base
+    from adarag.cli import main
+    from adarag.serve import AdaRagServer
+    from tests.unit.retrievers.test_knowledge_base import WordEmbedder
+
+    pytest.importorskip("chromadb")
+    monkeypatch.setenv("ADARAG_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(knowledge_base, "SentenceEmbedder", lambda *_args: WordEmbedder())
+    started = []
+    monkeypatch.setattr(AdaRagServer, "run", lambda server: started.append(server))
+    argv = ["serve", "--model", str(tiny_checkpoints["llama"]), "--model-name", "tiny"]
+    assert main([*argv, "--collection", "fresh", "--port", "0"]) == 0
+    assert len(started) == 1
+    out = capsys.readouterr().out
+    assert "serving 0 chunks of 'fresh'" in out

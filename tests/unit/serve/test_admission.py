@@ -132,3 +132,17 @@ def test_text_parts_are_joined_and_the_last_message_must_be_the_users():
     assert request.conversation(2) == ("ab", [])
     with pytest.raises(ValueError, match="last message must be the user's"):
         _chat(("user", "q"), ("assistant", "a")).conversation(2)
+
+
+def test_system_and_developer_messages_are_the_instruction():
+    request = _chat(
+        ("system", "Always answer in French."),
+        ("user", "q1"),
+        ("assistant", "a1"),
+        ("developer", "Be brief."),
+        ("user", "now?"),
+    )
+    assert request.instruction() == "Always answer in French.\nBe brief."
+    assert request.conversation(history_turns=2) == ("now?", [("q1", "a1")])
+    assert _chat(("user", "q")).instruction() == ""
+    assert _chat(("system", "  "), ("user", "q")).instruction() == ""

@@ -107,7 +107,9 @@ def test_a_document_that_cannot_be_kept_is_refused_and_changes_nothing(
 ):
     client, _, kb, directory = served
     before = (sorted(kb.sources().items()), sorted(p.name for p in directory.glob("*")))
-    reply = client.post("/v1/files", files={"file": (name, data)}, headers=AUTH)
+    reply = client.post(
+        "/v1/files", files={"file": (name, data)}, data={"purpose": "assistants"}, headers=AUTH
+    )
     assert reply.status_code == status and message in reply.json()["error"]["message"]
     assert str(directory) not in reply.text  # the server's paths stay private
     after = (sorted(kb.sources().items()), sorted(p.name for p in directory.glob("*")))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 
 import numpy as np
 import pytest
@@ -62,6 +63,34 @@ def test_metrics_count_answers_outcomes_ttft_tiers_and_store_bytes(served):
     assert after[("adarag_kv_store_bytes", (("layer", "memory"),))] > 0
     assert after[("adarag_queued_requests", ())] == 0 and after[("adarag_active_requests", ())] == 0
     assert client.get("/metrics").status_code == 401
+
+
+def test_metrics_time_each_answer_end_to_end_and_per_output_token(served):
+    client = served[0]
+    before = scrape(client)
+    tokens = []  # each answer's completion tokens
+    for question in ("when does the gate close?", "is the lodge shut at night?"):
+        reply = chat(client, question, max_tokens=4)
+        assert reply.status_code == 200
+        tokens.append(reply.json()["usage"]["completion_tokens"])
+    options = {"stream": True, "stream_options": {"include_usage": True}}
+    streamed = chat(client, "when is the gate shut?", max_tokens=4, **options)
+    usage = [json.loads(line[6:]) for line in streamed.text.splitlines() if '"usage"' in line]
+    tokens.append(usage[-1]["usage"]["completion_tokens"])
+    plain = chat(client, "count to ten", max_tokens=3, rag=False)
+    tokens.append(plain.json()["usage"]["completion_tokens"])
+    assert chat(client, "").status_code == 400  # refused: not an answer
+    after = scrape(client)
+
+    def moved(name: str) -> float:
+        return after.get((name, ()), 0.0) - before.get((name, ()), 0.0)
+
+    assert moved("adarag_e2e_request_latency_seconds_count") == 4
+    assert moved("adarag_e2e_request_latency_seconds_sum") > 0
+    assert moved("adarag_generation_tokens_total") == sum(tokens) > 0
+    decoded = sum(1 for count in tokens if count >= 2)  # the first token comes with prefill
+    assert moved("adarag_time_per_output_token_seconds_count") == decoded
+    assert (moved("adarag_time_per_output_token_seconds_sum") > 0) == (decoded > 0)
 
 
 def test_embeddings_are_the_knowledge_base_model_s_as_floats_or_base64(served):
