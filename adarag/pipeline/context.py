@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -129,12 +128,10 @@ def arrange_chunks(
                 f"conversation chunk {idx} is empty or not text; pass the earlier answer's "
                 "chunks as they were"
             )
-    engine_lock: threading.RLock = resources.engine_lock
 
     def longest_prefix(chunks: Sequence[Chunk]) -> tuple[int, ...]:
         chunk_ids = [resources.prompts.chunk_ids(chunk.text) for chunk in chunks]
-        with engine_lock:  # the index is shared by concurrent requests
-            return resources.cache.longest_cached_prefix(chunk_ids).order
+        return resources.cache.longest_cached_prefix(chunk_ids).order  # the tiers' lock
 
     return arrange(found, resources.config, longest_prefix, earlier)
 

@@ -195,7 +195,7 @@ class AugmentedPrefill:
             tuple(chunks[: len(final.layout.chunk_ids)]),
             trace,
             final.layout.num_tokens - final.output.num_recomputed_tokens,
-            write_back=functools.partial(self._keep_locked, final),
+            write_back=functools.partial(self._keep, final),
         )
 
     def each_step(
@@ -236,7 +236,7 @@ class AugmentedPrefill:
                 tokens = list(self._engine.decode_tokens(step.layout, step.output, params))
                 deltas = decode_text(iter(tokens), self._engine.tokenizer, params)
                 answer = "".join(deltas).strip()
-                self._keep(step)
+            self._keep(step)
             # a greedy answer long enough already holds the prefix; else decode it on its own
             greedy = params.temperature == 0.0 and params.max_new_tokens >= num_prefix
             prefix = (
@@ -313,18 +313,19 @@ class AugmentedPrefill:
             )
         )
         system = SegmentSource(self._system_kv(), exact=True) if reuse else SegmentSource()
-        with self._engine_lock:  # the tiers' counters are shared by concurrent requests too
-            hits = self._cache.lookup(layout.cached_segments)
-            sources = [system, *(_source(hit) for hit in hits)]
-            sources.append(SegmentSource())
-            bridged = self._learned.bridged(layout, sources, self._engine.spec.vocab_size)
-            # the whole request's rows, and the bridge's
-            min_capacity += bridged.num_tokens - layout.num_tokens
-            layout = bridged
-            # Cache-Craft keeps the attention statistics of every chunk computed in full
-            collect = strategies.variants.enabled and any(hit.tier == "miss" for hit in hits)
-            reuse = self._levers.reuse_step_kv and previous is not None
-            resident_rows = _resident_rows(layout, hits, previous) if reuse else 0
+        # the disk and the shared tier are read before the engine lock is taken
+        hits = self._cache.lookup(layout.cached_segments)
+        sources = [system, *(_source(hit) for hit in hits)]
+        sources.append(SegmentSource())
+        bridged = self._learned.bridged(layout, sources, self._engine.spec.vocab_size)
+        # the whole request's rows, and the bridge's
+        min_capacity += bridged.num_tokens - layout.num_tokens
+        layout = bridged
+        # Cache-Craft keeps the attention statistics of every chunk computed in full
+        collect = strategies.variants.enabled and any(hit.tier == "miss" for hit in hits)
+        reuse = self._levers.reuse_step_kv and previous is not None
+        resident_rows = _resident_rows(layout, hits, previous) if reuse else 0
+        with self._engine_lock:
             started = time.perf_counter()
             output = self._engine.prefill(
                 layout,
@@ -340,8 +341,9 @@ class AugmentedPrefill:
                 ladder=self._learned.ladder,
                 packet=self._learned.bridge,
             )
-            self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
-        return LookedUpPrefill(layout, output, hits, time.perf_counter() - started)
+            prefill_s = time.perf_counter() - started
+        self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
+        return LookedUpPrefill(layout, output, hits, prefill_s)
 
     def _run_step(
         self,
@@ -408,12 +410,8 @@ class AugmentedPrefill:
         self._cache.write_back(segments, hits, fused, stats)
 
     def _keep(self, step: PrefillStep) -> None:
+        """Write ``step`` back, without the engine lock (the tiers and the store hold theirs)."""
         self.write_back(step.layout, step.output, step.hits)
-
-    def _keep_locked(self, step: PrefillStep) -> None:
-        """:meth:`_keep` under the engine lock (the answer stream runs it after the answer)."""
-        with self._engine_lock:
-            self._keep(step)
 
 
 def _resident_rows(
