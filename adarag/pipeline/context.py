@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from adarag.config import AdaRagConfig
 from adarag.errors import ConfigError, InputError
-from adarag.pipeline.arrange import Arrangement, arrange
+from adarag.pipeline.arrange import Arrangement, arrange, wants_cached_order
 from adarag.pipeline.prompt import CITATION_KEY, PromptBuilder, Turn, check_text
 from adarag.pipeline.resources import Resources
 from adarag.retrievers.base import Retriever
@@ -128,12 +128,11 @@ def arrange_chunks(
                 f"conversation chunk {idx} is empty or not text; pass the earlier answer's "
                 "chunks as they were"
             )
-
-    def longest_prefix(chunks: Sequence[Chunk]) -> tuple[int, ...]:
-        chunk_ids = [resources.prompts.chunk_ids(chunk.text) for chunk in chunks]
-        return resources.cache.longest_cached_prefix(chunk_ids).order  # the tiers' lock
-
-    return arrange(found, resources.config, longest_prefix, earlier)
+    order = None
+    if wants_cached_order(resources.config, earlier):
+        chunk_ids = [resources.prompts.chunk_ids(chunk.text) for chunk in found]
+        order = resources.cache.longest_cached_prefix(chunk_ids).order
+    return arrange(found, resources.config, order, earlier)
 
 
 def fit_context(

@@ -10,50 +10,18 @@ reusing chunk KV carries).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load
 
 from adarag.config import RecomputeSettings
-from adarag.engine.batch import SegmentSource
-from adarag.engine.packet import packet_ids, reuses_approximately
+from adarag.engine.prefill_request import LearnedControls
 from adarag.engine.routing import RoutingLadder
 from adarag.errors import ConfigError
-from adarag.fitted import FittedModel
 from adarag.profiles import ModelProfile
 from adarag.profiles.packet import BRIDGE
-from adarag.schema import PromptLayout
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LearnedControls:
-    """What a fused prefill reads from the profile: the token scorer, the ladder, the bridge.
-
-    Attributes:
-        token_scorer: The ``learned`` rule's scorer.
-        ladder: The routing ladder.
-        bridge: [bridge_tokens, hidden_size] embeddings of the packet's bridge.
-    """
-
-    token_scorer: FittedModel | None = None
-    ladder: RoutingLadder | None = None
-    bridge: torch.Tensor | None = None
-
-    def bridged(
-        self, layout: PromptLayout, sources: Sequence[SegmentSource], vocab_size: int
-    ) -> PromptLayout:
-        """``layout`` with the bridge opening its query, when it has one and ``sources`` reuse.
-
-        A prompt whose context is all its own (:func:`reuses_approximately` is False) stays as
-        it is, so ratio 1.0 and hard-tier replays equal what they were without a packet.
-        """
-        if self.bridge is None or not reuses_approximately(sources):
-            return layout
-        return layout.with_bridge(packet_ids(vocab_size, self.bridge.shape[0]))
 
 
 def learned_controls(

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from adarag import AdaRAG
 from adarag.config import RecomputeConfig
 from adarag.engine.core import Engine
+from adarag.engine.prefill_request import LearnedControls, PrefillRequest
 from adarag.engine.routing import RoutingLadder
 from adarag.evaluation.reuse import reuse_sources
 from adarag.kv import ChunkKV
@@ -44,7 +45,7 @@ class Selections:
 
 def ours_decode(engine: Engine, layout, num_tokens: int) -> Callable[[], float]:  # type: ignore[no-untyped-def]
     """Seconds per greedy step of our runner after a prefill of ``layout``."""
-    prefill = engine.prefill(layout, max_new_tokens=num_tokens + 1)
+    prefill = engine.prefill(PrefillRequest(layout, max_new_tokens=num_tokens + 1))
 
     def run() -> float:
         kv, token = prefill.kv, int(prefill.logits.argmax())
@@ -155,7 +156,7 @@ def _measure(
         token_ids = torch.tensor([layout.token_ids])
         variants = {
             "hf": lambda token_ids=token_ids: hf_model(token_ids, logits_to_keep=1).logits.argmax(),
-            "full": lambda layout=layout: engine.prefill(layout).logits.argmax(),
+            "full": lambda layout=layout: engine.prefill(PrefillRequest(layout)).logits.argmax(),
         }
         variants |= _fused_variants(engine, layout, system_kv, chunk_kvs, args.ratios, selections)
         decoders = {
@@ -199,11 +200,15 @@ def _fused_variants(
             variants[f"fused@{ratio}{rule}"] = (
                 lambda layout=layout, sources=sources, rule=rule, selection=selection: (
                     engine.prefill(
-                        layout,
-                        sources,
-                        selection=selection,
-                        token_scorer=selections.scorers.get(rule),
-                        ladder=selections.ladders.get(rule),
+                        PrefillRequest(
+                            layout,
+                            sources,
+                            selection=selection,
+                            controls=LearnedControls(
+                                token_scorer=selections.scorers.get(rule),
+                                ladder=selections.ladders.get(rule),
+                            ),
+                        ),
                     ).logits.argmax()
                 )
             )
