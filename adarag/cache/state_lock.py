@@ -1,11 +1,11 @@
 """The leaf lock of the tiers' shared state, which can tell whether this thread holds it.
 
 The tiers' counters, admission state and context index (and the variant index, which pipelines
-over one store share) change under their own :class:`StateLock`, never under the engine lock:
-lookups and write-backs read and write the disk and the shared tier outside it. Each place that
-changes that state calls :meth:`StateLock.check_held`; with :data:`CHECK_OWNERSHIP` on (the test
-suite turns it on) a change made without the lock fails at once instead of corrupting a counter
-now and then.
+over one store share) change under their own :class:`StateLock` rather than the engine lock, so
+lookups and write-backs, which read and write the disk and the shared tier, run without it. Each
+place that changes that state calls :meth:`StateLock.check_held`; with :data:`CHECK_OWNERSHIP` on
+(the test suite turns it on) a change made without the lock fails at once instead of corrupting
+a counter now and then.
 """
 
 from __future__ import annotations

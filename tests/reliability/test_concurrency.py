@@ -2,9 +2,9 @@
 
 ``AdaRAG`` serialises engine work (each prefill, each decode step) with one lock, so concurrent
 requests interleave step by step; their cache lookups and write-backs run outside it, under the
-tiers' and the store's own locks, and interleave too. The cache tiers are set so that what is cached when a request runs cannot change
-its answer (see ``tests/reliability/workload.py``): any difference from the serial run is a
-concurrency bug, not a cache effect.
+tiers' and the store's own locks, and interleave too. The cache tiers are set so that what is
+cached when a request runs cannot change its answer (see ``tests/reliability/workload.py``): any
+difference from the serial run is a concurrency bug, not a cache effect.
 """
 
 from __future__ import annotations
