@@ -8,8 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from adarag.cache import state_lock
 from adarag.config import AdaRagConfig
 from tests.tiny_models import TINY_FAMILIES, build_tiny_checkpoint
+
+# every change of the tiers' shared state asserts its lock is held (a debug check)
+state_lock.CHECK_OWNERSHIP = True
 
 
 @pytest.fixture(autouse=True)

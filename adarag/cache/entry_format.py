@@ -185,11 +185,6 @@ def header_metadata(data: bytes) -> dict[str, str]:
     return safetensors_metadata(data, MAX_HEADER_BYTES)
 
 
-def entry_checksum(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> str:
-    """BLAKE2b of the metadata (but checksum, signature) and each tensor's dtype, shape, bytes."""
-    return entry_digests(metadata, tensors, None)[0]
-
-
 def entry_digests(
     metadata: dict[str, str], tensors: dict[str, torch.Tensor], signing_key: bytes | None
 ) -> tuple[str, str | None]:

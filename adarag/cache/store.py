@@ -10,7 +10,9 @@ Entries put on probation (see :mod:`adarag.cache.admission`) are evicted before 
 dropped when evicted from memory (never spilled); :meth:`LayeredKVStore.flush` writes them only
 into free disk room, after the lasting entries, and never to the shared tier.
 Every method takes one lock, so threads of one process may share a store; entries are immutable
-once stored, so readers never see a torn entry.
+once stored, so readers never see a torn entry. Writes to the shared tier wait for the lock's
+release: the call that caused them (``put``, ``get``, ``flush``) sends them before it returns, so
+a slow server holds up only that call, never another thread's lookup.
 """
 
 from __future__ import annotations
@@ -151,6 +153,7 @@ class LayeredKVStore:
         self.policy = make_policy(config.eviction_policy)
         self.stats = StoreStats()
         self._lock = threading.RLock()
+        self._to_send: list[tuple[str, tuple[str, ...], bytes]] = []  # for the shared tier
         self._index = _Index()
         self.disk: DiskTier | None = None
         if directory is not None and config.disk_capacity_bytes > 0:
@@ -185,6 +188,7 @@ class LayeredKVStore:
                 with self._lock:
                     self._promote(hit)
                 stored = hit.stored
+        self._send_to_remote()  # what making room in memory spilled
         if stored is None:
             return None
         try:
@@ -257,6 +261,7 @@ class LayeredKVStore:
         stored = self.codec.encode(kv)
         with self._lock:
             self._insert(keys, stored, persist=persist, probation=probation)
+        self._send_to_remote()
 
     def protect(self, key: str) -> None:
         """Take the entry under ``key`` off probation (no-op when absent or not on it)."""
@@ -287,6 +292,7 @@ class LayeredKVStore:
                 room = self.config.disk_capacity_bytes - self.stats.disk_bytes
                 if entry.memory_bytes <= room:
                     self._spill(entry_id, entry, to_remote=False)
+        self._send_to_remote()
 
     def snapshot(self) -> StoreStats:
         """A copy of the current statistics."""
@@ -357,8 +363,22 @@ class LayeredKVStore:
         )
         if to_disk:
             self._write_disk(entry_id, entry, data)
-        if self.remote is not None and to_remote:
-            entry.remote = self.remote.write(entry_id, entry.created_keys, data)
+        if to_remote:  # sent once the lock is released (see _send_to_remote)
+            entry.remote = True
+            self._to_send.append((entry_id, entry.created_keys, data))
+
+    def _send_to_remote(self) -> None:
+        """Write the entries spilled for the shared tier (called without the lock held)."""
+        if self.remote is None:
+            return
+        with self._lock:
+            to_send, self._to_send = self._to_send, []
+        for entry_id, keys, data in to_send:
+            if not self.remote.write(entry_id, keys, data):
+                with self._lock:  # not there after all: a later spill tries again
+                    entry = self._index.entries.get(entry_id)
+                    if entry is not None:
+                        entry.remote = False
 
     def _link(self, entry_id: str, entry: _Entry) -> None:
         self._index.entries[entry_id] = entry

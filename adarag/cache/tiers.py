@@ -20,6 +20,12 @@ variants on, as a variant). With the alternative path on, it is also stored unde
 chunks before it. The admission policy (:mod:`adarag.cache.admission`, ``StoreConfig.admission``)
 decides which of these entries last and which are kept on probation only (readable, evicted
 first).
+
+Lookups and write-backs run outside the engine lock, so one request's disk or shared-tier read
+never holds up another's prefill. The tiers' own state (hit counters, admission, the context
+index) changes under the cache's leaf :class:`~adarag.cache.state_lock.StateLock`, which is never
+held across a store call that may reach the disk or the shared tier (but for the context index's
+walk, which asks the store what it holds); the variant index holds its own.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from adarag.cache.keys import (
     system_key,
     variant_key,
 )
+from adarag.cache.state_lock import StateLock
 from adarag.cache.store import KVStore
 from adarag.cache.variants import Variant, VariantIndex, VariantStats
 from adarag.config import CacheConfig, ExperimentalConfig
@@ -121,6 +128,8 @@ class TieredCache:
         self.admission = make_admission(config.store.admission, config.store.admission_threshold)
         self.index = ContextIndex()
         """The chunk sequences this cache wrote to the hard tier (and planned ones)."""
+        self.lock = StateLock("the tiers' counters, admission or context index")
+        """Guards ``stats``, ``admission`` and ``index`` (a leaf lock)."""
         self._last_keys: tuple[tuple[tuple[int, ...], ...], PromptKeys] | None = None
 
     def keys(self, chunk_ids: Sequence[Sequence[int]]) -> PromptKeys:
@@ -142,12 +151,14 @@ class TieredCache:
         self.store.put([self.root], kv, persist=True)
 
     def lookup(self, chunk_ids: Sequence[Sequence[int]]) -> list[TierHit]:
-        """The most accurate tier holding each chunk (see module docstring)."""
+        """The most accurate tier holding each chunk (see module docstring).
+
+        Reads the disk and the shared tier as needed: call it without the engine lock.
+        """
         keys = self.keys(chunk_ids)
-        hits = []
-        for idx in range(len(chunk_ids)):
-            hits.append(self._lookup_one(keys, idx, len(chunk_ids[idx])))
-            self.stats.hits[hits[-1].tier] += 1
+        hits = [self._lookup_one(keys, idx, len(ids)) for idx, ids in enumerate(chunk_ids)]
+        with self.lock:
+            self._count_hits(hits)
         return hits
 
     def write_back(
@@ -172,34 +183,40 @@ class TieredCache:
         """
         keys = self.keys(chunk_ids)
         config, experimental = self.config, self.experimental
-        if config.hard.enabled:
-            self.index.insert(keys.chunks, keys.hard)
-        for idx, (hit, kv) in enumerate(zip(hits, fused, strict=True)):
-            if hit.tier == "hard":
-                continue  # already stored under this exact prefix
+        written = [idx for idx, hit in enumerate(hits) if hit.tier != "hard"]  # hard: stored
+        entry_keys: dict[int, set[str]] = {idx: set() for idx in written}
+        for idx in written:
+            if config.hard.enabled:
+                entry_keys[idx].add(keys.hard[idx])
+            if config.soft.enabled:
+                entry_keys[idx].add(keys.soft[idx])
+            if experimental.alternative_path.enabled:
+                entry_keys[idx].update(path_keys(keys.root, keys.chunks, idx))
+        # the tiers' state under their lock first; the store's reads and writes after it
+        with self.lock:
+            if config.hard.enabled:
+                self._index_path(keys.chunks, keys.hard)
+            admitted = {idx: self._admit(keys.independent[idx], entry_keys[idx]) for idx in written}
+        num_probation = 0
+        for idx in written:
+            hit, kv = hits[idx], fused[idx]
             assert kv is not None, "every chunk but a hard hit needs its fused KV"
             independent = keys.independent[idx]
-            is_popular = self.admission.record(independent)
-            entry_keys = set()
-            if config.hard.enabled:
-                entry_keys.add(keys.hard[idx])
-            if config.soft.enabled:
-                entry_keys.add(keys.soft[idx])
-            if experimental.alternative_path.enabled:
-                entry_keys.update(path_keys(keys.root, keys.chunks, idx))
-            is_repeated = any([self.admission.record(key) for key in sorted(entry_keys)])
+            is_popular, is_repeated = admitted[idx]
             is_new = hit.tier == "miss" and not self.store.contains(independent)
             if config.independent.enabled and is_new:
-                entry_keys.add(independent)
+                entry_keys[idx].add(independent)
             if is_popular and hit.tier == "independent":
                 self.store.protect(independent)
-            if entry_keys:
-                is_lasting = is_repeated or (is_popular and independent in entry_keys)
-                self.stats.num_probation_writes += not is_lasting
-                self.store.put(sorted(entry_keys), kv, probation=not is_lasting)
+            if entry_keys[idx]:
+                is_lasting = is_repeated or (is_popular and independent in entry_keys[idx])
+                num_probation += not is_lasting
+                self.store.put(sorted(entry_keys[idx]), kv, probation=not is_lasting)
             stats = variant_stats[idx] if variant_stats is not None else None
             if experimental.variants.enabled and hit.tier == "miss" and stats is not None:
                 self._add_variant(keys, idx, kv, stats)
+        with self.lock:
+            self._count_probation(num_probation)
 
     def put_fused(
         self,
@@ -241,7 +258,8 @@ class TieredCache:
         """
         keys = self.keys([chunk_ids])
         self.store.put([keys.independent[0], keys.alone[0]], kv, persist=True)
-        self.index.insert(keys.chunks, keys.alone)
+        with self.lock:
+            self._index_path(keys.chunks, keys.alone)
 
     def longest_cached_prefix(self, chunk_ids: Sequence[Sequence[int]]) -> PrefixMatch:
         """The order of a request's chunks that starts with the most hard-tier hits.
@@ -250,7 +268,8 @@ class TieredCache:
             chunk_ids: The request's chunks in the retriever's order.
         """
         keys = self.keys(chunk_ids)
-        return self.index.longest_prefix(keys.chunks, self.store.contains)
+        with self.lock:  # the walk prunes the paths whose entries were evicted
+            return self.index.longest_prefix(keys.chunks, self.store.contains)
 
     def plan(self, requests: Sequence[Sequence[Sequence[int]]]) -> list[int]:
         """Schedule a batch (see :func:`schedule_contexts`) and record each request's order.
@@ -262,7 +281,8 @@ class TieredCache:
         batch = schedule_contexts(chunk_keys)
         for chunks, order in zip(requests, batch.chunk_orders, strict=True):
             ordered = self.keys([chunks[idx] for idx in order])
-            self.index.insert(ordered.chunks, ordered.hard, planned=True)
+            with self.lock:
+                self._index_path(ordered.chunks, ordered.hard, planned=True)
         return list(batch.order)
 
     def independent_kv(self, chunk_ids: Sequence[int]) -> ChunkKV | None:
@@ -275,8 +295,36 @@ class TieredCache:
 
     def record(self, num_prompt_tokens: int, num_recomputed_tokens: int) -> None:
         """Count a prefill's prompt and recomputed tokens."""
+        with self.lock:
+            self._count_tokens(num_prompt_tokens, num_recomputed_tokens)
+
+    # --- the tiers' state, changed with ``self.lock`` held (checked in debug runs)
+
+    def _count_tokens(self, num_prompt_tokens: int, num_recomputed_tokens: int) -> None:
+        self.lock.check_held()
         self.stats.num_prompt_tokens += num_prompt_tokens
         self.stats.num_recomputed_tokens += num_recomputed_tokens
+
+    def _count_hits(self, hits: Sequence[TierHit]) -> None:
+        self.lock.check_held()
+        self.stats.hits.update(hit.tier for hit in hits)
+
+    def _count_probation(self, num_writes: int) -> None:
+        self.lock.check_held()
+        self.stats.num_probation_writes += num_writes
+
+    def _index_path(
+        self, chunk_keys: Sequence[str], hard_keys: Sequence[str], *, planned: bool = False
+    ) -> None:
+        self.lock.check_held()
+        self.index.insert(chunk_keys, hard_keys, planned=planned)
+
+    def _admit(self, independent: str, entry_keys: set[str]) -> tuple[bool, bool]:
+        """Whether the chunk is popular and whether any of its entry keys is written again."""
+        self.lock.check_held()
+        is_popular = self.admission.record(independent)
+        repeats = [self.admission.record(key) for key in sorted(entry_keys)]
+        return is_popular, any(repeats)
 
     def _lookup_one(self, keys: PromptKeys, idx: int, num_tokens: int) -> TierHit:
         config, experimental = self.config, self.experimental

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from adarag.cache.state_lock import StateLock
 from adarag.config import VariantConfig
 
 MIN_CFO = 0.01
@@ -141,12 +142,16 @@ def variant_stats(
 class VariantIndex:
     """The variants of every chunk within the N x M budget (Cache-Craft's metadata store).
 
-    A chunk may hold any share of the budget (the paper's allocation is flexible).
+    A chunk may hold any share of the budget (the paper's allocation is flexible). Pipelines
+    over one store share the index: each method holds its lock (a leaf) while it runs.
     """
 
     config: VariantConfig
     by_chunk: dict[str, list[Variant]] = field(default_factory=dict)
     _serial: int = 0
+    lock: StateLock = field(
+        default_factory=lambda: StateLock("the variant index"), repr=False, compare=False
+    )
 
     @property
     def num_variants(self) -> int:
@@ -158,14 +163,15 @@ class VariantIndex:
 
         Equal CFOs go to the older variant. The choice counts as a use (``f_r += 1 / CFO``).
         """
-        variants = self.by_chunk.get(chunk)
-        if not variants:
-            return None
-        alpha = self.config.alpha
-        scored = [(cache_fix_overhead(v, new_prefix, alpha), v.serial, v) for v in variants]
-        cfo, _, chosen = min(scored, key=lambda item: (item[0], item[1]))
-        chosen.frequency_reusability += 1.0 / max(cfo, MIN_CFO)
-        return chosen, cfo
+        with self.lock:
+            variants = self.by_chunk.get(chunk)
+            if not variants:
+                return None
+            alpha = self.config.alpha
+            scored = [(cache_fix_overhead(v, new_prefix, alpha), v.serial, v) for v in variants]
+            cfo, _, chosen = min(scored, key=lambda item: (item[0], item[1]))
+            chosen.frequency_reusability += 1.0 / max(cfo, MIN_CFO)
+            return chosen, cfo
 
     def add(self, variant: Variant) -> list[Variant]:
         """Store ``variant`` (replacing one of the same key); returns the variants evicted.
@@ -173,26 +179,30 @@ class VariantIndex:
         While the budget is exceeded the variant with the lowest ``f_r`` (then the oldest) is
         evicted; the new one is never its own victim.
         """
-        variants = self.by_chunk.setdefault(variant.chunk, [])
-        for idx, old in enumerate(variants):
-            if old.key == variant.key:
-                variant.frequency_reusability = old.frequency_reusability
-                del variants[idx]
-                break
-        self._serial += 1
-        variant.serial = self._serial
-        variants.append(variant)
-        evicted = []
-        while self.num_variants > self.config.max_variants:
-            others = [v for vs in self.by_chunk.values() for v in vs if v is not variant]
-            victim = min(others, key=lambda v: (v.frequency_reusability, v.serial))
-            self.remove(victim)
-            evicted.append(victim)
-        return evicted
+        with self.lock:
+            variants = self.by_chunk.setdefault(variant.chunk, [])
+            for idx, old in enumerate(variants):
+                if old.key == variant.key:
+                    variant.frequency_reusability = old.frequency_reusability
+                    del variants[idx]
+                    break
+            self._serial += 1
+            variant.serial = self._serial
+            variants.append(variant)
+            evicted = []
+            while self.num_variants > self.config.max_variants:
+                others = [v for vs in self.by_chunk.values() for v in vs if v is not variant]
+                victim = min(others, key=lambda v: (v.frequency_reusability, v.serial))
+                self.remove(victim)
+                evicted.append(victim)
+            return evicted
 
     def remove(self, variant: Variant) -> None:
-        """Forget ``variant``."""
-        variants = self.by_chunk[variant.chunk]
-        variants.remove(variant)
-        if not variants:
-            del self.by_chunk[variant.chunk]
+        """Forget ``variant`` (no-op when another thread forgot it first)."""
+        with self.lock:
+            variants = self.by_chunk.get(variant.chunk, [])
+            if variant not in variants:
+                return
+            variants.remove(variant)
+            if not variants:
+                del self.by_chunk[variant.chunk]

@@ -25,14 +25,12 @@ from adarag.engine.adapter import DecoderAdapter
 from adarag.engine.batch import ForwardBatch, PrefillOutput, SegmentSource, plan_segments
 from adarag.engine.checkpoint import Checkpoint
 from adarag.engine.decoding import Decoder, TorchDecoder
-from adarag.engine.kv_cache import KVCache
 from adarag.engine.loader import load_model
-from adarag.engine.routing import RoutingLadder
+from adarag.engine.prefill_request import LearnedControls, PrefillRequest, ResidentKV
 from adarag.engine.runner import Runner
 from adarag.engine.spec import ModelSpec
 from adarag.engine.step_batcher import StepBatcher
 from adarag.errors import ConfigError, InputError
-from adarag.fitted import FittedModel
 from adarag.kernels import lens_signals_from_logits, logit_lens
 from adarag.kv import ChunkKV
 from adarag.schema import GenerationParams, PromptLayout
@@ -51,7 +49,7 @@ class Engine:
 
     Example:
         >>> engine = Engine.load(EngineConfig(), KernelConfig(), home)
-        >>> output = engine.prefill(layout, max_new_tokens=16)
+        >>> output = engine.prefill(PrefillRequest(layout, max_new_tokens=16))
         >>> tokens = list(engine.decode_tokens(layout, output, GenerationParams()))
 
     Args:
@@ -178,67 +176,44 @@ class Engine:
                 "tokens; use fewer or shorter chunks, or fewer new tokens"
             )
 
-    def prefill(
-        self,
-        layout: PromptLayout,
-        sources: Sequence[SegmentSource] | None = None,
-        *,
-        max_new_tokens: int = 0,
-        selection: RecomputeConfig | None = None,
-        num_lens_layers: int = 1,
-        collect_segment_attention: bool = False,
-        reference_kv: KVCache | None = None,
-        position_scores: torch.Tensor | None = None,
-        resident: KVCache | None = None,
-        resident_rows: int = 0,
-        min_capacity: int = 0,
-        token_scorer: FittedModel | None = None,
-        collect_features: bool = False,
-        ladder: RoutingLadder | None = None,
-        packet: torch.Tensor | None = None,
-    ) -> PrefillOutput:
+    def prefill(self, request: PrefillRequest, resident: ResidentKV | None = None) -> PrefillOutput:
         """Full or fused prefill of a laid-out prompt.
 
         Args:
-            layout: The prompt's segments.
-            sources: One per segment (system, chunks..., query); None computes everything.
-            max_new_tokens: Tokens the answer may take (checked against the context).
-            selection: How tokens of cached chunks are chosen; the default rule when None.
-            num_lens_layers: Logit-lens layers returned (at most the model's).
-            collect_segment_attention: As the :class:`ForwardBatch` field (so are the others).
-            reference_kv: The ``oracle`` rule's full prefill of the same prompt.
-            position_scores: The ``output_oracle`` rule's [num_tokens] scores.
-            resident: The previous step's KV cache, prefilled into when it has room.
-            resident_rows: Its leading rows holding this prompt's exact KV.
-            min_capacity: Rows for at least this many prompt tokens (a request's later steps).
-            token_scorer: The ``learned`` rule's fitted scorer.
-            collect_features: Also return the candidates' run-time features.
-            ladder: The routing ladder (None: no routing).
-            packet: Embeddings of the packet tokens in the layout (:mod:`.packet`).
+            request: The prompt, its segments' sources, the selection rule, the learned controls
+                and what to collect.
+            resident: The previous augmentation step's KV cache, prefilled into when it has
+                room (its leading rows hold this prompt's exact KV); None allocates a new one.
 
         Raises:
             InputError: The prompt does not fit the context, has no query suffix, or not one
                 source per segment.
         """
+        layout, controls, collect, oracle = (
+            request.layout,
+            request.controls,
+            request.collect,
+            request.oracle,
+        )
         if not layout.query_ids:
             raise InputError("the prompt has no query suffix to compute")
-        self.check_fits(layout, max_new_tokens)
+        self.check_fits(layout, request.max_new_tokens)
         batch = ForwardBatch(
             token_ids=torch.tensor(layout.token_ids, dtype=torch.int64),
-            segments=plan_segments(layout.cu_segments, _one_per_segment(layout, sources)),
-            extra_capacity=self.decoder.reserved_rows(max_new_tokens)
-            + max(min_capacity - layout.num_tokens, 0),
-            collect_segment_attention=collect_segment_attention,
-            num_lens_layers=min(num_lens_layers, self.spec.num_layers),
-            selection=selection or RecomputeConfig(),
-            reference_kv=reference_kv,
-            position_scores=position_scores,
-            resident=resident,
-            resident_rows=resident_rows,
-            token_scorer=token_scorer,
-            collect_features=collect_features,
-            ladder=ladder,
-            packet=packet,
+            segments=plan_segments(layout.cu_segments, _one_per_segment(layout, request.sources)),
+            extra_capacity=self.decoder.reserved_rows(request.max_new_tokens)
+            + max(request.min_capacity - layout.num_tokens, 0),
+            collect_segment_attention=collect.segment_attention,
+            num_lens_layers=min(collect.num_lens_layers, self.spec.num_layers),
+            selection=request.selection or RecomputeConfig(),
+            reference_kv=oracle.reference_kv,
+            position_scores=oracle.position_scores,
+            resident=None if resident is None else resident.kv,
+            resident_rows=0 if resident is None else resident.num_rows,
+            token_scorer=controls.token_scorer,
+            collect_features=collect.features,
+            ladder=controls.ladder,
+            packet=controls.packet,
         )
         return self.runner.blend(batch)
 
@@ -272,7 +247,9 @@ class Engine:
             *(SegmentSource(kv, 0.0) for _, kv in before),
             SegmentSource(),
         )
-        output = self.prefill(layout, sources, packet=packet)
+        output = self.prefill(
+            PrefillRequest(layout, sources, controls=LearnedControls(packet=packet))
+        )
         return output.kv.segment(layout.cu_segments[-2], layout.num_tokens)
 
     def lens_signals(

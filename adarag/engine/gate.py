@@ -30,6 +30,7 @@ import torch
 
 from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.core import Engine
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.engine.rope import apply_rope, rope_cos_sin
 from adarag.errors import InputError
 from adarag.kv import ChunkKV
@@ -125,7 +126,7 @@ def check_blending(
     if shift == 0:
         raise InputError("shift=0 would not re-rotate anything; pass a nonzero shift")
     tolerance = TOLERANCES.get(engine.runner.dtype, 5e-2)
-    full = engine.prefill(layout, max_new_tokens=max_new_tokens)
+    full = engine.prefill(PrefillRequest(layout, max_new_tokens=max_new_tokens))
     reasons: list[str] = []
     key_error, logit_error = _check_rerotation(
         engine, layout, full, shift, tolerance, max_new_tokens, reasons
@@ -161,7 +162,9 @@ def _check_rerotation(
     Returns the largest key and logit errors; why it fails goes to ``reasons``.
     """
     rerotated = engine.prefill(
-        layout, _shifted_sources(engine, layout, full, shift), max_new_tokens=max_new_tokens
+        PrefillRequest(
+            layout, _shifted_sources(engine, layout, full, shift), max_new_tokens=max_new_tokens
+        )
     )
     rows = slice(0, layout.num_tokens)
     key_error, key_bound = _error(rerotated.kv.k[:, rows], full.kv.k[:, rows], tolerance)
@@ -192,7 +195,9 @@ def _check_ratio_one(
     """
     params = GenerationParams(max_new_tokens=max_new_tokens)
     ratio_one = engine.prefill(
-        layout, _independent_sources(engine, layout, full), max_new_tokens=max_new_tokens
+        PrefillRequest(
+            layout, _independent_sources(engine, layout, full), max_new_tokens=max_new_tokens
+        )
     )
     error, bound = _error(ratio_one.logits, full.logits, tolerance)
     expected = list(engine.decode_tokens(layout, full, params))

@@ -25,6 +25,7 @@ import torch
 from adarag.cache.codec import KVCodec, StorageFormat
 from adarag.config import FusionConfig, RecomputeConfig
 from adarag.engine.batch import PrefillOutput
+from adarag.engine.prefill_request import LearnedControls, OracleInputs, PrefillRequest
 from adarag.evaluation.intervals import (
     Interval,
     PairedDifference,
@@ -44,7 +45,7 @@ from adarag.evaluation.workload import BenchQuestion
 from adarag.kv import ChunkKV
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.answer_stream import answer_text
-from adarag.pipeline.learned import LearnedControls, learned_controls
+from adarag.pipeline.learned import learned_controls
 from adarag.pipeline.offline import ChunkFuser
 from adarag.profiles import ModelProfile
 from adarag.retrievers.base import Retriever
@@ -213,7 +214,7 @@ class FidelityRun:
                         if selection.selection_policy == "output_oracle" and 0.0 < ratio < 1.0:
                             if reused is None:
                                 reused = engine.prefill(
-                                    layout, reuse_sources(system_kv, chunk_kvs, 0.0)
+                                    PrefillRequest(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
                                 )
                             answer_ids = reference_ids or [int(full.logits.argmax())]
                             scores = output_oracle_scores(
@@ -283,15 +284,16 @@ class FidelityRun:
             layout = learned.bridged(layout, sources, engine.spec.vocab_size)
         started = time.perf_counter()
         output = engine.prefill(
-            layout,
-            sources,
-            max_new_tokens=self.params.max_new_tokens,
-            selection=selection,
-            reference_kv=None if full is None else full.kv,
-            position_scores=position_scores,
-            token_scorer=learned.token_scorer,
-            ladder=learned.ladder,
-            packet=learned.packet,
+            PrefillRequest(
+                layout,
+                sources,
+                max_new_tokens=self.params.max_new_tokens,
+                selection=selection,
+                oracle=OracleInputs(
+                    reference_kv=None if full is None else full.kv, position_scores=position_scores
+                ),
+                controls=learned,
+            ),
         )
         output.logits.argmax()  # the first token
         return time.perf_counter() - started, output, layout

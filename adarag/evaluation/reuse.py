@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from adarag.engine.batch import SegmentSource
 from adarag.engine.core import Engine
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.kv import ChunkKV
 from adarag.schema import PromptLayout
 
 
 def system_prefix_kv(engine: Engine, layout: PromptLayout) -> ChunkKV:
     """The exact KV of the system prefix (computed as a prompt of its own)."""
-    prefix_only = engine.prefill(PromptLayout((), (), layout.system_ids))
+    prefix_only = engine.prefill(PrefillRequest(PromptLayout((), (), layout.system_ids)))
     return prefix_only.kv.segment(0, len(layout.system_ids))
 
 

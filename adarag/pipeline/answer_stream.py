@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ import torch
 
 from adarag.engine.batch import PrefillOutput
 from adarag.pipeline.detokenizer import StreamingDetokenizer
+from adarag.pipeline.write_back import WriteBack, write_back
 from adarag.schema import Answer, Chunk, GenerationParams, PromptLayout, QueryTrace
 
 NO_CONTEXT_ANSWER = "I found no context for this question in the knowledge base."
@@ -28,8 +29,8 @@ class PreparedAnswer:
             ``experimental.arrangement`` arranged them).
         trace: What retrieval and augmentation did.
         num_cached_tokens: Prompt tokens whose KV was reused rather than recomputed.
-        write_back: Stores the prompt's fused KV in the cache (taking the engine lock itself);
-            run once, after the answer, by the stream.
+        write_back: The prompt's fused KV to store in the cache, stored once by the stream
+            after the answer (without the engine lock); None: nothing to store.
     """
 
     layout: PromptLayout | None
@@ -37,7 +38,7 @@ class PreparedAnswer:
     chunks: tuple[Chunk, ...]
     trace: QueryTrace
     num_cached_tokens: int
-    write_back: Callable[[], None] | None = None
+    write_back: WriteBack | None = None
 
 
 def no_context(retrieval_s: float) -> PreparedAnswer:
@@ -82,10 +83,6 @@ class TokenCount:
     value: int = 0
 
 
-DecodeSteps = Callable[[PreparedAnswer, TokenCount], Iterator[str]]
-"""Yields answer deltas for a prepared answer, counting generated tokens in its ``TokenCount``."""
-
-
 class AnswerStream(Iterator[str]):
     """Answer text deltas; ``chunks`` and ``trace`` are known before the first delta.
 
@@ -94,20 +91,24 @@ class AnswerStream(Iterator[str]):
     stream lets go of it (the prefill's KV is freed once nothing else holds it). A stream is
     used by one consumer at a time, but :meth:`close` may come from any thread: it waits for a
     step in flight.
+
+    Args:
+        prepared: The prefilled answer.
+        deltas: Its text deltas as they are decoded (counting tokens in ``num_tokens``).
+        num_tokens: The answer tokens decoded so far.
     """
 
-    def __init__(self, prepared: PreparedAnswer, decode_steps: DecodeSteps) -> None:
+    def __init__(
+        self, prepared: PreparedAnswer, deltas: Iterator[str], num_tokens: TokenCount
+    ) -> None:
         self.chunks = prepared.chunks
         self.trace = prepared.trace
         self._prepared = prepared
         self._parts: list[str] = []
-        self._num_tokens = TokenCount()
+        self._num_tokens = num_tokens
         self._lock = threading.Lock()  # one step at a time; close waits for the one in flight
         self._finished = False
-        if prepared.output is None:
-            self._deltas: Iterator[str] = iter([NO_CONTEXT_ANSWER])
-        else:
-            self._deltas = decode_steps(prepared, self._num_tokens)
+        self._deltas = deltas
 
     def __next__(self) -> str:
         with self._lock:
@@ -145,9 +146,9 @@ class AnswerStream(Iterator[str]):
             if close is not None:
                 close()  # ends the decode steps (and a backend request) where they stand
             self._deltas = iter(())
-            write_back, prepared.write_back = prepared.write_back, None
-            if write_back is not None:
-                write_back()
+            pending, prepared.write_back = prepared.write_back, None
+            if pending is not None:
+                write_back(pending)
         finally:
             prepared.output = None  # the prefill's KV: freed unless the caller holds it
 

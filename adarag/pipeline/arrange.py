@@ -17,7 +17,7 @@ Reuse stays exact: only the order of the text changes, and the hint says what th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from adarag.config import AdaRagConfig
@@ -61,7 +61,7 @@ class Arrangement:
 def arrange(
     retrieved: Sequence[Chunk],
     config: AdaRagConfig,
-    longest_prefix: Callable[[Sequence[Chunk]], Sequence[int]],
+    cached_order: Sequence[int] | None = None,
     conversation_chunks: Sequence[Chunk] = (),
 ) -> Arrangement:
     """List ``retrieved`` (best first) as the configuration says.
@@ -69,8 +69,8 @@ def arrange(
     Args:
         retrieved: The retriever's chunks, best first.
         config: ``experimental.arrangement`` (``reorder``, ``deduplicate``) chooses it.
-        longest_prefix: Returns the order of chunks whose leading ones the hard tier holds most
-            of (indices into its argument).
+        cached_order: When :func:`wants_cached_order`, the order of ``retrieved`` whose leading
+            chunks the hard tier holds most of (indices into it).
         conversation_chunks: The conversation's context so far, in listed order (the previous
             answer's chunks); used with ``experimental.arrangement.deduplicate``.
     """
@@ -86,12 +86,21 @@ def arrange(
             tuple(place[chunk.text] for chunk in unique),
             tuple(chunk.text in earlier for chunk in unique),
         )
-    if arrangement.reorder == "longest_prefix" and config.cache.hard.enabled:
-        order = list(longest_prefix(retrieved))
+    if wants_cached_order(config, conversation_chunks):
+        assert cached_order is not None, "longest_prefix needs the hard tier's order"
+        order = list(cached_order)
         listed = [retrieved[idx] for idx in order]
         ranking = tuple(order.index(idx) for idx in range(len(retrieved)))
         return Arrangement(tuple(listed), ranking, (False,) * len(retrieved))
     return Arrangement(tuple(retrieved), tuple(range(len(retrieved))), (False,) * len(retrieved))
+
+
+def wants_cached_order(config: AdaRagConfig, conversation_chunks: Sequence[Chunk]) -> bool:
+    """Whether :func:`arrange` lists the chunks in the hard tier's order (RAGBoost's reorder)."""
+    arrangement = config.experimental.arrangement
+    if arrangement.deduplicate and conversation_chunks:
+        return False
+    return arrangement.reorder == "longest_prefix" and config.cache.hard.enabled
 
 
 def _unique(chunks: Sequence[Chunk]) -> list[Chunk]:

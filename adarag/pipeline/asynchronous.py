@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from typing import Unpack
 
 from adarag.pipeline.answer_stream import AnswerStream, AsyncAnswerStream
-from adarag.pipeline.prompt import Turn
-from adarag.pipeline.request import Request
-from adarag.schema import Answer, Chunk, GenerationParams
+from adarag.pipeline.request import AnswerOptions, Request
+from adarag.schema import Answer, GenerationParams
 
 
 class AsyncAnswering:
@@ -26,46 +26,14 @@ class AsyncAnswering:
     stream_request: Callable[[Request], AnswerStream]
     generate: Callable[..., AnswerStream]
 
-    async def aquery(
-        self,
-        question: str,
-        *,
-        chunks: Sequence[Chunk | str] | None = None,
-        params: GenerationParams | None = None,
-        top_k: int | None = None,
-        history: Sequence[Turn] = (),
-        conversation_chunks: Sequence[Chunk | str] = (),
-    ) -> Answer:
+    async def aquery(self, question: str, **options: Unpack[AnswerOptions]) -> Answer:
         """Async :meth:`query`; the work runs in a worker thread, never on the event loop."""
-        request = Request.of(
-            question,
-            chunks=chunks,
-            params=params,
-            top_k=top_k,
-            history=history,
-            conversation_chunks=conversation_chunks,
-        )
+        request = Request.of(question, **options)
         return await asyncio.to_thread(lambda: self.stream_request(request).answer())
 
-    async def astream(
-        self,
-        question: str,
-        *,
-        chunks: Sequence[Chunk | str] | None = None,
-        params: GenerationParams | None = None,
-        top_k: int | None = None,
-        history: Sequence[Turn] = (),
-        conversation_chunks: Sequence[Chunk | str] = (),
-    ) -> AsyncAnswerStream:
+    async def astream(self, question: str, **options: Unpack[AnswerOptions]) -> AsyncAnswerStream:
         """Async :meth:`stream`; prefill and each decode step run in a worker thread."""
-        request = Request.of(
-            question,
-            chunks=chunks,
-            params=params,
-            top_k=top_k,
-            history=history,
-            conversation_chunks=conversation_chunks,
-        )
+        request = Request.of(question, **options)
         return AsyncAnswerStream(await asyncio.to_thread(self.stream_request, request))
 
     async def agenerate(

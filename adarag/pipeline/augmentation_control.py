@@ -19,7 +19,7 @@ from adarag.augment import (
     ThresholdStop,
     stop_rules,
 )
-from adarag.config import AugmentConfig, AugmentLevers
+from adarag.config import AdaRagConfig, AugmentConfig, AugmentLevers
 from adarag.errors import ConfigError
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
@@ -125,9 +125,24 @@ def augmented_prefill(resources: Resources) -> AugmentedPrefill:
         config,
         controller,
         resources.engine_lock,
-        resources.system_kv,
+        resources.system_kv() if reuses_chunk_kv(config) else None,
         resources.learned,
         probe_layers(config.augment, profile),
+    )
+
+
+def reuses_chunk_kv(config: AdaRagConfig) -> bool:
+    """Whether any tier is on (a prefill then reuses the system prefix's exact KV)."""
+    tiers, strategies = config.cache, config.experimental
+    return any(
+        (
+            tiers.hard.enabled,
+            tiers.soft.enabled,
+            tiers.independent.enabled,
+            strategies.alternative_path.enabled,
+            strategies.variants.enabled,
+            strategies.fusion.enabled,
+        )
     )
 
 

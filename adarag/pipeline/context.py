@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from adarag.config import AdaRagConfig
 from adarag.errors import ConfigError, InputError
-from adarag.pipeline.arrange import Arrangement, arrange
+from adarag.pipeline.arrange import Arrangement, arrange, wants_cached_order
 from adarag.pipeline.prompt import (
     CITATION_KEY,
     PromptBuilder,
@@ -147,14 +146,11 @@ def arrange_chunks(
                 f"conversation chunk {idx} is empty or not text; pass the earlier answer's "
                 "chunks as they were"
             )
-    engine_lock: threading.RLock = resources.engine_lock
-
-    def longest_prefix(chunks: Sequence[Chunk]) -> tuple[int, ...]:
-        chunk_ids = [resources.prompts.chunk_ids(chunk.text) for chunk in chunks]
-        with engine_lock:  # the index is shared by concurrent requests
-            return resources.cache.longest_cached_prefix(chunk_ids).order
-
-    return arrange(found, resources.config, longest_prefix, earlier)
+    order = None
+    if wants_cached_order(resources.config, earlier):
+        chunk_ids = [resources.prompts.chunk_ids(chunk.text) for chunk in found]
+        order = resources.cache.longest_cached_prefix(chunk_ids).order
+    return arrange(found, resources.config, order, earlier)
 
 
 def fit_context(

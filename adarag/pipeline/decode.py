@@ -13,15 +13,29 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from adarag.engine.core import Engine
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.errors import InputError
-from adarag.pipeline.answer_stream import DecodeSteps, PreparedAnswer, TokenCount, decode_text
+from adarag.pipeline.answer_stream import (
+    NO_CONTEXT_ANSWER,
+    AnswerStream,
+    PreparedAnswer,
+    TokenCount,
+    decode_text,
+)
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.schema import GenerationParams, PromptLayout, QueryTrace, StepTrace
 
 
-def decoder(engine: Engine, engine_lock: threading.RLock, params: GenerationParams) -> DecodeSteps:
-    """Decodes a prepared answer with ``params``."""
-    return lambda prepared, counter: decode_steps(engine, engine_lock, prepared, params, counter)
+def answer_stream(
+    engine: Engine, engine_lock: threading.RLock, prepared: PreparedAnswer, params: GenerationParams
+) -> AnswerStream:
+    """The stream of ``prepared``'s answer decoded with ``params`` (or the no-context answer)."""
+    counter = TokenCount()
+    if prepared.output is None:
+        deltas: Iterator[str] = iter([NO_CONTEXT_ANSWER])
+    else:
+        deltas = decode_steps(engine, engine_lock, prepared, params, counter)
+    return AnswerStream(prepared, deltas, counter)
 
 
 def decode_steps(
@@ -97,7 +111,7 @@ def plain_answer(
         ids = prompts.chat_ids(prompt)
     layout = PromptLayout((), (), ids)
     with engine_lock:
-        output = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
+        output = engine.prefill(PrefillRequest(layout, max_new_tokens=params.max_new_tokens))
     prefill_s = time.perf_counter() - started
     step = StepTrace(
         num_chunks=0,

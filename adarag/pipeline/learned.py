@@ -10,62 +10,18 @@ reusing chunk KV carries, and the trailer every chunk ends with.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load
 
 from adarag.config import RecomputeSettings
-from adarag.engine.batch import SegmentSource
-from adarag.engine.packet import packet_ids, reuses_approximately
+from adarag.engine.prefill_request import LearnedControls
 from adarag.engine.routing import RoutingLadder
 from adarag.errors import ConfigError
-from adarag.fitted import FittedModel
 from adarag.profiles import ModelProfile
 from adarag.profiles.packet import BRIDGE, TRAILER, PacketRecord
-from adarag.schema import PromptLayout
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LearnedControls:
-    """What a fused prefill reads from the profile: the token scorer, the ladder, the packet.
-
-    Attributes:
-        token_scorer: The ``learned`` rule's scorer.
-        ladder: The routing ladder.
-        packet: [bridge_tokens + trailer_tokens, hidden_size] the packet's embeddings, the
-            bridge's rows first (the ``ForwardBatch.packet`` of a prompt carrying them).
-        bridge_tokens: Rows of the bridge.
-        trailer_tokens: Rows of the trailer.
-        packet_digest: The packet file's digest (entries made with a trailer are bound to it).
-    """
-
-    token_scorer: FittedModel | None = None
-    ladder: RoutingLadder | None = None
-    packet: torch.Tensor | None = None
-    bridge_tokens: int = 0
-    trailer_tokens: int = 0
-    packet_digest: str | None = None
-
-    def bridged(
-        self, layout: PromptLayout, sources: Sequence[SegmentSource], vocab_size: int
-    ) -> PromptLayout:
-        """``layout`` with the bridge opening its query, when it has one and ``sources`` reuse.
-
-        A prompt whose context is all its own (:func:`reuses_approximately` is False) stays as
-        it is, so ratio 1.0 and hard-tier replays equal what they were without a packet.
-        """
-        if not self.bridge_tokens or not reuses_approximately(sources):
-            return layout
-        return layout.with_bridge(packet_ids(vocab_size, self.bridge_tokens))
-
-    def trailer_ids(self, vocab_size: int) -> tuple[int, ...]:
-        """The ids every chunk ends with (the trailer's rows, after the bridge's); () if none."""
-        ids = packet_ids(vocab_size, self.bridge_tokens + self.trailer_tokens)
-        return ids[self.bridge_tokens :]
 
 
 def learned_controls(

@@ -176,5 +176,4 @@ def schedule_requests(resources: Resources, requests: Sequence[Sequence[Chunk | 
     chunk_ids = [
         [prompts.chunk_ids(chunk.text) for chunk in as_chunks(chunks)] for chunks in requests
     ]
-    with resources.engine_lock:  # the context index is shared by concurrent requests
-        return resources.cache.plan(chunk_ids)
+    return resources.cache.plan(chunk_ids)  # the tiers' lock guards the context index

@@ -5,18 +5,24 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from adarag.config import AdaRagConfig
 from adarag.engine.core import Engine
-from adarag.pipeline.answer_stream import AnswerStream, DecodeSteps
+from adarag.pipeline.answer_stream import AnswerStream
 from adarag.pipeline.asynchronous import AsyncAnswering
 from adarag.pipeline.augmentation_control import augmented_prefill
 from adarag.pipeline.context import required, retrieve, top_k_chunks
-from adarag.pipeline.decode import decoder, plain_answer
+from adarag.pipeline.decode import answer_stream, plain_answer
 from adarag.pipeline.offline import schedule_requests, warm_chunks
 from adarag.pipeline.prompt import Turn
-from adarag.pipeline.request import Request, prepare_answer, standalone_question
+from adarag.pipeline.request import (
+    AnswerOptions,
+    Request,
+    condense_request,
+    prepare_answer,
+    standalone_question,
+)
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.pipeline.views import ResourceViews
@@ -145,12 +151,12 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         (greedy, at most ``chat.max_condense_tokens`` tokens; its first line), or the turns
         when the rewrite comes out empty. Without history it is ``question`` itself.
         """
-        return standalone_question(
-            self.config.chat,
-            question,
-            history,
-            lambda messages, params: self.generate(messages, params=params).answer().text,
-        )
+        condense = condense_request(self.config.chat, question, history)
+        rewrite = None
+        if condense is not None:
+            messages, params = condense
+            rewrite = self.generate(messages, params=params).answer().text
+        return standalone_question(self.config.chat, question, history, rewrite)
 
     def warm(self, chunks: Sequence[Chunk | str]) -> int:
         """Precompute the independent KV of chunks not cached yet; returns how many were new.
@@ -177,62 +183,20 @@ class AdaRAG(ResourceViews, AsyncAnswering):
 
     # --- answering
 
-    def query(
-        self,
-        question: str,
-        *,
-        chunks: Sequence[Chunk | str] | None = None,
-        params: GenerationParams | None = None,
-        top_k: int | None = None,
-        history: Sequence[Turn] = (),
-        conversation_chunks: Sequence[Chunk | str] = (),
-    ) -> Answer:
-        """Answer ``question`` from ``chunks`` (or the retriever's top-k); see :meth:`stream`."""
-        request = Request.of(
-            question,
-            chunks=chunks,
-            params=params,
-            top_k=top_k,
-            history=history,
-            conversation_chunks=conversation_chunks,
-        )
-        return self.stream_request(request).answer()
+    def query(self, question: str, **options: Unpack[AnswerOptions]) -> Answer:
+        """Answer ``question`` from its chunks (or the retriever's top-k); see :meth:`stream`."""
+        return self.stream_request(Request.of(question, **options)).answer()
 
-    def stream(
-        self,
-        question: str,
-        *,
-        chunks: Sequence[Chunk | str] | None = None,
-        params: GenerationParams | None = None,
-        top_k: int | None = None,
-        history: Sequence[Turn] = (),
-        conversation_chunks: Sequence[Chunk | str] = (),
-    ) -> AnswerStream:
+    def stream(self, question: str, **options: Unpack[AnswerOptions]) -> AnswerStream:
         """Retrieve and prefill now; return a stream of answer text deltas.
 
         Args:
             question: What to answer.
-            chunks: The context; the retriever's top-k when None.
-            params: Decoding options.
-            top_k: Chunks to retrieve (``retrieval.top_k`` when None).
-            history: Earlier turns of a conversation, oldest first, as (message, answer) pairs:
-                they go into the prompt as chat turns after the context (the system prefix and
-                the chunks' KV stay reusable), and the retriever searches for their messages
-                together with ``question``. Pass only the turns to carry (see
-                :class:`~adarag.conversation.Conversation`).
-            conversation_chunks: The conversation's context so far in listed order (the last
-                answer's ``chunks``); with ``experimental.arrangement.deduplicate`` it opens this
-                turn's context and only retrieved chunks not in it are added.
+            **options: How (:class:`~adarag.pipeline.request.AnswerOptions`): ``chunks`` (the
+                context; the retriever's top-k when None), ``params`` (decoding options),
+                ``top_k``, ``history`` (earlier turns) and ``conversation_chunks``.
         """
-        request = Request.of(
-            question,
-            chunks=chunks,
-            params=params,
-            top_k=top_k,
-            history=history,
-            conversation_chunks=conversation_chunks,
-        )
-        return self.stream_request(request)
+        return self.stream_request(Request.of(question, **options))
 
     def stream_request(self, request: Request) -> AnswerStream:
         """Retrieve and prefill ``request`` now; return a stream of answer text deltas.
@@ -248,7 +212,7 @@ class AdaRAG(ResourceViews, AsyncAnswering):
             query = self.standalone_question(request.question, request.history)
             found = tuple(top_k_chunks(retriever, self.config, query, request.top_k))
         prepared = prepare_answer(self._resources, self.augmentation, request, found, started)
-        return AnswerStream(prepared, self._decoder(request.params))
+        return answer_stream(self.engine, self.engine_lock, prepared, request.params)
 
     def schedule(self, requests: Sequence[Sequence[Chunk | str]]) -> list[int]:
         """The order to run a batch of requests in, prefix-sharing ones back to back.
@@ -303,10 +267,4 @@ class AdaRAG(ResourceViews, AsyncAnswering):
         started = time.perf_counter()
         params = params or GenerationParams()
         prepared = plain_answer(engine, self.engine_lock, self.prompts, prompt, params, started)
-        return AnswerStream(prepared, self._decoder(params))
-
-    # --- internals
-
-    def _decoder(self, params: GenerationParams) -> DecodeSteps:
-        """Decodes a prepared answer with ``params``."""
-        return decoder(self.engine, self.engine_lock, params)
+        return answer_stream(engine, self.engine_lock, prepared, params)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict, Unpack
 
 from adarag.config import ChatConfig
 from adarag.pipeline.answer_stream import PreparedAnswer, no_context
@@ -25,13 +26,39 @@ from adarag.schema import Chunk, GenerationParams
 # the records keep the name of the pipeline's logger
 logger = logging.getLogger("adarag.pipeline.rag")
 
-# chat messages and decoding options -> the model's answer text
-Generate = Callable[[Sequence[Mapping[str, str]], GenerationParams], str]
+
+class AnswerOptions(TypedDict, total=False):
+    """How to answer a question: the keywords of ``query``, ``stream``, ``aquery``, ``astream``.
+
+    Every key is optional.
+
+    Attributes:
+        chunks: The context; the retriever's top-k when None.
+        params: Decoding options.
+        top_k: Chunks to retrieve (``retrieval.top_k`` when None).
+        history: Earlier turns of a conversation, oldest first, as (message, answer) pairs:
+            they go into the prompt as chat turns after the context (the system prefix and the
+            chunks' KV stay reusable), and the retriever searches for their messages together
+            with the question. Pass only the turns to carry (see
+            :class:`~adarag.conversation.Conversation`).
+        conversation_chunks: The conversation's context so far in listed order (the last
+            answer's ``chunks``); with ``experimental.arrangement.deduplicate`` it opens this
+            turn's context and only retrieved chunks not in it are added.
+        instruction: What the answer must follow besides the system prompt (a chat's system
+            messages), placed right before the question; the cached prefix stays as it is.
+    """
+
+    chunks: Sequence[Chunk | str] | None
+    params: GenerationParams | None
+    top_k: int | None
+    history: Sequence[Turn]
+    conversation_chunks: Sequence[Chunk | str]
+    instruction: str
 
 
 @dataclass(frozen=True)
 class Request:
-    """One question to answer, and how (see ``AdaRAG.stream`` for each field's meaning).
+    """One question to answer, and how (:class:`AnswerOptions` gives each field's meaning).
 
     Attributes:
         question: What to answer (checked by :meth:`of`).
@@ -55,17 +82,7 @@ class Request:
     instruction: str = ""
 
     @classmethod
-    def of(
-        cls,
-        question: str,
-        *,
-        chunks: Sequence[Chunk | str] | None = None,
-        params: GenerationParams | None = None,
-        top_k: int | None = None,
-        history: Sequence[Turn] = (),
-        conversation_chunks: Sequence[Chunk | str] = (),
-        instruction: str = "",
-    ) -> Request:
+    def of(cls, question: str, **options: Unpack[AnswerOptions]) -> Request:
         """The request, its question and instruction checked, its chunks :class:`Chunk` values.
 
         Raises:
@@ -73,44 +90,58 @@ class Request:
                 the prompt can hold.
         """
         check_question(question)
+        instruction = options.get("instruction", "")
         check_instruction(instruction)
+        chunks = options.get("chunks")
         return cls(
             question,
             None if chunks is None else as_chunks(chunks),
-            params or GenerationParams(),
-            top_k,
-            tuple(history),
-            tuple(conversation_chunks),
+            options.get("params") or GenerationParams(),
+            options.get("top_k"),
+            tuple(options.get("history", ())),
+            tuple(options.get("conversation_chunks", ())),
             instruction,
         )
 
 
+def condense_request(
+    config: ChatConfig, question: str, history: Sequence[Turn]
+) -> tuple[list[dict[str, str]], GenerationParams] | None:
+    """The chat messages and decoding options of the model's rewrite of ``question``, or None.
+
+    Only ``chat.standalone_question = "condense"`` with earlier turns asks the model (greedy,
+    at most ``config.max_condense_tokens`` tokens); the caller generates the rewrite and passes
+    it to :func:`standalone_question`.
+    """
+    if not history or config.standalone_question != "condense":
+        return None
+    prompt = condense_prompt(config.condense_prompt, question, history)
+    params = GenerationParams(max_new_tokens=config.max_condense_tokens)
+    return [{"role": "user", "content": prompt}], params
+
+
 def standalone_question(
-    config: ChatConfig, question: str, history: Sequence[Turn], generate: Generate
+    config: ChatConfig, question: str, history: Sequence[Turn], rewrite: str | None = None
 ) -> str:
     """What ``question`` is retrieved with, after the earlier turns ``history``.
 
     ``"turns"``: the earlier questions, this one, then the earlier answers
     (:func:`retrieval_query` with answers), so a follow-up finds what an earlier answer named;
     ``"concatenate"``: the earlier questions, then this one; ``"condense"``: the model's rewrite
-    of the question and the earlier turns as one standalone question (greedy, at most
-    ``config.max_condense_tokens`` tokens; its first line), or the turns when the rewrite comes
-    out empty. Without history it is ``question`` itself.
+    of the question and the earlier turns as one standalone question (its first line), or the
+    turns when the rewrite comes out empty. Without history it is ``question`` itself.
 
     Args:
         config: The chat settings.
         question: The new message.
         history: The earlier turns carried, oldest first.
-        generate: Answers chat messages with the pipeline's model (for ``"condense"``).
+        rewrite: The model's answer to :func:`condense_request`'s messages (``"condense"``).
     """
-    if not history or config.standalone_question != "condense":
+    if condense_request(config, question, history) is None:
         return retrieval_query(
             question, history, with_answers=config.standalone_question == "turns"
         )
-    prompt = condense_prompt(config.condense_prompt, question, history)
-    params = GenerationParams(max_new_tokens=config.max_condense_tokens)
-    rewrite = generate([{"role": "user", "content": prompt}], params)
-    lines = [line.strip() for line in rewrite.strip().splitlines() if line.strip()]
+    lines = [line.strip() for line in (rewrite or "").strip().splitlines() if line.strip()]
     if not lines:
         logger.warning("the condensed question came out empty; retrieving with the turns")
         return retrieval_query(question, history, with_answers=True)

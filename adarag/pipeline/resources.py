@@ -22,9 +22,10 @@ from adarag.cache.variants import VariantIndex
 from adarag.config import AdaRagConfig
 from adarag.engine.checkpoint import HASH_CACHE_FILE
 from adarag.engine.core import Engine
+from adarag.engine.prefill_request import LearnedControls, PrefillRequest
 from adarag.kv import ChunkKV
 from adarag.pipeline.backends import load_engine
-from adarag.pipeline.learned import LearnedControls, learned_controls
+from adarag.pipeline.learned import learned_controls
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.profiles import ModelProfile, find_profile, generic_profile
 from adarag.schema import PromptLayout
@@ -210,7 +211,7 @@ class Resources:
 
     def _computed_system_kv(self) -> ChunkKV:
         system_ids = self.prompts.system_ids
-        output = self.engine.prefill(PromptLayout((), (), system_ids))
+        output = self.engine.prefill(PrefillRequest(PromptLayout((), (), system_ids)))
         computed = output.kv.segment(0, len(system_ids))
         cache = self.cache
         if cache.system_kv() is None:

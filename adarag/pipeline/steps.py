@@ -9,11 +9,9 @@ finds them in the hard tier.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,14 +21,14 @@ from adarag.augment import AugmentationController, LensSignals, ScoredStep, Step
 from adarag.augment.confidence import mean
 from adarag.augment.prior import chunks_before_gap
 from adarag.cache.tiers import TieredCache, TierHit
-from adarag.cache.variants import VariantStats, variant_stats
 from adarag.config import AdaRagConfig
 from adarag.engine.batch import PrefillOutput, SegmentSource
 from adarag.engine.core import Engine
+from adarag.engine.prefill_request import Collect, LearnedControls, PrefillRequest, ResidentKV
 from adarag.engine.routing import ROUTING_FEATURES
 from adarag.kv import ChunkKV
 from adarag.pipeline.answer_stream import PreparedAnswer, decode_text
-from adarag.pipeline.learned import LearnedControls
+from adarag.pipeline.write_back import WriteBack, write_back
 from adarag.schema import (
     Chunk,
     GenerationParams,
@@ -89,7 +87,8 @@ class AugmentedPrefill:
             prefill), whether to augment and the stop rules' levers (the logit-lens layers).
         controller: The confidence estimator and stop rule.
         engine_lock: Serialises engine work with other requests.
-        system_kv: Returns the system prefix's exact KV (computing it once).
+        system_kv: The system prefix's exact KV, reused by every prefill that reuses any chunk
+            KV; None when every tier is off (each prefill computes its whole prompt).
         learned: The profile's token scorer and routing ladder, sent with every prefill.
         probe_layers: Layers whose residual stream (last prompt token) each step hands the stop
             rule (the depth probe's), with the chunks' retrieval scores; empty: none.
@@ -102,7 +101,7 @@ class AugmentedPrefill:
         config: AdaRagConfig,
         controller: AugmentationController,
         engine_lock: threading.RLock,
-        system_kv: Callable[[], ChunkKV],
+        system_kv: ChunkKV | None,
         learned: LearnedControls | None = None,
         probe_layers: Sequence[int] = (),
     ) -> None:
@@ -166,7 +165,8 @@ class AugmentedPrefill:
             reason = self._controller.should_stop(scored, num_chunks) if augment else "static"
             if reason is not None:
                 break
-            self._keep(step)  # Algorithm 1, line 18: the next step reuses c_i as is
+            # Algorithm 1, line 18: the next step reuses c_i as is
+            write_back(self._pending(step.layout, step.output, step.hits))
         assert reason is not None, "the stop rule must stop at the last step"
         return self._prepared(taken, reason, chunks, started, retrieval_s)
 
@@ -195,7 +195,7 @@ class AugmentedPrefill:
             tuple(chunks[: len(final.layout.chunk_ids)]),
             trace,
             final.layout.num_tokens - final.output.num_recomputed_tokens,
-            write_back=functools.partial(self._keep_locked, final),
+            write_back=self._pending(final.layout, final.output, final.hits),
         )
 
     def each_step(
@@ -236,7 +236,7 @@ class AugmentedPrefill:
                 tokens = list(self._engine.decode_tokens(step.layout, step.output, params))
                 deltas = decode_text(iter(tokens), self._engine.tokenizer, params)
                 answer = "".join(deltas).strip()
-                self._keep(step)
+            write_back(self._pending(step.layout, step.output, step.hits))
             # a greedy answer long enough already holds the prefix; else decode it on its own
             greedy = params.temperature == 0.0 and params.max_new_tokens >= num_prefix
             prefix = (
@@ -263,7 +263,7 @@ class AugmentedPrefill:
             step = self._run_step(
                 layout.with_chunks(num_chunks), max_new_tokens, last, layout.num_tokens
             )
-            self._keep(step)
+            write_back(self._pending(step.layout, step.output, step.hits))
             yield step
             last = step
 
@@ -301,52 +301,42 @@ class AugmentedPrefill:
         min_capacity: int = 0,
     ) -> LookedUpPrefill:
         """:meth:`fused_prefill`, with the layout prefilled (the packet's, when it has one)."""
-        tiers, strategies = self._tiers, self._strategies
-        reuse = any(
-            (
-                tiers.hard.enabled,
-                tiers.soft.enabled,
-                tiers.independent.enabled,
-                strategies.alternative_path.enabled,
-                strategies.variants.enabled,
-                strategies.fusion.enabled,
-            )
-        )
-        system = SegmentSource(self._system_kv(), exact=True) if reuse else SegmentSource()
+        strategies = self._strategies
+        system = SegmentSource(self._system_kv, exact=self._system_kv is not None)
         vocab_size = self._engine.spec.vocab_size
         # a trailer ends every chunk (its entries hold it), whatever the tiers find
         trailed = layout.with_trailers(self._learned.trailer_ids(vocab_size))
         min_capacity += trailed.num_tokens - layout.num_tokens
         layout = trailed
-        with self._engine_lock:  # the tiers' counters are shared by concurrent requests too
-            hits = self._cache.lookup(layout.cached_segments)
-            sources = [system, *(_source(hit) for hit in hits)]
-            sources.append(SegmentSource())
-            bridged = self._learned.bridged(layout, sources, vocab_size)
-            # the whole request's rows, and the bridge's
-            min_capacity += bridged.num_tokens - layout.num_tokens
-            layout = bridged
-            # Cache-Craft keeps the attention statistics of every chunk computed in full
-            collect = strategies.variants.enabled and any(hit.tier == "miss" for hit in hits)
-            reuse = self._levers.reuse_step_kv and previous is not None
-            resident_rows = _resident_rows(layout, hits, previous) if reuse else 0
+        # the disk and the shared tier are read before the engine lock is taken
+        hits = self._cache.lookup(layout.cached_segments)
+        sources = [system, *(_source(hit) for hit in hits)]
+        sources.append(SegmentSource())
+        bridged = self._learned.bridged(layout, sources, vocab_size)
+        # the whole request's rows, and the bridge's
+        min_capacity += bridged.num_tokens - layout.num_tokens
+        layout = bridged
+        # Cache-Craft keeps the attention statistics of every chunk computed in full
+        collect = strategies.variants.enabled and any(hit.tier == "miss" for hit in hits)
+        reuse = self._levers.reuse_step_kv and previous is not None
+        resident = None
+        if reuse and previous is not None:
+            resident = ResidentKV(previous.output.kv, _resident_rows(layout, hits, previous))
+        request = PrefillRequest(
+            layout,
+            sources,
+            max_new_tokens=max_new_tokens,
+            min_capacity=min_capacity if self._levers.reuse_step_kv else 0,
+            selection=self._selection,
+            controls=self._learned,
+            collect=Collect(self._levers.num_lens_layers, segment_attention=collect),
+        )
+        with self._engine_lock:
             started = time.perf_counter()
-            output = self._engine.prefill(
-                layout,
-                sources,
-                max_new_tokens=max_new_tokens,
-                selection=self._selection,
-                num_lens_layers=self._levers.num_lens_layers,
-                collect_segment_attention=collect,
-                resident=previous.output.kv if reuse and previous is not None else None,
-                resident_rows=resident_rows,
-                min_capacity=min_capacity if self._levers.reuse_step_kv else 0,
-                token_scorer=self._learned.token_scorer,
-                ladder=self._learned.ladder,
-                packet=self._learned.packet,
-            )
-            self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
-        return LookedUpPrefill(layout, output, hits, time.perf_counter() - started)
+            output = self._engine.prefill(request, resident)
+            prefill_s = time.perf_counter() - started
+        self._cache.record(layout.num_tokens, output.num_recomputed_tokens)
+        return LookedUpPrefill(layout, output, hits, prefill_s)
 
     def _run_step(
         self,
@@ -402,23 +392,14 @@ class AugmentedPrefill:
 
     def write_back(self, layout: PromptLayout, output: PrefillOutput, hits: list[TierHit]) -> None:
         """Store each cached segment under its hard and soft keys (Algorithm 1, line 18)."""
-        cu = layout.cu_segments
-        segments = layout.cached_segments
-        fused = [  # a hard hit's KV is stored as it is: no copy
-            None if hits[i].tier == "hard" else output.kv.segment(cu[i + 1], cu[i + 2])
-            for i in range(len(segments))
-        ]
+        write_back(self._pending(layout, output, hits))
+
+    def _pending(
+        self, layout: PromptLayout, output: PrefillOutput, hits: Sequence[TierHit]
+    ) -> WriteBack:
+        """What storing a prefill's segments takes (run without the engine lock)."""
         with_variants = self._strategies.variants.enabled
-        stats = _variant_stats(layout, output, hits) if with_variants else None
-        self._cache.write_back(segments, hits, fused, stats)
-
-    def _keep(self, step: PrefillStep) -> None:
-        self.write_back(step.layout, step.output, step.hits)
-
-    def _keep_locked(self, step: PrefillStep) -> None:
-        """:meth:`_keep` under the engine lock (the answer stream runs it after the answer)."""
-        with self._engine_lock:
-            self._keep(step)
+        return WriteBack(self._cache, layout, output, hits, with_variants)
 
 
 def _resident_rows(
@@ -449,24 +430,6 @@ def _source(hit: TierHit) -> SegmentSource:
     scores = torch.empty(num_tokens)
     scores[torch.tensor(hit.token_ranking)] = torch.arange(num_tokens, 0, -1, dtype=torch.float32)
     return SegmentSource(hit.kv, hit.recompute_ratio, scores, exact=exact)
-
-
-def _variant_stats(
-    layout: PromptLayout, output: PrefillOutput, hits: Sequence[TierHit]
-) -> list[VariantStats | None]:
-    """Cache-Craft statistics of each chunk computed in full (None for the others)."""
-    attention, rows_at = output.token_attention, output.token_attention_positions
-    cu = layout.cu_segments
-    lengths = [end - start for start, end in itertools.pairwise(cu)]
-    stats: list[VariantStats | None] = []
-    for idx, hit in enumerate(hits):
-        if hit.tier != "miss" or attention is None or rows_at is None:
-            stats.append(None)
-            continue
-        positions = torch.arange(cu[idx + 1], cu[idx + 2])
-        rows = torch.searchsorted(rows_at, positions)
-        stats.append(variant_stats(attention[:, rows], idx + 1, lengths))
-    return stats
 
 
 def _step_trace(scored: ScoredStep, step: PrefillStep, tokenizer: Any) -> StepTrace:

@@ -6,13 +6,14 @@ Starlette answers them with ``{"detail": ...}``; OpenAI's clients read ``{"error
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute
 
 from adarag.serve.errors import APIError
-
-ROUTES = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /v1/rag/query"
 
 
 def add_http_error_handler(app: FastAPI) -> None:
@@ -21,15 +22,35 @@ def add_http_error_handler(app: FastAPI) -> None:
 
 
 async def _on_http_error(request: Request, err: HTTPException) -> JSONResponse:
-    failure = describe_http_error(request.method, request.url.path, err)
+    routes = route_names(request.app.routes)
+    failure = describe_http_error(request.method, request.url.path, err, routes)
     return JSONResponse(failure.body(), status_code=failure.status, headers=failure.headers)
 
 
-def describe_http_error(method: str, path: str, err: HTTPException) -> APIError:
-    """The OpenAI-style error for Starlette's ``err`` on ``method path``."""
+def route_names(routes: Sequence[BaseRoute]) -> list[str]:
+    """``METHOD /path`` of every route the router holds (a mount or socket: its path)."""
+    names = []
+    for route in routes:
+        path = getattr(route, "path", "")
+        methods = sorted((getattr(route, "methods", None) or set()) - {"HEAD"})
+        names += [f"{method} {path}" for method in methods] or [path]
+    return names
+
+
+def describe_http_error(
+    method: str, path: str, err: HTTPException, routes: Sequence[str] = ()
+) -> APIError:
+    """The OpenAI-style error for Starlette's ``err`` on ``method path``.
+
+    Args:
+        method: The request's method.
+        path: The request's path.
+        err: What Starlette raised.
+        routes: Every route of the application (:func:`route_names`), listed in a 404.
+    """
     headers = dict(err.headers or {})
     if err.status_code == 404:
-        message = f"no route {method} {path}; the routes are {ROUTES}"
+        message = f"no route {method} {path}; the routes are {', '.join(routes)}"
         return APIError(404, message, error_type="invalid_request_error", code="not_found")
     if err.status_code == 405:
         allowed = headers.get("allow", headers.get("Allow", ""))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.schema import GenerationParams
 from tests.tiny_models import load_hf_model
 from tests.unit.engine.helpers import independent_sources, layout_of, load_engine
@@ -33,7 +34,7 @@ def layout(engine):
 
 
 def test_real_model_full_prefill_matches_hf(engine, hf_model, layout):
-    output = engine.prefill(layout)
+    output = engine.prefill(PrefillRequest(layout))
     with torch.inference_mode():
         reference = hf_model(torch.tensor([layout.token_ids])).logits[0, -1]
     torch.testing.assert_close(output.logits, reference, atol=2e-4, rtol=1e-4)
@@ -41,7 +42,7 @@ def test_real_model_full_prefill_matches_hf(engine, hf_model, layout):
 
 def test_real_model_greedy_decode_matches_hf_generate(engine, hf_model, layout):
     params = GenerationParams(max_new_tokens=32)
-    output = engine.prefill(layout, max_new_tokens=32)
+    output = engine.prefill(PrefillRequest(layout, max_new_tokens=32))
     ours = list(engine.decode_tokens(layout, output, params))
     with torch.inference_mode():
         generated = hf_model.generate(
@@ -53,9 +54,9 @@ def test_real_model_greedy_decode_matches_hf_generate(engine, hf_model, layout):
 
 
 def test_real_model_ratio_one_matches_full_prefill(engine, layout):
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     sources, _, _ = independent_sources(engine, layout, ratio=1.0)
-    fused = engine.prefill(layout, sources)
+    fused = engine.prefill(PrefillRequest(layout, sources))
     rows = slice(0, layout.num_tokens)
     torch.testing.assert_close(fused.kv.k[:, rows], full.kv.k[:, rows], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(fused.logits, full.logits, atol=1e-4, rtol=1e-4)

@@ -15,6 +15,7 @@ import torch
 
 from adarag import AdaRAG
 from adarag.config import AdaRagConfig
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.errors import ModelLoadError
 from adarag.schema import GenerationParams, PromptLayout
 from tests.unit.engine.helpers import independent_sources, layout_of, load_engine
@@ -71,13 +72,15 @@ def vllm_alone(vllm_engine, layout):
 @pytest.fixture(scope="module")
 def torch_fused(torch_engine, layout):
     """The torch engine's prefill at ratio 0.15, and its greedy answer."""
-    output = torch_engine.prefill(layout, _sources(torch_engine, layout, 0.15), max_new_tokens=16)
+    output = torch_engine.prefill(
+        PrefillRequest(layout, _sources(torch_engine, layout, 0.15), max_new_tokens=16)
+    )
     return output, list(torch_engine.decode_tokens(layout, output, GREEDY))
 
 
 def test_ratio_one_through_the_connector_matches_vllm_alone(vllm_engine, layout, vllm_alone):
     expected, num_cached_alone = vllm_alone
-    fused = vllm_engine.prefill(layout, _sources(vllm_engine, layout, 1.0))
+    fused = vllm_engine.prefill(PrefillRequest(layout, _sources(vllm_engine, layout, 1.0)))
     stream = vllm_engine.decode_tokens(layout, fused, GREEDY)
     assert len(expected) > 0 and num_cached_alone == 0
     assert list(stream) == expected
@@ -96,7 +99,7 @@ def test_torch_engine_fused_kv_decodes_the_same_on_vllm(vllm_engine, layout, tor
 
 def test_ratio_015_over_vllm_layers_matches_the_torch_engine(vllm_engine, layout, torch_fused):
     torch_output, expected = torch_fused
-    output = vllm_engine.prefill(layout, _sources(vllm_engine, layout, 0.15))
+    output = vllm_engine.prefill(PrefillRequest(layout, _sources(vllm_engine, layout, 0.15)))
     # the fusion loop over vLLM's own layers selects the same tokens and fuses the same KV
     assert torch.equal(output.recomputed_positions, torch_output.recomputed_positions)
     rows = slice(0, layout.num_tokens)

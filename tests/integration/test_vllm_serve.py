@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from adarag import AdaRAG, AdaRagConfig
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.engine.vllm.handoff import HandoffRequest
 from adarag.engine.vllm.handoff_files import HandoffFiles
 from adarag.engine.vllm.handoff_format import HandoffSigner
@@ -68,7 +69,7 @@ def _server_config(real_config, vllm_replica, handoff=None, **engine):
 
 def _fused(engine, layout, ratio):
     sources = independent_sources(engine, layout, ratio)[0]
-    return engine.prefill(layout, sources, max_new_tokens=GREEDY.max_new_tokens)
+    return engine.prefill(PrefillRequest(layout, sources, max_new_tokens=GREEDY.max_new_tokens))
 
 
 def test_ratio_one_through_the_connector_matches_vllm_serve_alone(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adarag.engine.prefill_request import Collect, PrefillRequest
 from adarag.kernels._dispatch import is_triton_interpreted
 from adarag.schema import GenerationParams
 from tests.unit.engine.helpers import (
@@ -49,7 +50,9 @@ def test_full_and_reused_prefill_match_torch(device, dtype, tiny_checkpoints, ti
     rows = slice(0, layout.num_tokens)
     # --- full prefill, with per-layer segment attention
     full = {
-        backend: engine.prefill(layout, max_new_tokens=4, collect_segment_attention=True)
+        backend: engine.prefill(
+            PrefillRequest(layout, max_new_tokens=4, collect=Collect(segment_attention=True))
+        )
         for backend, engine in engines.items()
     }
     _assert_close(full["triton"].logits, full["torch"].logits, dtype)
@@ -58,7 +61,7 @@ def test_full_and_reused_prefill_match_torch(device, dtype, tiny_checkpoints, ti
     _assert_close(full["triton"].segment_attention, full["torch"].segment_attention, dtype)
     # --- reuse every chunk's independent KV (re-rotated), recompute only the query
     sources, _, _ = independent_sources(engines["torch"], layout, ratio=0.0)
-    reused = {backend: g.prefill(layout, sources) for backend, g in engines.items()}
+    reused = {backend: g.prefill(PrefillRequest(layout, sources)) for backend, g in engines.items()}
     _assert_close(reused["triton"].logits, reused["torch"].logits, dtype)
     _assert_close(reused["triton"].kv.k[:, rows], reused["torch"].kv.k[:, rows], dtype)
 
@@ -73,7 +76,7 @@ def test_selective_recomputation_and_decode_match_torch(
     layout = layout_of(engines["torch"], QUESTION, CHUNKS)
     sources, _, _ = independent_sources(engines["torch"], layout, ratio=0.5)
     fused = {
-        backend: engine.prefill(layout, sources, max_new_tokens=4)
+        backend: engine.prefill(PrefillRequest(layout, sources, max_new_tokens=4))
         for backend, engine in engines.items()
     }
     assert torch.equal(fused["triton"].recomputed_positions, fused["torch"].recomputed_positions)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.kernels import selective_attention
 from adarag.kernels import vllm_cpu_attention as cpu_attention
 from adarag.kernels.selective_attention import selective_attention_ref
@@ -120,7 +121,7 @@ def test_runner_uses_the_kernel_with_auto_and_the_twin_with_torch(
         engine = load_engine(config)
         layout = layout_of(engine, QUESTION, CHUNKS)
         before = len(calls)
-        output = engine.prefill(layout, max_new_tokens=3)
+        output = engine.prefill(PrefillRequest(layout, max_new_tokens=3))
         tokens = list(engine.decode_tokens(layout, output, GenerationParams(max_new_tokens=3)))
         assert tokens
         logits[backend] = output.logits

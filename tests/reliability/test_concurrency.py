@@ -1,10 +1,10 @@
 """Concurrent requests on one AdaRAG answer exactly as the same requests asked one by one.
 
-``AdaRAG`` serialises engine work (each prefill, each decode step, each write-back) with one
-lock, so concurrent requests interleave step by step, and their cache lookups and write-backs
-interleave too. The cache tiers are set so that what is cached when a request runs cannot change
-its answer (see ``tests/reliability/workload.py``): any difference from the serial run is a
-concurrency bug, not a cache effect.
+``AdaRAG`` serialises engine work (each prefill, each decode step) with one lock, so concurrent
+requests interleave step by step; their cache lookups and write-backs run outside it, under the
+tiers' and the store's own locks, and interleave too. The cache tiers are set so that what is
+cached when a request runs cannot change its answer (see ``tests/reliability/workload.py``): any
+difference from the serial run is a concurrency bug, not a cache effect.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import torch
 from adarag import AdaRAG, AdaRagConfig
 from adarag.cache.disk import STAGING_PREFIX, SUFFIX
 from adarag.cli import main as cli_main
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.retrievers import KnowledgeBase
 from adarag.schema import PromptLayout
 from tests.reliability.conftest import FULL, scale
@@ -106,7 +107,9 @@ def _check_store_intact(rag: AdaRAG, *, warmed: bool = True) -> int:
     assert store.disk is not None
     engine, system_ids = rag.engine, rag.prompts.system_ids
     # warming computes each chunk after the system prefix's exact KV (never the stored copy)
-    prefix = rag.engine.prefill(PromptLayout((), (), system_ids)).kv.segment(0, len(system_ids))
+    prefix = rag.engine.prefill(PrefillRequest(PromptLayout((), (), system_ids))).kv.segment(
+        0, len(system_ids)
+    )
     system_kv = prefix if rag.cache.system_kv() is not None else None
     checked = 0
     for text in passages(NUM_CHUNKS + 2):

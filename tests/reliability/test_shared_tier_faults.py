@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load, save
 
 from adarag import AdaRAG
-from adarag.cache.entry_format import entry_checksum
+from adarag.cache.entry_format import entry_digests
 from adarag.cache.keys import digest
 from adarag.cache.store import LayeredKVStore
 from adarag.config import AdaRagConfig, StoreConfig
@@ -68,9 +68,8 @@ def test_an_entry_with_an_absurd_start_position_is_dropped_from_every_tier(
     genuine = client.get(name)
     metadata = {**_metadata(genuine), "start_position": str(10**20)}
     tensors = load(genuine)
-    client.set(
-        name, save(tensors, metadata={**metadata, "checksum": entry_checksum(metadata, tensors)})
-    )
+    checksum, _ = entry_digests(metadata, tensors, None)
+    client.set(name, save(tensors, metadata={**metadata, "checksum": checksum}))
 
     rag = AdaRAG(config, loaded_engine=engine)
     answers, errors = [], []

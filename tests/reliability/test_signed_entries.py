@@ -20,7 +20,7 @@ from safetensors.torch import load, save, save_file
 
 from adarag import AdaRAG
 from adarag.cache.disk import SUFFIX
-from adarag.cache.entry_format import entry_checksum
+from adarag.cache.entry_format import entry_digests
 from adarag.cache.keys import digest
 from adarag.config import AdaRagConfig
 from adarag.schema import GenerationParams
@@ -35,7 +35,7 @@ KEY = "an-example-signing-key-of-32-bytes"
 def _forged(tensors: dict[str, torch.Tensor], metadata: dict[str, str]):
     """The entry's tensors negated, its plain checksum made consistent again."""
     forged = {name: (-tensor).contiguous() for name, tensor in tensors.items()}
-    return forged, {**metadata, "checksum": entry_checksum(metadata, forged)}
+    return forged, {**metadata, "checksum": entry_digests(metadata, forged, None)[0]}
 
 
 def _forge_file(path: Path) -> None:

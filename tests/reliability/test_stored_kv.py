@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from adarag import AdaRAG
 from adarag.cache.disk import QUARANTINE, SUFFIX
-from adarag.cache.entry_format import entry_checksum
+from adarag.cache.entry_format import entry_digests
 from adarag.cache.keys import digest
 from adarag.config import AdaRagConfig
 from adarag.schema import GenerationParams
@@ -43,7 +43,7 @@ def _load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 def _rewrite(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     """Save a well-formed file, with a checksum consistent with what it now holds."""
-    metadata = {**metadata, "checksum": entry_checksum(metadata, tensors)}
+    metadata = {**metadata, "checksum": entry_digests(metadata, tensors, None)[0]}
     save_file(tensors, str(path), metadata=metadata)
 
 

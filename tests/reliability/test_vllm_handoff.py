@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from safetensors.torch import load, save
 
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.engine.vllm.handoff import FusedContext, HandoffBinding, HandoffRequest
 from adarag.engine.vllm.handoff_files import HandoffFiles
 from adarag.engine.vllm.handoff_format import HandoffSigner
@@ -146,7 +147,7 @@ def test_malformed_kv_transfer_params_never_stop_a_replica(
 
 def _genuine(torch_engine, prompt) -> tuple[HandoffBinding, FusedContext]:
     """The full prefill's KV of every prompt token but the last, bound to a fresh id."""
-    output = torch_engine.prefill(prompt, max_new_tokens=ANSWER_TOKENS)
+    output = torch_engine.prefill(PrefillRequest(prompt, max_new_tokens=ANSWER_TOKENS))
     handoff = HandoffRequest(uuid.uuid4().hex, prompt.num_tokens - 1)
     rows = slice(0, handoff.num_context_tokens)
     context = FusedContext(output.kv.k[:, rows].contiguous(), output.kv.v[:, rows].contiguous())
@@ -255,7 +256,7 @@ def test_fused_kv_handed_over_through_a_valkey_server(real_config, redis_replica
         assert engine.decoder.blending_refused is None  # the gate saw the hand-over used
         decoder = engine.decoder
         alone = list(decoder.generate(prompt.token_ids, _greedy(), uuid.uuid4().hex))
-        output = engine.prefill(prompt, max_new_tokens=ANSWER_TOKENS)
+        output = engine.prefill(PrefillRequest(prompt, max_new_tokens=ANSWER_TOKENS))
         stream = engine.decode_tokens(prompt, output, _greedy())
         assert list(stream) == alone
         assert stream.num_cached_tokens == prompt.num_tokens

@@ -12,6 +12,7 @@ from adarag.augment.agreement import StepEvidence
 from adarag.augment.calibrate import QuestionRecord, StepRecord
 from adarag.augment.confidence import LensConfidence, LensSignals
 from adarag.augment.step_cost import StepCostModel
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.errors import InputError
 from adarag.evaluation.metrics import best_f1, exact_match, token_f1
 from adarag.pipeline import AdaRAG
@@ -96,7 +97,7 @@ def record_questions(
     for item in questions:
         rag.warm(item.chunks)
         layout = rag.layout(item.question, item.chunks, params)
-        full = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
+        full = engine.prefill(PrefillRequest(layout, max_new_tokens=params.max_new_tokens))
         tokens = engine.decode_tokens(layout, full, params)
         reference = answer_text(tokens, engine.tokenizer, params)
         steps = answer_each_step(rag, layout, params)

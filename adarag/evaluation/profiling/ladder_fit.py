@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from adarag.config import RecomputeConfig
+from adarag.engine.prefill_request import LearnedControls, PrefillRequest
 from adarag.engine.routing import ROUTING_FEATURES, RoutingLadder
 from adarag.evaluation.metrics import exact_match
 from adarag.evaluation.profiling.fitting import fit_logistic
@@ -101,7 +102,7 @@ def record_chain(
     engine = rag.engine
     layout = rag.layout(item.question, item.chunks, params)
     if reference is None:
-        full = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
+        full = engine.prefill(PrefillRequest(layout, max_new_tokens=params.max_new_tokens))
         reference = answer_text(
             engine.decode_tokens(layout, full, params), engine.tokenizer, params
         )
@@ -113,12 +114,16 @@ def record_chain(
     for depth in range(len(below_full) + 1):
         climbed = tuple(below_full[:depth])
         output = engine.prefill(
-            layout,
-            sources,
-            max_new_tokens=params.max_new_tokens,
-            selection=selection,
-            token_scorer=scorer,
-            ladder=RoutingLadder.fixed(climbed or (1.0,), climb=bool(climbed)),
+            PrefillRequest(
+                layout,
+                sources,
+                max_new_tokens=params.max_new_tokens,
+                selection=selection,
+                controls=LearnedControls(
+                    token_scorer=scorer,
+                    ladder=RoutingLadder.fixed(climbed or (1.0,), climb=bool(climbed)),
+                ),
+            ),
         )
         trace = output.routing[-1]  # the rung the prefill ended on
         answer = answer_text(engine.decode_tokens(layout, output, params), engine.tokenizer, params)

@@ -39,6 +39,7 @@ from adarag.config import RecomputeConfig
 from adarag.engine.core import Engine
 from adarag.engine.packet import packet_ids
 from adarag.engine.packet_student import FreshRows, context_copy, tail_logits, tail_rows
+from adarag.engine.prefill_request import LearnedControls, PrefillRequest
 from adarag.errors import InputError
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
@@ -99,7 +100,7 @@ def teacher_example(
     engine = rag.engine
     layout = rag.layout(item.question, item.chunks, params)
     with torch.inference_mode():
-        full = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
+        full = engine.prefill(PrefillRequest(layout, max_new_tokens=params.max_new_tokens))
         answer = tuple(engine.decode_tokens(layout, full, params))
         system_kv, chunks = independent_chunks(engine, layout)
     cut = layout.num_tokens  # decoding wrote the answer's rows after the prompt's only
@@ -226,11 +227,15 @@ def student_loss(
     sources = reuse_sources(example.system_kv, chunks, student.ratio)
     with torch.inference_mode():
         fused = engine.prefill(
-            layout,
-            sources,
-            selection=student.selection,
-            token_scorer=student.token_scorer,
-            packet=None if table is None else table.detach(),
+            PrefillRequest(
+                layout,
+                sources,
+                selection=student.selection,
+                controls=LearnedControls(
+                    token_scorer=student.token_scorer,
+                    packet=None if table is None else table.detach(),
+                ),
+            ),
         )
     fresh = _moved_trailers(engine, layout, trailers, fused.recomputed_positions)
     cut = layout.cu_segments[-2]

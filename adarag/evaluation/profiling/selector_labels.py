@@ -34,6 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from adarag.config import RecomputeConfig
+from adarag.engine.prefill_request import Collect, PrefillRequest
 from adarag.engine.selection import num_to_recompute
 from adarag.engine.token_features import raw_columns
 from adarag.errors import InputError
@@ -106,21 +107,23 @@ def label_question(
     """Features and oracle labels of one question's reused tokens."""
     engine = rag.engine
     layout = rag.layout(item.question, item.chunks, params)
-    full = engine.prefill(layout, max_new_tokens=params.max_new_tokens)
+    full = engine.prefill(PrefillRequest(layout, max_new_tokens=params.max_new_tokens))
     reference_ids = list(engine.decode_tokens(layout, full, params))
     reference = answer_text(reference_ids, engine.tokenizer, params)
     system_kv, chunk_kvs = independent_chunks(engine, layout)
     first = min(ratio for ratio in ratios if ratio > 0.0)
     fused = engine.prefill(
-        layout,
-        reuse_sources(system_kv, chunk_kvs, first),
-        max_new_tokens=params.max_new_tokens,
-        selection=RecomputeConfig(selection_policy="learned"),
-        collect_features=True,
+        PrefillRequest(
+            layout,
+            reuse_sources(system_kv, chunk_kvs, first),
+            max_new_tokens=params.max_new_tokens,
+            selection=RecomputeConfig(selection_policy="learned"),
+            collect=Collect(features=True),
+        ),
     )
     assert fused.candidate_features is not None, "the learned rule collects features"
     baseline = answer_text(engine.decode_tokens(layout, fused, params), engine.tokenizer, params)
-    reused = engine.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
+    reused = engine.prefill(PrefillRequest(layout, reuse_sources(system_kv, chunk_kvs, 0.0)))
     cu = layout.cu_segments
     positions = torch.arange(cu[1], cu[-2])
     assert positions.numel() == fused.candidate_features.shape[0], "every chunk token competes"

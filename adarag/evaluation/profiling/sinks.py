@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from adarag.engine.core import Engine
+from adarag.engine.prefill_request import Collect, PrefillRequest
 from adarag.errors import ConfigError
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.profiles.model_profile import LayerBand, ModelProfile, Pattern
@@ -42,7 +43,7 @@ def chunk_attention(
         if len(chunks) != num_chunks:
             continue
         layout = prompts.layout(question, chunks)
-        output = engine.prefill(layout, collect_segment_attention=True)
+        output = engine.prefill(PrefillRequest(layout, collect=Collect(segment_attention=True)))
         assert output.segment_attention is not None
         total = output.segment_attention if total is None else total + output.segment_attention
         count += 1

@@ -13,6 +13,7 @@ import torch
 from common import machine, write_results
 
 from adarag import AdaRAG
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.evaluation.workload import load_questions
 from adarag.kernels import logit_lens
 from adarag.schema import GenerationParams
@@ -41,7 +42,7 @@ def head_costs(rag: AdaRAG, num_lens_layers: int) -> dict[str, float]:
     """Seconds of the LM head over 1 and l rows, and of a separate logit-lens pass."""
     engine = rag.engine
     layout = rag.prompts.layout("warm-up question?", ["a short passage about nothing."])
-    hidden = engine.prefill(layout).layer_hidden
+    hidden = engine.prefill(PrefillRequest(layout)).layer_hidden
     model = engine.model
     with torch.inference_mode():
         medians = interleaved_medians(

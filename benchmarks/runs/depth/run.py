@@ -7,6 +7,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.evaluation.metrics import best_exact_match, best_f1
 from adarag.schema import Chunk, GenerationParams
 from runs.depth.splits import MAX_K, PROBE_RECORDS, ROWS, retrieved_path
@@ -103,7 +104,7 @@ def _question_row(
     for k in timed_depths if index_in_set % STATIC_EVERY == 0 else ():
         layout = rag.layout(item["question"], chunks[:k], params)
         begun = time.perf_counter()
-        rag.engine.prefill(layout, max_new_tokens=params.max_new_tokens)
+        rag.engine.prefill(PrefillRequest(layout, max_new_tokens=params.max_new_tokens))
         static.append({"k": k, "tokens": layout.num_tokens, "seconds": time.perf_counter() - begun})
     row = {
         "qid": item["qid"],

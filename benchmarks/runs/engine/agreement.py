@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from adarag import AdaRAG
 from adarag.engine.core import Engine, eos_token_ids
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.schema import PromptLayout
 from runs.engine import OUTPUT
 
@@ -66,7 +67,7 @@ def _compare(
     eos: set[int],
 ) -> dict:
     """One prompt's greedy answers, ours and transformers', and where they differ."""
-    prefill = engine.prefill(layout, max_new_tokens=new_tokens)
+    prefill = engine.prefill(PrefillRequest(layout, max_new_tokens=new_tokens))
     ours = [int(prefill.logits.argmax())]
     while len(ours) < new_tokens and ours[-1] not in eos:
         ours.append(int(engine.runner.decode(ours[-1], prefill.kv).argmax()))

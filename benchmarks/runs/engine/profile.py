@@ -12,6 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from adarag import AdaRAG
 from adarag.config import AdaRagConfig
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.evaluation.reuse import reuse_sources
 from runs.engine import OUTPUT
 
@@ -98,7 +99,7 @@ def profile_ops(args: argparse.Namespace) -> None:
     for _, layout, system_kv, chunk_kvs in prompts:
         num_tokens.append(layout.num_tokens)
         sources = reuse_sources(system_kv, chunk_kvs, 0.15)
-        prefill = engine.prefill(layout, max_new_tokens=args.decode_tokens + 1)
+        prefill = engine.prefill(PrefillRequest(layout, max_new_tokens=args.decode_tokens + 1))
 
         def decode(prefill=prefill) -> None:  # type: ignore[no-untyped-def]
             kv = prefill.kv
@@ -110,11 +111,13 @@ def profile_ops(args: argparse.Namespace) -> None:
 
         with torch.inference_mode():
             results["full prefill"].append(
-                profiled(lambda layout=layout: engine.prefill(layout), args.repeats)
+                profiled(lambda layout=layout: engine.prefill(PrefillRequest(layout)), args.repeats)
             )
             results["fused prefill @0.15"].append(
                 profiled(
-                    lambda layout=layout, sources=sources: engine.prefill(layout, sources),
+                    lambda layout=layout, sources=sources: engine.prefill(
+                        PrefillRequest(layout, sources)
+                    ),
                     args.repeats,
                 )
             )

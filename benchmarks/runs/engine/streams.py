@@ -11,6 +11,7 @@ from common import ChildWorker, machine, musique_prompts, write_results
 
 from adarag import AdaRAG
 from adarag.engine.kv_cache import KVCache
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.engine.runner import Runner
 from adarag.evaluation.machine import describe_machine
 from runs.engine import OUTPUT
@@ -40,7 +41,10 @@ def decode_streams(args: argparse.Namespace) -> None:
     rag = AdaRAG()
     runner = rag.engine.runner
     layouts = [row[1] for row in musique_prompts(rag, args.data_dir, args.streams, args.passages)]
-    outputs = [rag.engine.prefill(layout, max_new_tokens=args.decode_tokens) for layout in layouts]
+    outputs = [
+        rag.engine.prefill(PrefillRequest(layout, max_new_tokens=args.decode_tokens))
+        for layout in layouts
+    ]
     kvs = [output.kv for output in outputs]
     lengths = [layout.num_tokens for layout in layouts]
     vllm = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import statistics
@@ -18,10 +19,11 @@ from transformers import AutoModelForCausalLM
 from adarag import AdaRAG
 from adarag.config import RecomputeConfig
 from adarag.engine.core import Engine
+from adarag.engine.prefill_request import LearnedControls, PrefillRequest
 from adarag.engine.routing import RoutingLadder
 from adarag.evaluation.reuse import reuse_sources
 from adarag.kv import ChunkKV
-from adarag.pipeline.learned import LearnedControls, learned_controls
+from adarag.pipeline.learned import learned_controls
 from adarag.profiles import ModelProfile
 from adarag.schema import PromptLayout
 from runs.engine import OUTPUT
@@ -46,7 +48,7 @@ class Selections:
 
 def ours_decode(engine: Engine, layout, num_tokens: int) -> Callable[[], float]:  # type: ignore[no-untyped-def]
     """Seconds per greedy step of our runner after a prefill of ``layout``."""
-    prefill = engine.prefill(layout, max_new_tokens=num_tokens + 1)
+    prefill = engine.prefill(PrefillRequest(layout, max_new_tokens=num_tokens + 1))
 
     def run() -> float:
         kv, token = prefill.kv, int(prefill.logits.argmax())
@@ -157,7 +159,7 @@ def _measure(
         token_ids = torch.tensor([layout.token_ids])
         variants = {
             "hf": lambda token_ids=token_ids: hf_model(token_ids, logits_to_keep=1).logits.argmax(),
-            "full": lambda layout=layout: engine.prefill(layout).logits.argmax(),
+            "full": lambda layout=layout: engine.prefill(PrefillRequest(layout)).logits.argmax(),
         }
         variants |= _fused_variants(engine, layout, system_kv, chunk_kvs, args.ratios, selections)
         decoders = {
@@ -217,13 +219,9 @@ def _first_token(
     ladder: RoutingLadder | None,
 ) -> Any:
     """One fused prefill's first token."""
+    controls = dataclasses.replace(learned, ladder=ladder)
     return engine.prefill(
-        layout,
-        sources,
-        selection=selection,
-        token_scorer=learned.token_scorer,
-        ladder=ladder,
-        packet=learned.packet,
+        PrefillRequest(layout, sources, selection=selection, controls=controls)
     ).logits.argmax()
 
 

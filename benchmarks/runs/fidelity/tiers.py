@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 from common import RESULTS, load_jsonl, machine, write_results
 
+from adarag.engine.prefill_request import PrefillRequest
+
 if TYPE_CHECKING:
     from adarag import AdaRAG
     from adarag.config import CacheConfig
@@ -57,7 +59,7 @@ def _measure_question(
     chunks = [p["text"] for p in row["passages"][:6]]
     layout = rag.prompts.layout(row["question"], chunks)
     cu = layout.cu_segments
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     exact = [full.kv.segment(cu[i + 1], cu[i + 2]) for i in range(6)]
     system_kv = full.kv.segment(0, cu[1])
     keys = cache.keys(layout.chunk_ids)
@@ -70,7 +72,7 @@ def _measure_question(
         assert earlier_keys.soft[3] == keys.soft[i], "earlier prompt must share the soft key"
         assert earlier_keys.hard[3] != keys.hard[i]
         ecu = earlier.cu_segments
-        soft[i] = engine.prefill(earlier).kv.segment(ecu[4], ecu[5])
+        soft[i] = engine.prefill(PrefillRequest(earlier)).kv.segment(ecu[4], ecu[5])
         independent[i] = engine.compute_chunk(layout.system_ids, layout.chunk_ids[i], system_kv)
     rows_slice = slice(cu[3], cu[7])
     variants = {
@@ -87,7 +89,7 @@ def _measure_question(
             ]
             sources += [SegmentSource(source_of(i), ratio) for i in range(2, 6)]
             sources.append(SegmentSource())
-            fused = engine.prefill(layout, sources)
+            fused = engine.prefill(PrefillRequest(layout, sources))
             dk = (fused.kv.k[:, rows_slice] - full.kv.k[:, rows_slice]).norm()
             dv = (fused.kv.v[:, rows_slice] - full.kv.v[:, rows_slice]).norm()
             rel_k = float(dk / full.kv.k[:, rows_slice].norm())

@@ -14,6 +14,7 @@ import torch
 from adarag.config import RecomputeConfig
 from adarag.engine.batch import SegmentSource
 from adarag.engine.core import Engine
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.schema import PromptLayout
 
@@ -108,10 +109,10 @@ def _checked_row(
     hf_error = relative_error(hf_logits, reference)
     tolerance = max(ERROR_FACTOR * hf_error, MIN_TOLERANCE)
     print(f"transformers {args.dtype} vs float32: relative error {hf_error:.2e}", flush=True)
-    full = triton.prefill(layout).logits
+    full = triton.prefill(PrefillRequest(layout)).logits
     errors = {
         "full_triton": relative_error(full, reference),
-        "full_torch": relative_error(twin.prefill(layout).logits, reference),
+        "full_torch": relative_error(twin.prefill(PrefillRequest(layout)).logits, reference),
         "full_transformers": hf_error,
         "full_triton_vs_transformers": relative_error(full, hf_logits),
     }
@@ -119,11 +120,13 @@ def _checked_row(
     check("full prefill through Triton vs float32", errors["full_triton"], tolerance, failed)
     check("full prefill through torch vs float32", errors["full_torch"], tolerance, failed)
     system_kv, chunk_kvs = independent_chunks(triton, layout)
-    everything = triton.prefill(layout, reuse_sources(system_kv, chunk_kvs, 1.0)).logits
+    everything = triton.prefill(
+        PrefillRequest(layout, reuse_sources(system_kv, chunk_kvs, 1.0))
+    ).logits
     errors["fused_1.0_vs_full"] = relative_error(everything, full)
     check("fused at ratio 1.0 vs full", errors["fused_1.0_vs_full"], tolerance, failed)
     sources = reuse_sources(system_kv, chunk_kvs, args.ratio)
-    fused = {b: g.prefill(layout, sources) for b, g in engines.items()}
+    fused = {b: g.prefill(PrefillRequest(layout, sources)) for b, g in engines.items()}
     chosen = [set(out.recomputed_positions.tolist()) for out in fused.values()]
     row: dict[str, Any] = {
         "context": layout.num_tokens,
@@ -158,11 +161,13 @@ def _time_variants(
 
     row["full_transformers_s"] = time_it(lambda: hf_model(all_ids, logits_to_keep=1))
     for backend, engine in engines.items():
-        row[f"full_{backend}_s"] = time_it(lambda g=engine: g.prefill(layout))
-        row[f"fused_{backend}_s"] = time_it(lambda g=engine: g.prefill(layout, sources))
+        row[f"full_{backend}_s"] = time_it(lambda g=engine: g.prefill(PrefillRequest(layout)))
+        row[f"fused_{backend}_s"] = time_it(
+            lambda g=engine: g.prefill(PrefillRequest(layout, sources))
+        )
     row["levers_triton_s"] = {}
     for name, settings in VARIANTS.items():
         selection = RecomputeConfig(**settings)
         row["levers_triton_s"][name] = time_it(
-            lambda s=selection: triton.prefill(layout, sources, selection=s)
+            lambda s=selection: triton.prefill(PrefillRequest(layout, sources, selection=s))
         )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from common import RESULTS, pipeline_for, write_results
 
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.evaluation.fidelity import FidelityRow, summarize
 from adarag.evaluation.intervals import paired_difference
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
@@ -48,7 +49,9 @@ def _measure_entropies(args: argparse.Namespace, model: str) -> None:
                     continue
                 layout = rag.layout(item.question, item.chunks, params)
                 system_kv, chunk_kvs = independent_chunks(engine, layout)
-                reused = engine.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
+                reused = engine.prefill(
+                    PrefillRequest(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
+                )
                 entropy = float(lens_signals_from_logits(reused.logits[None])[1])
                 record = {"dataset": dataset, "qid": item.qid, "entropy": entropy}
                 path.parent.mkdir(parents=True, exist_ok=True)

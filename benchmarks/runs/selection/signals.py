@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from common import pipeline_for, rows_dir, write_results
 
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.engine.selection import num_to_recompute
 from adarag.evaluation.intervals import bootstrap_interval, paired_difference
 from adarag.evaluation.machine import describe_machine, machine
@@ -79,10 +80,10 @@ def measure_signals(rag, dataset: str, item, max_new_tokens: int) -> list[dict]:
     engine = rag.engine
     params = GenerationParams(max_new_tokens=max_new_tokens)
     layout = rag.layout(item.question, item.chunks, params)
-    full = engine.prefill(layout, None, max_new_tokens=max_new_tokens)
+    full = engine.prefill(PrefillRequest(layout, None, max_new_tokens=max_new_tokens))
     answer = list(engine.decode_tokens(layout, full, params)) or [int(full.logits.argmax())]
     system_kv, chunk_kvs = independent_chunks(engine, layout)
-    reused = engine.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
+    reused = engine.prefill(PrefillRequest(layout, reuse_sources(system_kv, chunk_kvs, 0.0)))
     loss = AnswerLoss(engine, layout, reused.kv, full.kv, answer)
     signals = Signals(loss, loss.with_answer(draft_answer(loss)))
     first_chunk = layout.cu_segments[1]

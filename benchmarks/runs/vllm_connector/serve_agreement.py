@@ -11,6 +11,7 @@ import httpx
 from common import machine, musique_prompts, write_results
 
 from adarag import AdaRAG
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.evaluation.machine import describe_machine
 from adarag.evaluation.reuse import reuse_sources
 from adarag.schema import GenerationParams
@@ -73,7 +74,7 @@ def serve_agreement(args: argparse.Namespace) -> None:
         }
         for ratio in args.ratios:
             output = engine.prefill(
-                layout, reuse_sources(system_kv, chunk_kvs, ratio), max_new_tokens=0
+                PrefillRequest(layout, reuse_sources(system_kv, chunk_kvs, ratio), max_new_tokens=0)
             )
             stream = engine.decode_tokens(layout, output, greedy)
             record[f"fused@{ratio}"] = list(stream)

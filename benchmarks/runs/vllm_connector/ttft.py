@@ -13,6 +13,7 @@ import torch
 from common import machine, musique_prompts, summary, write_results
 
 from adarag import AdaRAG
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.evaluation.reuse import reuse_sources
 from adarag.schema import GenerationParams
 from runs.vllm_connector import OUTPUT
@@ -99,7 +100,7 @@ def _measure(args: argparse.Namespace, rag: AdaRAG) -> Timings:
             for ratio, name in zip(args.ratios, connectors, strict=True):
                 sources = reuse_sources(system_kv, chunk_kvs, ratio)
                 start = time.perf_counter()
-                output = engine.prefill(layout, sources, max_new_tokens=1)
+                output = engine.prefill(PrefillRequest(layout, sources, max_new_tokens=1))
                 fusion_s[name].append(time.perf_counter() - start)
                 stream = engine.decode_tokens(layout, output, FIRST_TOKEN)
                 record(times, cached, name, first_token_s(start, stream))

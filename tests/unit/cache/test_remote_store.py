@@ -4,6 +4,8 @@ unreachable and failing servers, and the settings' checks."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 import pytest
 import torch
@@ -243,3 +245,27 @@ def test_the_password_is_kept_through_overrides_but_never_shown():
     rebuilt = AdaRagConfig.build(config, retrieval={"top_k": 3})
     assert rebuilt.cache.store.remote_password.get_secret_value() == "hunter2"
     assert "hunter2" not in repr(rebuilt) and "hunter2" not in str(rebuilt)
+
+
+def test_a_slow_shared_tier_write_holds_up_no_other_lookup(tmp_path, server, monkeypatch):
+    store = _store(tmp_path / "a", url_of(server), memory_capacity_bytes=1500)  # one entry fits
+    store.put(["first"], _kv(1))
+    started, release = threading.Event(), threading.Event()
+    write = store.remote.write
+
+    def slow_write(*args):
+        started.set()
+        release.wait(5.0)
+        return write(*args)
+
+    monkeypatch.setattr(store.remote, "write", slow_write)
+    writer = threading.Thread(target=store.put, args=(["second"], _kv(2)))  # spills "first"
+    writer.start()
+    assert started.wait(5.0)
+    began = time.perf_counter()
+    assert store.get("second") is not None and store.contains("first")
+    waited_s = time.perf_counter() - began
+    release.set()
+    writer.join()
+    assert waited_s < 2.0, "a lookup waited for another thread's shared-tier write"
+    assert store.snapshot().remote_writes == 1

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from adarag.config import AdaRagConfig
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.errors import ConfigError, InputError, ModelLoadError
 from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 
@@ -35,7 +36,7 @@ def test_empty_chunk_is_rejected(engine):
 def test_prompt_longer_than_the_context_is_rejected(engine):
     layout = layout_of(engine, QUESTION, ["the quick brown fox " * 60] * 3)
     with pytest.raises(InputError, match=r"model's context is 512 tokens"):
-        engine.prefill(layout, max_new_tokens=8)
+        engine.prefill(PrefillRequest(layout, max_new_tokens=8))
 
 
 def test_unknown_model_path_is_named(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.schema import GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 
@@ -22,10 +23,14 @@ def test_batched_decode_matches_each_sequence_alone(family, tiny_checkpoints, ti
     assert len({layout.num_tokens for layout in layouts}) == len(layouts)
     params = GenerationParams(max_new_tokens=12)
     alone = [
-        list(engine.decode_tokens(layout, engine.prefill(layout, max_new_tokens=12), params))
+        list(
+            engine.decode_tokens(
+                layout, engine.prefill(PrefillRequest(layout, max_new_tokens=12)), params
+            )
+        )
         for layout in layouts
     ]
-    outputs = [engine.prefill(layout, max_new_tokens=12) for layout in layouts]
+    outputs = [engine.prefill(PrefillRequest(layout, max_new_tokens=12)) for layout in layouts]
     batched = decoder.decode_batch(layouts, outputs, params)
     assert batched == alone
     assert any(len(tokens) > 1 for tokens in batched)
@@ -47,8 +52,8 @@ def test_a_sequence_that_ends_leaves_the_batch(tiny_checkpoints, tiny_config):
     # the first prefill reserves room for 2 new rows, the second for 10: the first sequence runs
     # out of room after 3 tokens and leaves; the second decodes on alone
     outputs = [
-        engine.prefill(layouts[0], max_new_tokens=2),
-        engine.prefill(layouts[1], max_new_tokens=10),
+        engine.prefill(PrefillRequest(layouts[0], max_new_tokens=2)),
+        engine.prefill(PrefillRequest(layouts[1], max_new_tokens=10)),
     ]
     params = GenerationParams(max_new_tokens=10)
     alone = [

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from adarag.config import RecomputeConfig
+from adarag.engine.prefill_request import OracleInputs, PrefillRequest
 from adarag.engine.routing import ROUTING_FEATURES
 from adarag.engine.selection import allocate, layer_budget_factor
 from adarag.errors import InputError
@@ -69,8 +70,8 @@ def test_each_lever_changes_the_fused_prefill_at_one_budget(engine, lever):
     # cross_attention scores at layer 0, so the layers above it are the schedule's to narrow
     base = RecomputeConfig(selection_policy="cross_attention")
     other = base.model_copy(update=LEVERS[lever])
-    first = engine.prefill(layout, sources, selection=base)
-    second = engine.prefill(layout, sources, selection=other)
+    first = engine.prefill(PrefillRequest(layout, sources, selection=base))
+    second = engine.prefill(PrefillRequest(layout, sources, selection=other))
     rows = slice(0, layout.num_tokens)
     if lever == "gradual":  # more tokens start; none of them reaches the last layer
         assert second.num_recomputed_tokens > first.num_recomputed_tokens
@@ -84,7 +85,9 @@ def test_chunk_start_lever_recomputes_each_chunks_first_tokens(engine):
     layout = layout_of(engine, QUESTION, CHUNKS)
     sources, _, _ = independent_sources(engine, layout, ratio=0.3)
     selection = RecomputeConfig(chunk_start_tokens=2)
-    chosen = set(engine.prefill(layout, sources, selection=selection).recomputed_positions)
+    chosen = set(
+        engine.prefill(PrefillRequest(layout, sources, selection=selection)).recomputed_positions
+    )
     for start in layout.cu_segments[1:-2]:
         assert {start, start + 1} <= {int(p) for p in chosen}
 
@@ -94,9 +97,11 @@ def test_chunk_start_lever_recomputes_each_chunks_first_tokens(engine):
 def test_ratio_one_with_a_lever_matches_full_prefill(lever, family, tiny_checkpoints, tiny_config):
     engine = _engine(tiny_checkpoints, tiny_config, family)
     layout = layout_of(engine, QUESTION, CHUNKS)
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     sources, _, _ = independent_sources(engine, layout, ratio=1.0)
-    fused = engine.prefill(layout, sources, selection=RecomputeConfig(**LEVERS[lever]))
+    fused = engine.prefill(
+        PrefillRequest(layout, sources, selection=RecomputeConfig(**LEVERS[lever]))
+    )
     rows = slice(0, layout.num_tokens)
     torch.testing.assert_close(fused.kv.k[:, rows], full.kv.k[:, rows], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fused.kv.v[:, rows], full.kv.v[:, rows], atol=1e-5, rtol=1e-5)
@@ -118,19 +123,23 @@ def test_uncertainty_routing_raises_the_ratio_of_an_uncertain_request(engine, ru
     sources, chunk_kvs, system_kv = independent_sources(engine, layout, ratio=0.3)
     # the query pass's next-token distribution is the one over the reused KV: ratio 0's
     reused, _, _ = independent_sources(engine, layout, ratio=0.0)
-    uncertainty = float(lens_signals_from_logits(engine.prefill(layout, reused).logits[None])[1])
+    uncertainty = float(
+        lens_signals_from_logits(engine.prefill(PrefillRequest(layout, reused)).logits[None])[1]
+    )
     base = RecomputeConfig(selection_policy=rule)
-    plain = engine.prefill(layout, sources, selection=base)
+    plain = engine.prefill(PrefillRequest(layout, sources, selection=base))
     rows = slice(0, layout.num_tokens)
 
     def routed(threshold: float, ratio: float = 1.0):
         update = {"uncertain_entropy": threshold, "uncertain_ratio": ratio}
-        return engine.prefill(layout, sources, selection=base.model_copy(update=update))
+        return engine.prefill(
+            PrefillRequest(layout, sources, selection=base.model_copy(update=update))
+        )
 
     confident = routed(uncertainty * 1.01)  # below the threshold: the request's own ratio
     assert torch.equal(confident.recomputed_positions, plain.recomputed_positions)
     torch.testing.assert_close(confident.logits, plain.logits, atol=1e-6, rtol=1e-6)
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     to_full = routed(uncertainty * 0.99)  # above it at uncertain_ratio 1: full recomputation
     torch.testing.assert_close(to_full.kv.v[:, rows], full.kv.v[:, rows], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(to_full.logits, full.logits, atol=1e-5, rtol=1e-5)
@@ -138,7 +147,7 @@ def test_uncertainty_routing_raises_the_ratio_of_an_uncertain_request(engine, ru
     assert plain.num_recomputed_tokens < to_full.num_recomputed_tokens == reused_rows
     # routed to 0.6: the positions a request at ratio 0.6 chooses
     at_six = engine.prefill(
-        layout, independent_sources(engine, layout, ratio=0.6)[0], selection=base
+        PrefillRequest(layout, independent_sources(engine, layout, ratio=0.6)[0], selection=base)
     )
     to_six = routed(uncertainty * 0.99, 0.6)
     assert torch.equal(to_six.recomputed_positions, at_six.recomputed_positions)
@@ -156,11 +165,15 @@ def test_output_oracle_recomputes_the_positions_scored_highest(engine):
     sources, _, _ = independent_sources(engine, layout, ratio=0.2)
     selection = RecomputeConfig(selection_policy="output_oracle")
     with pytest.raises(InputError, match="output_oracle.*position_scores"):
-        engine.prefill(layout, sources, selection=selection)
+        engine.prefill(PrefillRequest(layout, sources, selection=selection))
     scores = torch.zeros(layout.num_tokens)
     first_chunk = range(layout.cu_segments[1], layout.cu_segments[2])
     scores[list(first_chunk)] = torch.arange(1, len(first_chunk) + 1, dtype=torch.float32)
-    output = engine.prefill(layout, sources, selection=selection, position_scores=scores)
+    output = engine.prefill(
+        PrefillRequest(
+            layout, sources, selection=selection, oracle=OracleInputs(position_scores=scores)
+        )
+    )
     chosen = [int(p) for p in output.recomputed_positions if p < layout.cu_segments[-2]]
     chosen = [p for p in chosen if p >= layout.cu_segments[1]]
     assert 0 < len(chosen) < len(first_chunk)
@@ -190,9 +203,11 @@ def test_key_bias_adds_to_the_logits_and_never_unmasks_the_future():
 def test_attention_rescaling_changes_reused_rows_only(engine):
     layout = layout_of(engine, QUESTION, CHUNKS)
     sources, _, _ = independent_sources(engine, layout, ratio=0.0)
-    plain = engine.prefill(layout, sources)
+    plain = engine.prefill(PrefillRequest(layout, sources))
     rescaled = engine.prefill(
-        layout, sources, selection=RecomputeConfig(context_temperature=0.9, context_scale=0.9)
+        PrefillRequest(
+            layout, sources, selection=RecomputeConfig(context_temperature=0.9, context_scale=0.9)
+        )
     )
     assert not torch.allclose(plain.logits, rescaled.logits)
     system = slice(0, len(layout.system_ids))
@@ -200,8 +215,12 @@ def test_attention_rescaling_changes_reused_rows_only(engine):
     chunk = slice(layout.cu_segments[1], layout.cu_segments[2])
     torch.testing.assert_close(rescaled.kv.k[:, chunk], plain.kv.k[:, chunk] / 0.9)
     full_sources, _, _ = independent_sources(engine, layout, ratio=1.0)
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     at_one = engine.prefill(
-        layout, full_sources, selection=RecomputeConfig(context_temperature=0.9, context_scale=0.9)
+        PrefillRequest(
+            layout,
+            full_sources,
+            selection=RecomputeConfig(context_temperature=0.9, context_scale=0.9),
+        )
     )
     torch.testing.assert_close(at_one.logits, full.logits, atol=1e-5, rtol=1e-5)

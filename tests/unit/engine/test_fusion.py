@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from adarag.config import AdaRagConfig, RecomputeConfig
+from adarag.engine.prefill_request import Collect, OracleInputs, PrefillRequest
 from adarag.kernels import rope_delta
 from adarag.schema import PromptLayout
 from tests.tiny_models import load_hf_model
@@ -43,9 +44,13 @@ def _selection(policy, **knobs):
 
 def _fused(engine, layout, sources, policy, **knobs):
     """A fused prefill with ``policy`` (the oracle's reference is a full prefill of ``layout``)."""
-    reference = engine.prefill(layout).kv if policy == "oracle" else None
+    reference = engine.prefill(PrefillRequest(layout)).kv if policy == "oracle" else None
     selection = _selection(policy, **knobs)
-    return engine.prefill(layout, sources, selection=selection, reference_kv=reference)
+    return engine.prefill(
+        PrefillRequest(
+            layout, sources, selection=selection, oracle=OracleInputs(reference_kv=reference)
+        )
+    )
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -53,7 +58,7 @@ def _fused(engine, layout, sources, policy, **knobs):
 def test_ratio_one_matches_full_prefill(family, policy, tiny_checkpoints, tiny_config):
     engine = _engine(tiny_checkpoints, tiny_config, family)
     layout = layout_of(engine, QUESTION, CHUNKS)
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     sources, _, _ = independent_sources(engine, layout, ratio=1.0)
     fused = _fused(engine, layout, sources, policy)
     rows = slice(0, layout.num_tokens)
@@ -67,7 +72,7 @@ def test_ratio_zero_is_repositioned_cache_plus_recomputed_query(tiny_checkpoints
     engine = _engine(tiny_checkpoints, tiny_config)
     layout = layout_of(engine, QUESTION, CHUNKS)
     sources, chunk_kvs, system_kv = independent_sources(engine, layout, ratio=0.0)
-    fused = engine.prefill(layout, sources)
+    fused = engine.prefill(PrefillRequest(layout, sources))
     cu = layout.cu_segments
     # chunk rows are exactly the cached KV rotated to their new positions
     for idx, chunk_kv in enumerate(chunk_kvs):
@@ -90,7 +95,7 @@ def test_repositioned_key_equals_key_computed_at_target(tiny_checkpoints, tiny_c
     _, chunk_kvs, _ = independent_sources(engine, layout, ratio=0.0)
     # Layer-0 keys depend only on token and position: compare the third chunk moved from right
     # after the system prefix to its place in the full prompt with the full prefill's keys.
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     start, end = layout.cu_segments[3], layout.cu_segments[4]
     moved = chunk_kvs[2]
     delta = torch.full((moved.num_tokens,), start - moved.start_position)
@@ -112,9 +117,17 @@ def test_changing_a_later_token_never_changes_earlier_outputs(
         *layout.query_ids[-2:],
     )
     other = PromptLayout(layout.system_ids, layout.chunk_ids, changed_query)
-    reference = engine.prefill(layout).kv  # the oracle scores chunk rows only
-    first = engine.prefill(layout, sources, selection=selection, reference_kv=reference)
-    second = engine.prefill(other, sources, selection=selection, reference_kv=reference)
+    reference = engine.prefill(PrefillRequest(layout)).kv  # the oracle scores chunk rows only
+    first = engine.prefill(
+        PrefillRequest(
+            layout, sources, selection=selection, oracle=OracleInputs(reference_kv=reference)
+        )
+    )
+    second = engine.prefill(
+        PrefillRequest(
+            other, sources, selection=selection, oracle=OracleInputs(reference_kv=reference)
+        )
+    )
     changed_at = layout.num_tokens - 3
     torch.testing.assert_close(
         first.kv.k[:, :changed_at], second.kv.k[:, :changed_at], atol=1e-6, rtol=0
@@ -149,14 +162,14 @@ def test_selection_recomputes_ceil_ratio_of_each_chunk(
 def test_higher_ratio_brings_kv_closer_to_full_prefill(tiny_checkpoints, tiny_config):
     engine = _engine(tiny_checkpoints, tiny_config)
     layout = layout_of(engine, QUESTION, CHUNKS)
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     errors = []
     # cross_attention scores at layer 0 only; kv_deviation (check layer 1) would recompute both
     # layers of a 2-layer model for every candidate, exact at any ratio
     selection = _selection("cross_attention")
     for ratio in (0.0, 0.5, 1.0):
         sources, _, _ = independent_sources(engine, layout, ratio=ratio)
-        fused = engine.prefill(layout, sources, selection=selection)
+        fused = engine.prefill(PrefillRequest(layout, sources, selection=selection))
         rows = slice(0, layout.num_tokens)
         errors.append(float((fused.kv.v[:, rows] - full.kv.v[:, rows]).norm()))
     assert errors[0] > errors[1] > errors[2]
@@ -166,7 +179,7 @@ def test_higher_ratio_brings_kv_closer_to_full_prefill(tiny_checkpoints, tiny_co
 def test_segment_attention_rows_sum_to_one(tiny_checkpoints, tiny_config):
     engine = _engine(tiny_checkpoints, tiny_config)
     layout = layout_of(engine, QUESTION, CHUNKS)
-    output = engine.prefill(layout, collect_segment_attention=True)
+    output = engine.prefill(PrefillRequest(layout, collect=Collect(segment_attention=True)))
     assert output.segment_attention is not None
     num_segments = len(layout.segments)
     assert output.segment_attention.shape == (2, num_segments, num_segments)
@@ -188,9 +201,11 @@ def test_prefill_lens_logits_give_the_signals_of_a_separate_lens_pass(
     engine = _engine(tiny_checkpoints, tiny_config, family)
     layout = layout_of(engine, QUESTION, CHUNKS)
     sources, _, _ = independent_sources(engine, layout, ratio=0.3)
-    plain = engine.prefill(layout, sources)
+    plain = engine.prefill(PrefillRequest(layout, sources))
     num_layers = engine.spec.num_layers
-    with_lens = engine.prefill(layout, sources, num_lens_layers=num_layers + 1)  # clamped
+    with_lens = engine.prefill(
+        PrefillRequest(layout, sources, collect=Collect(num_lens_layers=num_layers + 1))
+    )  # clamped
     assert plain.lens_logits is None and with_lens.lens_logits.shape[0] == num_layers
     torch.testing.assert_close(with_lens.lens_logits[-1], with_lens.logits)
     torch.testing.assert_close(with_lens.logits, plain.logits)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from adarag.config import RecomputeConfig
+from adarag.engine.prefill_request import Collect, LearnedControls, PrefillRequest
 from adarag.engine.routing import ROUTING_FEATURES, RoutingLadder
 from adarag.engine.selection import value_deviation
 from adarag.engine.token_features import RAW_COLUMNS, derive_features, raw_columns
@@ -31,8 +32,8 @@ def _scorer(weights: dict[str, float]) -> FittedModel:
 def test_learned_without_a_scorer_is_query_deviation(engine):
     layout = layout_of(engine, QUESTION, CHUNKS)
     sources, _, _ = independent_sources(engine, layout, ratio=0.3)
-    learned = engine.prefill(layout, sources, selection=LEARNED)
-    default = engine.prefill(layout, sources, selection=RecomputeConfig())
+    learned = engine.prefill(PrefillRequest(layout, sources, selection=LEARNED))
+    default = engine.prefill(PrefillRequest(layout, sources, selection=RecomputeConfig()))
     assert torch.equal(learned.recomputed_positions, default.recomputed_positions)
     torch.testing.assert_close(learned.logits, default.logits)
 
@@ -40,18 +41,26 @@ def test_learned_without_a_scorer_is_query_deviation(engine):
 def test_a_scorer_changes_the_positions_and_ratio_one_is_still_full(engine):
     layout = layout_of(engine, QUESTION, CHUNKS)
     sources, _, _ = independent_sources(engine, layout, ratio=0.3)
-    default = engine.prefill(layout, sources, selection=LEARNED)
+    default = engine.prefill(PrefillRequest(layout, sources, selection=LEARNED))
     late = _scorer({"rel_offset": 1.0})  # the last tokens of every chunk first
-    scored = engine.prefill(layout, sources, selection=LEARNED, token_scorer=late)
+    scored = engine.prefill(
+        PrefillRequest(
+            layout, sources, selection=LEARNED, controls=LearnedControls(token_scorer=late)
+        )
+    )
     assert not torch.equal(scored.recomputed_positions, default.recomputed_positions)
     assert scored.num_recomputed_tokens == default.num_recomputed_tokens
     cu = layout.cu_segments
     chosen = [int(p) for p in scored.recomputed_positions if cu[1] <= p < cu[-2]]
     ends = {cu[i + 1] - 1 for i in range(1, len(cu) - 2)}  # each chunk's last token
     assert ends <= set(chosen)
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     everything, _, _ = independent_sources(engine, layout, ratio=1.0)
-    at_one = engine.prefill(layout, everything, selection=LEARNED, token_scorer=late)
+    at_one = engine.prefill(
+        PrefillRequest(
+            layout, everything, selection=LEARNED, controls=LearnedControls(token_scorer=late)
+        )
+    )
     rows = slice(0, layout.num_tokens)
     torch.testing.assert_close(at_one.kv.v[:, rows], full.kv.v[:, rows], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(at_one.logits, full.logits, atol=1e-5, rtol=1e-5)
@@ -60,7 +69,9 @@ def test_a_scorer_changes_the_positions_and_ratio_one_is_still_full(engine):
 def test_collected_features_are_the_rules_own_inputs(engine):
     layout = layout_of(engine, QUESTION, CHUNKS)
     sources, chunk_kvs, _ = independent_sources(engine, layout, ratio=0.3)
-    output = engine.prefill(layout, sources, selection=LEARNED, collect_features=True)
+    output = engine.prefill(
+        PrefillRequest(layout, sources, selection=LEARNED, collect=Collect(features=True))
+    )
     features = output.candidate_features
     num_layers = engine.spec.num_layers
     cu = layout.cu_segments
@@ -136,9 +147,14 @@ def test_windows_stay_inside_their_chunk():
 def test_a_ladder_that_never_climbs_changes_nothing(engine):
     layout = layout_of(engine, QUESTION, CHUNKS)
     sources, _, _ = independent_sources(engine, layout, ratio=0.3)
-    plain = engine.prefill(layout, sources, selection=LEARNED)
+    plain = engine.prefill(PrefillRequest(layout, sources, selection=LEARNED))
     kept = engine.prefill(
-        layout, sources, selection=LEARNED, ladder=RoutingLadder.fixed((0.6, 1.0), climb=False)
+        PrefillRequest(
+            layout,
+            sources,
+            selection=LEARNED,
+            controls=LearnedControls(ladder=RoutingLadder.fixed((0.6, 1.0), climb=False)),
+        )
     )
     assert torch.equal(kept.recomputed_positions, plain.recomputed_positions)
     torch.testing.assert_close(kept.logits, plain.logits, atol=1e-6, rtol=1e-6)
@@ -150,12 +166,17 @@ def test_a_ladder_that_never_climbs_changes_nothing(engine):
 def test_climbing_tops_up_and_the_top_rung_equals_full_prefill(engine):
     layout = layout_of(engine, QUESTION, CHUNKS)
     sources, _, _ = independent_sources(engine, layout, ratio=0.3)
-    plain = engine.prefill(layout, sources, selection=LEARNED)
+    plain = engine.prefill(PrefillRequest(layout, sources, selection=LEARNED))
     halfway = engine.prefill(
-        layout, sources, selection=LEARNED, ladder=RoutingLadder.fixed((0.6,), climb=True)
+        PrefillRequest(
+            layout,
+            sources,
+            selection=LEARNED,
+            controls=LearnedControls(ladder=RoutingLadder.fixed((0.6,), climb=True)),
+        )
     )
     at_six, _, _ = independent_sources(engine, layout, ratio=0.6)
-    six = engine.prefill(layout, at_six, selection=LEARNED)
+    six = engine.prefill(PrefillRequest(layout, at_six, selection=LEARNED))
     # the climb adds the tokens a request at 0.6 chooses, keeping those recomputed at 0.3
     assert set(plain.recomputed_positions.tolist()) < set(halfway.recomputed_positions.tolist())
     assert set(six.recomputed_positions.tolist()) <= set(halfway.recomputed_positions.tolist())
@@ -163,9 +184,14 @@ def test_climbing_tops_up_and_the_top_rung_equals_full_prefill(engine):
     assert [rung.climbed for rung in halfway.routing] == [True, False]
     assert halfway.routing[-1].probability is None
     assert not torch.allclose(halfway.logits, plain.logits)
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     top = engine.prefill(
-        layout, sources, selection=LEARNED, ladder=RoutingLadder.fixed((0.6, 1.0), climb=True)
+        PrefillRequest(
+            layout,
+            sources,
+            selection=LEARNED,
+            controls=LearnedControls(ladder=RoutingLadder.fixed((0.6, 1.0), climb=True)),
+        )
     )
     rows = slice(0, layout.num_tokens)
     torch.testing.assert_close(top.kv.k[:, rows], full.kv.k[:, rows], atol=1e-5, rtol=1e-5)

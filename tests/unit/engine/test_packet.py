@@ -7,6 +7,7 @@ import torch
 
 from adarag.engine.packet import packet_ids
 from adarag.engine.packet_student import FreshRows, context_copy, tail_logits, tail_rows
+from adarag.engine.prefill_request import LearnedControls, PrefillRequest
 from adarag.errors import InputError
 from adarag.evaluation.reuse import reuse_sources
 from tests.unit.engine.helpers import CHUNKS, QUESTION, independent_sources, layout_of
@@ -19,9 +20,9 @@ def test_tail_over_a_full_prefill_gives_the_full_prefills_logits(
 ):
     engine = _engine(tiny_checkpoints, tiny_config, family)
     layout = layout_of(engine, QUESTION, CHUNKS)
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     cut = layout.cu_segments[-2]  # the query suffix runs as the tail
-    head = engine.prefill(layout, None).kv
+    head = engine.prefill(PrefillRequest(layout, None)).kv
     tail = torch.tensor(layout.query_ids)
     logits = tail_logits(engine.runner, context_copy(head, cut), cut, tail)
     torch.testing.assert_close(logits[-1], full.logits, atol=1e-4, rtol=1e-4)
@@ -35,8 +36,8 @@ def test_packet_rows_stand_in_for_their_ids_and_carry_the_gradient(tiny_checkpoi
     ids = packet_ids(spec.vocab_size, 3)
     bridged = layout.with_bridge(ids)
     sources, _, _ = independent_sources(engine, bridged, 0.0)
-    fused = engine.prefill(bridged, sources, packet=table)
-    plain = engine.prefill(layout, independent_sources(engine, layout, 0.0)[0])
+    fused = engine.prefill(PrefillRequest(bridged, sources, controls=LearnedControls(packet=table)))
+    plain = engine.prefill(PrefillRequest(layout, independent_sources(engine, layout, 0.0)[0]))
     assert not torch.allclose(fused.logits, plain.logits)  # the packet changed the answer
     cut = bridged.cu_segments[-2]
     packet = table.clone().requires_grad_(True)
@@ -47,7 +48,7 @@ def test_packet_rows_stand_in_for_their_ids_and_carry_the_gradient(tiny_checkpoi
     logits[-1].logsumexp(-1).backward()
     assert packet.grad is not None and float(packet.grad.abs().sum()) > 0.0
     with pytest.raises(InputError, match="packet table"):
-        engine.prefill(bridged, sources)  # packet ids without their table
+        engine.prefill(PrefillRequest(bridged, sources))  # packet ids without their table
 
 
 def test_a_trailers_rows_reused_in_a_fused_prefill_carry_the_gradient(
@@ -75,7 +76,7 @@ def test_a_trailers_rows_reused_in_a_fused_prefill_carry_the_gradient(
         entries.append(stored)
         rows.append(fresh)
     sources = reuse_sources(system_kv, entries, 0.0)
-    fused = engine.prefill(layout, sources, packet=table)
+    fused = engine.prefill(PrefillRequest(layout, sources, controls=LearnedControls(packet=table)))
     cu = layout.cu_segments
     moved = [
         row.moved(torch.arange(cu[idx + 2] - 2, cu[idx + 2]), engine.runner.inv_freq)

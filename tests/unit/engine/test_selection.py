@@ -12,6 +12,7 @@ import torch
 from adarag import AdaRAG
 from adarag.config import RecomputeConfig
 from adarag.engine.batch import SegmentPlan
+from adarag.engine.prefill_request import OracleInputs, PrefillRequest
 from adarag.engine.selection import RecomputePlan, key_attention_mass
 from adarag.engine.selection_rules import SELECTION_RULES
 from adarag.errors import InputError
@@ -40,9 +41,13 @@ def engine(tiny_checkpoints, tiny_config):
 
 
 def _recomputed(engine, layout, sources, rule, **knobs):
-    reference = engine.prefill(layout).kv
+    reference = engine.prefill(PrefillRequest(layout)).kv
     selection = RecomputeConfig(selection_policy=rule, **knobs)
-    output = engine.prefill(layout, sources, selection=selection, reference_kv=reference)
+    output = engine.prefill(
+        PrefillRequest(
+            layout, sources, selection=selection, oracle=OracleInputs(reference_kv=reference)
+        )
+    )
     return tuple(output.recomputed_positions.tolist())
 
 
@@ -98,7 +103,9 @@ def test_oracle_without_a_reference_is_a_clear_error(engine):
     layout = layout_of(engine, QUESTION, CHUNKS)
     sources, _, _ = independent_sources(engine, layout, ratio=0.3)
     with pytest.raises(InputError, match="oracle.*reference"):
-        engine.prefill(layout, sources, selection=RecomputeConfig(selection_policy="oracle"))
+        engine.prefill(
+            PrefillRequest(layout, sources, selection=RecomputeConfig(selection_policy="oracle"))
+        )
 
 
 def test_query_layers_outside_the_model_are_a_clear_error(engine):
@@ -106,7 +113,7 @@ def test_query_layers_outside_the_model_are_a_clear_error(engine):
     sources, _, _ = independent_sources(engine, layout, ratio=0.3)
     selection = RecomputeConfig(selection_policy="query_attention", query_layers=(1, 5))
     with pytest.raises(InputError, match="query_layers"):
-        engine.prefill(layout, sources, selection=selection)
+        engine.prefill(PrefillRequest(layout, sources, selection=selection))
 
 
 def test_global_budget_keeps_the_total_and_the_cap(engine):

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.schema import GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 
@@ -27,10 +28,14 @@ def test_concurrent_requests_decode_together_and_get_their_own_tokens(
     params = GenerationParams(max_new_tokens=16)
     layouts = [layout_of(lone, q, CHUNKS[: i % 3 + 1]) for i, q in enumerate(QUESTIONS)]
     expected = [
-        list(lone.decode_tokens(layout, lone.prefill(layout, max_new_tokens=16), params))
+        list(
+            lone.decode_tokens(
+                layout, lone.prefill(PrefillRequest(layout, max_new_tokens=16)), params
+            )
+        )
         for layout in layouts
     ]
-    outputs = [batched.prefill(layout, max_new_tokens=16) for layout in layouts]
+    outputs = [batched.prefill(PrefillRequest(layout, max_new_tokens=16)) for layout in layouts]
     got: list[list[int] | None] = [None] * len(layouts)
     start = threading.Barrier(len(layouts))
 
@@ -53,13 +58,19 @@ def test_a_cancelled_request_leaves_the_batch(tiny_checkpoints, tiny_config):
     engine = load_engine(tiny_config(tiny_checkpoints["llama"], engine={"batch_decode": True}))
     layout = layout_of(engine, QUESTION, CHUNKS)
     params = GenerationParams(max_new_tokens=8)
-    stream = engine.decode_tokens(layout, engine.prefill(layout, max_new_tokens=8), params)
+    stream = engine.decode_tokens(
+        layout, engine.prefill(PrefillRequest(layout, max_new_tokens=8)), params
+    )
     next(stream)
     assert engine.decoder.batcher._decoding == 1
     stream.close()  # a client that went away
     assert engine.decoder.batcher._decoding == 0
     # a lone request afterwards steps alone, without waiting for the one that left
-    tokens = list(engine.decode_tokens(layout, engine.prefill(layout, max_new_tokens=8), params))
+    tokens = list(
+        engine.decode_tokens(
+            layout, engine.prefill(PrefillRequest(layout, max_new_tokens=8)), params
+        )
+    )
     assert tokens and engine.decoder.batcher.batch_sizes[-1] == 1
 
 

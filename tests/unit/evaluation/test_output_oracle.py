@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from adarag.config import RecomputeConfig
+from adarag.engine.prefill_request import OracleInputs, PrefillRequest
 from adarag.evaluation.output_oracle import AnswerLoss, output_oracle_scores
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
@@ -13,9 +14,9 @@ from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 def _setup(tiny_checkpoints, tiny_config):
     engine = load_engine(tiny_config(tiny_checkpoints["qwen2"]))
     layout = layout_of(engine, QUESTION, CHUNKS)
-    full = engine.prefill(layout)
+    full = engine.prefill(PrefillRequest(layout))
     system_kv, chunk_kvs = independent_chunks(engine, layout)
-    reused = engine.prefill(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
+    reused = engine.prefill(PrefillRequest(layout, reuse_sources(system_kv, chunk_kvs, 0.0)))
     answer = [int(full.logits.argmax()), 5, 7]
     return engine, layout, full, reused, (system_kv, chunk_kvs), answer
 
@@ -56,7 +57,11 @@ def test_scores_pick_the_budget_and_drive_the_output_oracle(tiny_checkpoints, ti
     assert torch.isinf(scores[: layout.cu_segments[1]]).all()  # the system prefix is exact
     sources = reuse_sources(system_kv, chunk_kvs, 0.2)
     selection = RecomputeConfig(selection_policy="output_oracle")
-    output = engine.prefill(layout, sources, selection=selection, position_scores=scores)
+    output = engine.prefill(
+        PrefillRequest(
+            layout, sources, selection=selection, oracle=OracleInputs(position_scores=scores)
+        )
+    )
     chosen = set(output.recomputed_positions.tolist())
     assert {int(p) for p in (scores >= 1e6).nonzero().squeeze(1)} <= chosen
 

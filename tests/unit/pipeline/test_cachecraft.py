@@ -18,6 +18,7 @@ from adarag.cache.variants import (
 )
 from adarag.config import VariantConfig
 from adarag.engine.focus import FocusTracker, focused_chunks
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.pipeline import AdaRAG
 from adarag.policies import POLICIES
 from tests.unit.engine.helpers import CHUNKS, QUESTION
@@ -147,7 +148,7 @@ def test_a_variant_under_its_own_prefix_is_reused_exactly(craft):
     assert [hit.tier for hit in hits] == ["variant"] * 3
     assert [hit.recompute_ratio for hit in hits] == [0.0] * 3
     assert output.num_recomputed_tokens == len(layout.query_ids)
-    full = craft.engine.prefill(layout)
+    full = craft.engine.prefill(PrefillRequest(layout))
     torch.testing.assert_close(output.logits, full.logits, atol=1e-5, rtol=1e-5)
 
 

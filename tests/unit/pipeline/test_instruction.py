@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from adarag import AdaRAG
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.errors import InputError
 from adarag.pipeline import Request
 from adarag.policies import POLICIES
@@ -39,7 +40,7 @@ def test_an_instruction_reuses_the_cached_context_and_equals_a_full_prefill(rag)
     assert layout.system_ids == rag.prompts.system_ids  # the system prefix is unchanged
     assert stream.trace.num_prompt_tokens == layout.num_tokens > plain.trace.num_prompt_tokens
     assert stream.trace.order_hint == ""  # the trace's hint stays the arrangement's
-    full = rag.engine.prefill(layout)
+    full = rag.engine.prefill(PrefillRequest(layout))
     torch.testing.assert_close(reused, full.logits, rtol=1e-4, atol=1e-4)
 
 

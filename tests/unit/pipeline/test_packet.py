@@ -11,6 +11,7 @@ from safetensors.torch import save
 
 from adarag.config import RecomputeSettings
 from adarag.engine.packet import packet_ids
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.errors import ConfigError
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.learned import learned_controls
@@ -90,7 +91,7 @@ def test_ratio_one_with_the_default_store_equals_full_prefill(tiny_checkpoints, 
         layout = rag.prompts.layout(QUESTION, CHUNKS[:2])
         output, hits, _ = rag.augmentation.fused_prefill(layout, PARAMS.max_new_tokens)
         assert {hit.tier for hit in hits} == {"miss"}
-        full = rag.engine.prefill(layout, max_new_tokens=PARAMS.max_new_tokens)
+        full = rag.engine.prefill(PrefillRequest(layout, max_new_tokens=PARAMS.max_new_tokens))
         torch.testing.assert_close(output.logits, full.logits, atol=1e-5, rtol=1e-5)
         assert list(rag.engine.decode_tokens(layout, output, PARAMS)) == list(
             rag.engine.decode_tokens(layout, full, PARAMS)

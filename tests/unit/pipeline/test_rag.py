@@ -9,6 +9,7 @@ import torch
 
 from adarag import AdaRAG, Chunk, MemoryRetriever
 from adarag.config import AdaRagConfig
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.errors import ConfigError, InputError
 from adarag.pipeline.answer_stream import NO_CONTEXT_ANSWER
 from adarag.profiles import generic_profile
@@ -272,7 +273,7 @@ def test_a_step_whose_prefix_differs_gets_a_cache_of_its_own(make_rag):
     other = rag.layout(QUESTION, [CHUNKS[2], CHUNKS[1]], PARAMS)
     second, _, _ = augmented.fused_prefill(other, 4, first)
     assert second.kv is first.output.kv  # room enough; only the system prefix is kept
-    full = rag.engine.prefill(other, max_new_tokens=4)
+    full = rag.engine.prefill(PrefillRequest(other, max_new_tokens=4))
     assert torch.allclose(second.logits, full.logits, atol=1e-4)
 
 

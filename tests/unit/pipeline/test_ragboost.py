@@ -15,6 +15,7 @@ import torch
 from adarag import AdaRAG
 from adarag.config import AdaRagConfig
 from adarag.conversation import Conversation
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.policies import POLICIES
 from adarag.schema import Chunk, GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION
@@ -73,7 +74,7 @@ def test_the_reordered_answer_is_exactly_a_full_prefill_of_the_hinted_prompt(mak
     listed = [c.text for c in stream.chunks]
     stream.answer()
     layout = rag.prompts.layout(QUESTION, listed, note=stream.trace.order_hint)
-    full = rag.engine.prefill(layout)
+    full = rag.engine.prefill(PrefillRequest(layout))
     assert stream.trace.num_prompt_tokens == layout.num_tokens
     torch.testing.assert_close(reused, full.logits, rtol=1e-4, atol=1e-4)
 

@@ -12,6 +12,7 @@ import torch
 
 from adarag.cache.disk import SUFFIX
 from adarag.config import AdaRagConfig
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.pipeline import AdaRAG
 from tests.unit.engine.helpers import CHUNKS, QUESTION
 
@@ -25,7 +26,7 @@ def rag(tiny_checkpoints, tiny_config):
 
 
 def _full_logits(rag, layout):
-    return rag.engine.prefill(layout).logits
+    return rag.engine.prefill(PrefillRequest(layout)).logits
 
 
 def test_identical_prompt_from_hard_tier_reproduces_full_prefill_logits(rag):

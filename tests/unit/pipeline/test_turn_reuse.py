@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from adarag import AdaRAG
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.schema import GenerationParams
 from tests.unit.engine.helpers import CHUNKS, answer_text
 
@@ -51,7 +52,7 @@ def test_the_third_turn_computes_only_the_turn_it_adds_and_its_question(make_rag
     assert joined_step.num_recomputed_tokens > step.num_recomputed_tokens
     # hard hits stored in float32 are exact: the answer is the full prefill's
     engine = rag.engine
-    full = engine.prefill(layout, max_new_tokens=PARAMS.max_new_tokens)
+    full = engine.prefill(PrefillRequest(layout, max_new_tokens=PARAMS.max_new_tokens))
     assert answer.text == answer_text(engine, layout, full, PARAMS).strip()
 
 
@@ -66,18 +67,20 @@ def test_turns_reused_after_other_chunks_at_ratio_one_match_a_full_prefill(make_
     (step,) = answer.trace.steps
     assert "miss" not in step.tiers  # every chunk was seen in an earlier turn
     engine = rag.engine
-    full = engine.prefill(layout, max_new_tokens=PARAMS.max_new_tokens)
+    full = engine.prefill(PrefillRequest(layout, max_new_tokens=PARAMS.max_new_tokens))
     assert answer.text == answer_text(engine, layout, full, PARAMS).strip()
     hits = rag.cache.lookup(layout.cached_segments)
     assert hits[-2].tier != "miss"  # the first turn's KV is found, though its chunks changed
     reused = engine.prefill(
-        layout,
-        [
-            _source(None),
-            *(_source(hit.kv, hit.recompute_ratio) for hit in hits),
-            _source(None),
-        ],
-        max_new_tokens=PARAMS.max_new_tokens,
+        PrefillRequest(
+            layout,
+            [
+                _source(None),
+                *(_source(hit.kv, hit.recompute_ratio) for hit in hits),
+                _source(None),
+            ],
+            max_new_tokens=PARAMS.max_new_tokens,
+        ),
     )
     torch.testing.assert_close(reused.logits, full.logits, atol=1e-4, rtol=1e-4)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adarag.config import AdaRagConfig
+from adarag.engine.prefill_request import PrefillRequest
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.policies import POLICIES
 from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
@@ -36,7 +37,7 @@ def test_a3_selects_other_tokens_than_cacheblend_on_the_same_prompt(tiny_checkpo
         ratio = config.cache.independent.recompute_ratio
         assert ratio == 0.15
         sources = reuse_sources(system_kv, chunk_kvs, ratio)
-        output = engine.prefill(layout, sources, selection=config.selection)
+        output = engine.prefill(PrefillRequest(layout, sources, selection=config.selection))
         chosen[name] = set(output.recomputed_positions.tolist())
     assert len(chosen["a3"]) == len(chosen["cacheblend"])  # the same budget
     assert chosen["a3"] != chosen["cacheblend"]

@@ -13,6 +13,7 @@ import torch
 from adarag import AdaRAG
 from adarag.cli import calibrate_learned, main
 from adarag.config import AdaRagConfig, RecomputeConfig
+from adarag.engine.prefill_request import LearnedControls, PrefillRequest
 from adarag.evaluation.profiling.depth_probe import probe_layers
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.profiles import ModelProfile
@@ -113,16 +114,25 @@ def test_selector_shards_then_fits_a_profile_the_learned_rule_reads(calibrated, 
     system_kv, chunk_kvs = independent_chunks(rag.engine, layout)
     learned = RecomputeConfig(selection_policy="learned")
     at_half = reuse_sources(system_kv, chunk_kvs, 0.5)
-    plain = rag.engine.prefill(layout, at_half, selection=learned)
-    fitted = rag.engine.prefill(layout, at_half, selection=learned, token_scorer=profile.selector)
+    plain = rag.engine.prefill(PrefillRequest(layout, at_half, selection=learned))
+    fitted = rag.engine.prefill(
+        PrefillRequest(
+            layout,
+            at_half,
+            selection=learned,
+            controls=LearnedControls(token_scorer=profile.selector),
+        )
+    )
     assert plain.num_recomputed_tokens == fitted.num_recomputed_tokens
     assert not torch.equal(plain.recomputed_positions, fitted.recomputed_positions)
-    full = rag.engine.prefill(layout)
+    full = rag.engine.prefill(PrefillRequest(layout))
     at_one = rag.engine.prefill(
-        layout,
-        reuse_sources(system_kv, chunk_kvs, 1.0),
-        selection=learned,
-        token_scorer=profile.selector,
+        PrefillRequest(
+            layout,
+            reuse_sources(system_kv, chunk_kvs, 1.0),
+            selection=learned,
+            controls=LearnedControls(token_scorer=profile.selector),
+        ),
     )
     torch.testing.assert_close(at_one.logits, full.logits, atol=1e-5, rtol=1e-5)
 
