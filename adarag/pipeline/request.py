@@ -79,7 +79,13 @@ class Request:
 
         Raises:
             InputError: The question is not text or is empty.
+            TypeError: An option's name is not one of :class:`AnswerOptions` (as for a
+                misspelt keyword of any function).
         """
+        unknown = sorted(set(options) - AnswerOptions.__optional_keys__)
+        if unknown:
+            known = ", ".join(sorted(AnswerOptions.__optional_keys__))
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}; the options are {known}")
         check_question(question)
         chunks = options.get("chunks")
         return cls(
