@@ -25,6 +25,12 @@ measures the server's per-chunk overhead: a lookup that misses (one GET of a key
 (GET key, GET entry, checksum and layout checks, decode), next to a read of the same entry from
 the local disk tier, and the bytes moved per hit.
 
+``delayed-remote``: TTFT p50 and p95 of ``--clients`` concurrent clients whose chunks are all
+read from the shared tier, with a relay holding every command for ``--delay-ms`` (20 ms: a tier
+in another zone) and without. A lookup that waits on the server must hold up only its own
+request: p95 with the delay stays near p95 without it. ``--label`` names the code measured;
+rows of other labels already in the results file are kept, so two versions share one table.
+
 ``fusion-ingest``: FusionRAG's ingest cost, warming fused chunk KV against warming independent KV
 only. The first ``--chunks`` passages of the 2Wiki corpus go into a Chroma knowledge base (the
 default embedding model); then one pipeline warms them plainly (each chunk's independent KV) and
@@ -35,6 +41,7 @@ afterwards.
 
     python benchmarks/storage.py formats --model default --chunks 8
     python benchmarks/storage.py remote --questions 3 --passages 4
+    python benchmarks/storage.py delayed-remote --clients 8 --label after
     python benchmarks/storage.py fusion-ingest \
         --model ~/.cache/adarag/models/SmolLM2-135M-Instruct --chunks 16 --neighbors 10
 """
@@ -45,6 +52,7 @@ import argparse
 from pathlib import Path
 
 from common import run_subcommand
+from runs.storage.delayed_remote import delayed_remote
 from runs.storage.formats import storage_formats
 from runs.storage.fusion_ingest import fusion_ingest
 from runs.storage.remote import remote_tier
@@ -84,6 +92,23 @@ def main() -> None:
     command.add_argument("--data-dir", type=Path)
     command.add_argument("--name", default="fusion_ingest")
     command.set_defaults(fn=fusion_ingest)
+    command = sub.add_parser(
+        "delayed-remote",
+        help="TTFT p50/p95 of concurrent clients with the shared tier behind a delay, and without",
+    )
+    command.add_argument("--model", default="default")
+    command.add_argument("--clients", type=int, default=8)
+    command.add_argument("--rounds", type=int, default=3, help="requests per client")
+    command.add_argument("--chunks", type=int, default=2, help="chunks per request")
+    command.add_argument("--delays-ms", type=float, nargs="+", default=[0.0, 20.0])
+    command.add_argument("--threads", type=int, help="torch threads (torch's own count if unset)")
+    command.add_argument(
+        "--label", default="this code", help="names this run's rows (others in the file are kept)"
+    )
+    command.add_argument(
+        "--output", default="delayed_remote", help="results/shared-kv-tier/<output>.{md,json}"
+    )
+    command.set_defaults(fn=delayed_remote)
     run_subcommand(parser)
 
 

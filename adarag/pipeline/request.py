@@ -88,7 +88,13 @@ class Request:
         Raises:
             InputError: The question is not text or is empty, or the instruction is not text
                 the prompt can hold.
+            TypeError: An option's name is not one of :class:`AnswerOptions` (as for a
+                misspelt keyword of any function).
         """
+        unknown = sorted(set(options) - AnswerOptions.__optional_keys__)
+        if unknown:
+            known = ", ".join(sorted(AnswerOptions.__optional_keys__))
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}; the options are {known}")
         check_question(question)
         instruction = options.get("instruction", "")
         check_instruction(instruction)

@@ -315,3 +315,11 @@ def test_engine_overrides_its_config_section_and_a_loaded_engine_is_shared(
     shared = AdaRAG(rag.config, loaded_engine=rag.engine)
     assert shared.engine is rag.engine
     assert AdaRAG(rag.config).engine is not rag.engine
+
+
+def test_a_misspelt_answering_option_is_an_error_not_ignored(make_rag):
+    rag = make_rag()
+    with pytest.raises(TypeError, match="'topk'"):
+        rag.query(QUESTION, chunks=list(CHUNKS), topk=2)
+    with pytest.raises(TypeError, match="'chunk'"):
+        asyncio.run(rag.aquery(QUESTION, chunk=list(CHUNKS)))
