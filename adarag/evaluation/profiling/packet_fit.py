@@ -57,7 +57,7 @@ TOP_K = 64
 HELD_OUT_EVERY = 5
 """Every fifth calibration question is held out of the fit and scores it."""
 CHECKPOINT = "packet-checkpoint.pt"
-INIT_TEXT = "\n\nUse the passages above to answer the question below.\n"
+INIT_TEXT = "\n"
 """The bridge starts as these tokens' embeddings (repeated to fill it)."""
 TRAILER_TEXT = "\n\n"
 """The trailer starts as these tokens' embeddings (repeated to fill it)."""
