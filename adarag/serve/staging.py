@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-from adarag.files import make_private_directories
+from adarag.files import make_private_directories, process_running
 
 logger = logging.getLogger(__name__)
 
@@ -59,16 +59,4 @@ def _is_abandoned(entry: Path) -> bool:
         age_s = time.time() - entry.lstat().st_mtime
     except OSError:
         return False  # gone already
-    return age_s > STALE_AFTER_S or not _is_running(int(pid_text))
-
-
-def _is_running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
+    return age_s > STALE_AFTER_S or not process_running(int(pid_text))

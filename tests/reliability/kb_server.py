@@ -67,3 +67,29 @@ def wait_processed(served: Served, name: str, timeout_s: float = 120) -> dict:
             return entry
         time.sleep(0.1)
     raise AssertionError(f"{name} was not processed within {timeout_s} s")
+
+
+def start_kb_server_process(checkpoint: Path, root: Path, settings: str) -> tuple[Any, str]:
+    """``adarag serve`` over a tiny knowledge base in a process of its own; (process, URL).
+
+    ``settings`` is the JSON of its ``retrieval`` and ``serve`` sections
+    (:mod:`tests.reliability.kb_server_process`).
+    """
+    import os
+    import subprocess
+    import sys
+
+    project = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), *sys.path])}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.reliability.kb_server_process"]
+        + [str(checkpoint), str(root), settings],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=project,
+    )
+    assert server.stdout is not None
+    line = server.stdout.readline()
+    assert line.startswith("port "), line
+    return server, f"http://127.0.0.1:{int(line.split()[1])}"

@@ -20,7 +20,7 @@ def serve_args(*options: str):
 
 
 def test_the_api_key_comes_from_the_option_else_the_environment(monkeypatch, ledger):
-    """Issue row 10: only ADARAG_API_KEY set the key."""
+    """Before: only ADARAG_API_KEY set the key."""
     config = ServeConfig()
     monkeypatch.setenv("ADARAG_API_KEY", "from-env")
     assert api_key_of(serve_args("--api-key", "from-flag"), config) == ("from-flag", "--api-key")
@@ -33,7 +33,7 @@ def test_the_api_key_comes_from_the_option_else_the_environment(monkeypatch, led
 
 
 def test_serving_without_a_key_beyond_loopback_is_warned_of(ledger):
-    """Issue row 10: no warning when serving without a key on a non-loopback address."""
+    """Before: no warning when serving without a key on a non-loopback address."""
     for host in ("0.0.0.0", "::", "10.0.0.5", "kb.example.com"):
         warning = exposure_warning(host, None)
         assert warning and host in warning and "--api-key" in warning

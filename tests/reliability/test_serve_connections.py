@@ -86,7 +86,7 @@ def rag(tiny_checkpoints, tmp_path_factory):
 
 
 def test_600_idle_sockets_from_one_address_leave_other_clients_served(rag, ledger):
-    """Issue row 5: 512 idle sockets from one client locked everyone out."""
+    """Before: 512 idle sockets from one client locked everyone out."""
     duration_s = scale(15, 60)
     with serving(rag) as served:  # the defaults: 512 connections, 32 per address
         until = time.monotonic() + duration_s

@@ -27,7 +27,7 @@ LODGE = "\n\n".join(
 
 
 def test_staged_uploads_of_ended_processes_are_swept_at_start(tiny_checkpoints, tmp_path, ledger):
-    """Issue row 6: a staged upload left by a crash was never swept."""
+    """Before: a staged upload left by a crash was never swept."""
     ended = subprocess.Popen(["true"])
     ended.wait()
     staging = tmp_path / "documents" / ".incoming"
@@ -46,7 +46,7 @@ def test_staged_uploads_of_ended_processes_are_swept_at_start(tiny_checkpoints, 
 def test_a_document_whose_warming_was_cut_short_is_warmed_after_a_restart(
     tiny_checkpoints, tmp_path, ledger
 ):
-    """Issue row 9: it was listed processed, its KV never completed."""
+    """Before: it was listed processed, its KV never completed."""
     rag, kb = kb_rag(tiny_checkpoints["llama"], tmp_path, chunk_tokens=16, chunk_overlap_tokens=0)
     documents = tmp_path / "documents"
     documents.mkdir()
@@ -64,7 +64,7 @@ def test_a_document_whose_warming_was_cut_short_is_warmed_after_a_restart(
 
 
 def test_names_with_bidi_overrides_or_markup_are_refused(tiny_checkpoints, tmp_path, ledger):
-    """Issue row 7: such names were stored and listed verbatim."""
+    """Before: such names were stored and listed verbatim."""
     refused = [
         "invoice\u202etxt.md",
         "<script>alert(1)</script>.md",

@@ -46,7 +46,7 @@ def query(served: Served, headers: dict[str, str]) -> httpx.Response:
 
 
 def test_a_page_of_another_origin_can_neither_add_documents_nor_query(server, ledger):
-    """Issue row 1: a form post from any page added documents."""
+    """Before: a form post from any page added documents."""
     attempts = [
         upload(server, "planted.md", {"Origin": EVIL}),
         upload(server, "planted.md", {"Origin": "null"}),  # a sandboxed frame, a file: page
@@ -96,7 +96,7 @@ def test_pages_of_allowed_origins_may_read_answers(server):
 
 
 def test_a_host_name_the_server_does_not_answer_to_is_refused(server, ledger):
-    """Issue row 1: DNS rebinding reached every route (no Host check)."""
+    """Before: DNS rebinding reached every route (no Host check)."""
     rebound = {"Host": f"evil.example:{server.port}"}
     attempts = [
         httpx.get(f"{server.url}/v1/files", headers=rebound),
@@ -117,7 +117,7 @@ def test_a_host_name_the_server_does_not_answer_to_is_refused(server, ledger):
 
 
 def test_an_upload_must_say_it_is_multipart_or_json(server, ledger):
-    """Issue row 1: any body not multipart was parsed as JSON, whatever its Content-Type."""
+    """Before: any body not multipart was parsed as JSON, whatever its Content-Type."""
     text = b'{"filename": "typed.md", "text": "the gate code is 0000"}'
     attempts = [
         upload(server, "typed.md", {"Content-Type": "text/plain"}, content=text),

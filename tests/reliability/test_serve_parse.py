@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,9 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.reliability.conftest import HERE
 from tests.reliability.docx_bomb import docx_bomb
-from tests.reliability.kb_server import kb_serving, listed
+from tests.reliability.kb_server import kb_serving, listed, start_kb_server_process
 
 pytest.importorskip("docx")
 LIMIT_S = 3.0
@@ -62,7 +59,7 @@ def send_bomb(url: str) -> httpx.Response:
 
 
 def test_a_docx_bomb_is_refused_within_the_parse_deadline(tiny_checkpoints, tmp_path, ledger):
-    """Issue row 2: an 83 KB .docx pinned a core for ~37 min and stalled other routes."""
+    """Before: an 83 KB .docx pinned a core for ~37 min and stalled other routes."""
     retrieval = {"max_parse_seconds": LIMIT_S}
     with kb_serving(tiny_checkpoints["llama"], tmp_path, retrieval=retrieval) as (served, _):
         health_s: list[float] = []
@@ -107,7 +104,7 @@ def test_a_docx_bomb_is_refused_within_the_parse_deadline(tiny_checkpoints, tmp_
 
 
 def test_a_client_hanging_up_kills_its_parse(tiny_checkpoints, tmp_path, ledger):
-    """Issue row 2: a parse went on after its client hung up."""
+    """Before: a parse went on after its client hung up."""
     retrieval = {"max_parse_seconds": 600}
     with kb_serving(tiny_checkpoints["llama"], tmp_path, retrieval=retrieval) as (served, _):
         body = docx_bomb()
@@ -135,21 +132,10 @@ def test_a_client_hanging_up_kills_its_parse(tiny_checkpoints, tmp_path, ledger)
 
 
 def test_sigterm_during_a_parse_exits_within_5_s(tiny_checkpoints, tmp_path, ledger):
-    """Issue row 2: after SIGTERM the server logged its shutdown but never exited."""
+    """Before: after SIGTERM the server logged its shutdown but never exited."""
     settings = '{"retrieval": {"max_parse_seconds": 600}, "serve": {}}'
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), *sys.path])}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tests.reliability.kb_server_process"]
-        + [str(tiny_checkpoints["llama"]), str(tmp_path), settings],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=HERE.parents[1],
-    )
+    server, url = start_kb_server_process(tiny_checkpoints["llama"], tmp_path, settings)
     try:
-        line = server.stdout.readline()
-        assert line.startswith("port "), line
-        url = f"http://127.0.0.1:{int(line.split()[1])}"
         replies: list[httpx.Response | Exception] = []
 
         def upload() -> None:

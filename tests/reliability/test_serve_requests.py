@@ -27,7 +27,7 @@ def server(tiny_checkpoints, tmp_path_factory) -> Iterator[Served]:
 
 
 def test_more_given_chunks_than_max_top_k_are_refused_before_any_prefill(server, ledger):
-    """Issue row 4: 5,000 given chunks were accepted."""
+    """Before: 5,000 given chunks were accepted."""
     max_top_k = 64  # retrieval.max_top_k's default
     for count in (max_top_k + 1, 5000):
         body = {"question": "what?", "chunks": [f"chunk {i}" for i in range(count)]}
@@ -44,7 +44,7 @@ def test_more_given_chunks_than_max_top_k_are_refused_before_any_prefill(server,
 
 
 def test_a_request_framed_by_both_length_and_chunks_closes_its_connection(server, ledger):
-    """Issue row 8: the connection stayed open (a request smuggling vector behind a proxy)."""
+    """Before: the connection stayed open (a request smuggling vector behind a proxy)."""
     body = b'{"object": 1}'
     chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
     head = (

@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.reliability.conftest import HERE, scale
+from tests.reliability.conftest import scale
 from tests.reliability.docx_bomb import docx_bomb
 from tests.reliability.http_server import peak_rss_bytes
-from tests.reliability.kb_server import kb_serving, wait_processed
+from tests.reliability.kb_server import kb_serving, start_kb_server_process, wait_processed
 from tests.reliability.test_serve_parse import parse_workers
 
 MIB = 1024 * 1024
@@ -33,7 +31,7 @@ PURPOSE = {"purpose": "assistants"}  # every multipart upload names one
 
 
 def test_the_last_of_many_uploads_of_one_name_is_the_one_stored(tiny_checkpoints, tmp_path, ledger):
-    """Issue row 3: parallel uploads of one name left the knowledge base on an older one."""
+    """Before: parallel uploads of one name left the knowledge base on an older one."""
     num_uploads = 24
     rounds = scale(3, 10)
     with kb_serving(
@@ -68,21 +66,10 @@ def test_the_last_of_many_uploads_of_one_name_is_the_one_stored(tiny_checkpoints
 
 
 def test_an_upload_goes_to_disk_not_memory(tiny_checkpoints, tmp_path, ledger):
-    """Issue row 11: a 60 MiB upload raised the server's peak memory by 243 MiB."""
+    """Before: a 60 MiB upload raised the server's peak memory by 243 MiB."""
     settings = '{"serve": {"max_upload_bytes": 67108864}}'
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), *sys.path])}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tests.reliability.kb_server_process"]
-        + [str(tiny_checkpoints["llama"]), str(tmp_path), settings],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=HERE.parents[1],
-    )
+    server, url = start_kb_server_process(tiny_checkpoints["llama"], tmp_path, settings)
     try:
-        line = server.stdout.readline()
-        assert line.startswith("port "), line
-        url = f"http://127.0.0.1:{int(line.split()[1])}"
         small = httpx.post(
             f"{url}/v1/files", files={"file": ("warm.md", b"# a\n\nwords\n")}, data=PURPOSE
         )
@@ -107,7 +94,7 @@ def test_an_upload_goes_to_disk_not_memory(tiny_checkpoints, tmp_path, ledger):
 
 
 def test_at_most_max_concurrent_uploads_are_parsed_at_once(tiny_checkpoints, tmp_path, ledger):
-    """Issue row 11: any number of uploads were parsed at once."""
+    """Before: any number of uploads were parsed at once."""
     slow = docx_bomb(100_000)
     retrieval = {"max_parse_seconds": 2.0}
     with kb_serving(
