@@ -20,6 +20,7 @@ PROJECT_README = ROOT / "README.md"
 
 
 def _python_blocks(path: Path) -> list[str]:
+    """The ```python blocks, which run as pasted (```py marks a fragment of a larger program)."""
     return re.findall(r"```python\n(.*?)```", path.read_text(), re.DOTALL)
 
 
