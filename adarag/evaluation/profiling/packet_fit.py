@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save
+from safetensors.torch import load, save
 
 from adarag.cache.codec import KVCodec
 from adarag.config import RecomputeConfig
@@ -44,7 +44,7 @@ from adarag.errors import InputError
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.fitted import FittedModel
-from adarag.kv import ChunkKV
+from adarag.kv import ChunkKV, safetensors_metadata
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.learned import learned_controls
 from adarag.profiles.packet import BRIDGE, TRAILER, PacketRecord, packet_file_name
@@ -56,7 +56,7 @@ TOP_K = 64
 """Teacher probabilities kept per answer position (the rest is one bucket)."""
 HELD_OUT_EVERY = 5
 """Every fifth calibration question is held out of the fit and scores it."""
-CHECKPOINT = "packet-checkpoint.pt"
+CHECKPOINT = "packet-checkpoint.safetensors"
 INIT_TEXT = "\n"
 """The bridge starts as these tokens' embeddings (repeated to fill it)."""
 TRAILER_TEXT = "\n\n"
@@ -116,47 +116,49 @@ def teacher_example(
 
 
 def save_example(example: PacketExample, path: Path) -> None:
-    """Write one question's teacher record (written whole, then renamed into place)."""
+    """Write one question's teacher record as safetensors (whole, then renamed into place)."""
     layout = example.layout
-    record = {
-        "system_ids": torch.tensor(layout.system_ids),
-        "chunk_ids": [torch.tensor(ids) for ids in layout.chunk_ids],
-        "query_ids": torch.tensor(layout.query_ids),
-        "system_kv": _kv_dict(example.system_kv),
-        "chunk_kvs": [_kv_dict(kv) for kv in example.chunk_kvs],
+    tensors = {
+        "system_ids": torch.tensor(layout.system_ids, dtype=torch.int64),
+        "query_ids": torch.tensor(layout.query_ids, dtype=torch.int64),
         "answer_ids": torch.tensor(example.answer_ids, dtype=torch.int64),
         "top_ids": example.top_ids,
         "top_logprobs": example.top_logprobs,
+        "system_k": example.system_kv.k,
+        "system_v": example.system_kv.v,
     }
+    for idx, (ids, kv) in enumerate(zip(layout.chunk_ids, example.chunk_kvs, strict=True)):
+        tensors[f"chunk{idx}_ids"] = torch.tensor(ids, dtype=torch.int64)
+        tensors[f"chunk{idx}_k"], tensors[f"chunk{idx}_v"] = kv.k, kv.v
+    starts = [example.system_kv.start_position] + [kv.start_position for kv in example.chunk_kvs]
+    metadata = {"num_chunks": str(len(layout.chunk_ids)), "starts": json.dumps(starts)}
     partial = path.with_suffix(".partial")
-    torch.save(record, partial)
+    partial.write_bytes(save({k: v.contiguous() for k, v in tensors.items()}, metadata))
     partial.replace(path)
 
 
 def load_example(path: Path) -> PacketExample:
     """Read :func:`save_example`'s file."""
-    record = torch.load(path, weights_only=True)
+    data = path.read_bytes()
+    tensors, metadata = load(data), safetensors_metadata(data, len(data))
+    starts = json.loads(metadata["starts"])
+    chunks = range(int(metadata["num_chunks"]))
     layout = PromptLayout(
-        _ids(record["system_ids"]),
-        tuple(_ids(ids) for ids in record["chunk_ids"]),
-        _ids(record["query_ids"]),
+        _ids(tensors["system_ids"]),
+        tuple(_ids(tensors[f"chunk{idx}_ids"]) for idx in chunks),
+        _ids(tensors["query_ids"]),
     )
     return PacketExample(
         layout,
-        _kv(record["system_kv"]),
-        tuple(_kv(kv) for kv in record["chunk_kvs"]),
-        _ids(record["answer_ids"]),
-        record["top_ids"],
-        record["top_logprobs"],
+        ChunkKV(tensors["system_k"], tensors["system_v"], starts[0]),
+        tuple(
+            ChunkKV(tensors[f"chunk{idx}_k"], tensors[f"chunk{idx}_v"], starts[idx + 1])
+            for idx in chunks
+        ),
+        _ids(tensors["answer_ids"]),
+        tensors["top_ids"],
+        tensors["top_logprobs"],
     )
-
-
-def _kv_dict(kv: ChunkKV) -> dict[str, object]:
-    return {"k": kv.k, "v": kv.v, "start": torch.tensor(kv.start_position)}
-
-
-def _kv(data: dict[str, torch.Tensor]) -> ChunkKV:
-    return ChunkKV(data["k"], data["v"], int(data["start"]))
 
 
 def _ids(tensor: torch.Tensor) -> tuple[int, ...]:
@@ -334,7 +336,7 @@ def fit_packet(
     teachers.mkdir(parents=True, exist_ok=True)
     paths = []
     for number, (dataset, item) in enumerate(questions, 1):
-        path = teachers / f"{dataset}-{_safe(item.qid)}.pt"
+        path = teachers / f"{dataset}-{_safe(item.qid)}.safetensors"
         if not path.exists():  # kept between runs: a stopped fit resumes
             save_example(teacher_example(rag, item, params, storage), path)
         paths.append(path)
@@ -355,7 +357,8 @@ def fit_packet(
     curve: list[float] = []
     done_epochs = 0
     if checkpoint_path.exists():
-        state = torch.load(checkpoint_path, weights_only=True)
+        data = checkpoint_path.read_bytes()
+        state, metadata = load(data), safetensors_metadata(data, len(data))
         if tuple(state["table"].shape) != tuple(table.shape):
             raise InputError(
                 f"{checkpoint_path} holds a packet of another shape; pass another --records "
@@ -363,8 +366,12 @@ def fit_packet(
             )
         with torch.no_grad():
             table.copy_(state["table"])
-        optimiser.load_state_dict(state["optimiser"])
-        curve, done_epochs = list(state["curve"]), int(state["epochs"])
+        optimiser.state[table] = {
+            "step": state["step"],
+            "exp_avg": state["exp_avg"],
+            "exp_avg_sq": state["exp_avg_sq"],
+        }
+        curve, done_epochs = json.loads(metadata["curve"]), int(metadata["epochs"])
         progress(f"resumed after pass {done_epochs} (loss curve {_curve(curve)})")
 
     def mean_loss(items: Sequence[Path], rows: torch.Tensor | None) -> float:
@@ -394,8 +401,14 @@ def fit_packet(
                     f"{statistics.fmean(losses[-20:]):.4f}"
                 )
         curve.append(statistics.fmean(losses))
-        state = {"table": table.detach(), "optimiser": optimiser.state_dict(), "curve": curve}
-        torch.save({**state, "epochs": epoch}, checkpoint_path)
+        moments = optimiser.state[table]
+        state = {name: moments[name] for name in ("step", "exp_avg", "exp_avg_sq")}
+        state["table"] = table.detach()
+        metadata = {"curve": json.dumps(curve), "epochs": str(epoch)}
+        saved = save({name: tensor.contiguous() for name, tensor in state.items()}, metadata)
+        partial = checkpoint_path.with_suffix(".partial")
+        partial.write_bytes(saved)
+        partial.replace(checkpoint_path)
     held_out = None
     if held:
         held_out = (mean_loss(held, None), mean_loss(held, table.detach()))
