@@ -77,12 +77,16 @@ def gather_files(
     scanned = scan_paths(paths, SUPPORTED_SUFFIXES)
     sources: list[SourceFile] = []
     unreadable: list[SkippedFile] = []
+    errors: list[InputError] = []
     for path in scanned.files:
         try:
             sources.append(read(path))
         except InputError as err:
             unreadable.append(SkippedFile(path, _reason(err, path)))
+            errors.append(err)
     named_unreadable = [item for item in unreadable if item.path in scanned.named]
+    if named_unreadable and len(unreadable) == 1:
+        raise errors[0]  # the one file's own error, as reading it alone gives
     if named_unreadable:
         raise InputError(
             f"{len(unreadable)} file(s) cannot be read: {describe_skipped(unreadable)}; fix them, "

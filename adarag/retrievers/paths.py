@@ -180,8 +180,10 @@ def _inside(files: list[Path], directory: Path) -> list[Path]:
 
 
 def shown_path(path: Path) -> str:
-    """``path`` for a message: a very long one is shortened in the middle."""
-    text = str(path)
+    """``path`` for a message: bytes that are not UTF-8 escaped (``caf\\xe9.md``), a very long
+    one shortened in the middle.
+    """
+    text = str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return text if len(text) <= 240 else f"{text[:120]}...{text[-80:]}"
 
 

@@ -56,23 +56,27 @@ def _error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("adarag ingest: error: ")]
 
 
-def test_ingest_of_a_file_name_that_is_not_utf8_exits_2_naming_it(
+def test_ingest_of_a_file_name_that_is_not_utf8_names_it_and_strict_exits_2(
     cli_setup, tmp_path, capsys, ledger
 ):
+    """A folder's file whose name is not UTF-8 is left out and named; ``--strict`` refuses."""
     config, mountpoint, good = cli_setup
     folder = tmp_path / "notes"
     folder.mkdir()
     (folder / os.fsdecode(b"caf\xe9.md")).write_text("A note with a latin-1 file name.\n")
     before = (_chunk_ids(config), tree_digest(mountpoint))
     capsys.readouterr()
-    status = cli_main(["--config", str(config), "ingest", "--no-warm", str(good), str(folder)])
+    argv = ["--config", str(config), "ingest", "--no-warm", str(good), str(folder)]
+    strict = cli_main([*argv, "--strict"])
     err = capsys.readouterr().err
-    lines = _error_lines(err)
-    handled = status == 2 and len(lines) == 1 and "caf\\xe9.md" in lines[0]
-    after = (_chunk_ids(config), tree_digest(mountpoint))
+    refused = strict == 2 and "caf\\xe9.md" in err and "Traceback" not in err
+    unchanged = (_chunk_ids(config), tree_digest(mountpoint)) == before
+    status = cli_main(argv)
+    out = capsys.readouterr()
+    named = status == 0 and "caf\\xe9.md" in out.out and "Traceback" not in out.err
+    handled = refused and unchanged and named
     ledger.record("adarag ingest of a file name not UTF-8", detected=int(handled))
-    assert handled, (status, err)
-    assert "Traceback" not in err and after == before
+    assert handled, (strict, err, status, out)
 
 
 def test_ingest_into_a_full_kv_directory_exits_2_with_one_line(cli_setup, tmp_path, capsys, ledger):

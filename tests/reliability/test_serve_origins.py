@@ -36,7 +36,8 @@ def server(tiny_checkpoints, tmp_path_factory) -> Iterator[Served]:
 
 def upload(served: Served, name: str, headers: dict[str, str], **body) -> httpx.Response:
     if not body:
-        body = {"files": {"file": (name, b"# planted\n\nthe gate code is 0000\n")}}
+        files = {"file": (name, b"# planted\n\nthe gate code is 0000\n")}
+        body = {"files": files, "data": {"purpose": "assistants"}}
     return httpx.post(f"{served.url}/v1/files", headers=headers, timeout=60, **body)
 
 

@@ -90,6 +90,6 @@ def test_a_document_given_by_name_that_cannot_be_read_stores_nothing_of_the_othe
     folder = mixed_folder(tmp_path / "docs")
     broken = tmp_path / "broken.docx"
     broken.write_bytes(b"PK\x03\x04 not really a zip")
-    with pytest.raises(InputError, match=r"1 file\(s\) cannot be read: .*broken\.docx \(cannot be"):
+    with pytest.raises(InputError, match=r"broken\.docx.* cannot be"):
         kb.ingest([folder, broken], tokenizer=WordTokenizer())
     assert kb.count() == 0
