@@ -180,7 +180,7 @@ def _inside(files: list[Path], directory: Path) -> list[Path]:
 
 
 def shown_path(path: Path) -> str:
-    """``path`` for a message: bytes that are not UTF-8 escaped (``caf\\xe9.md``), a very long
+    """``path`` for a message: bytes that are not UTF-8 shown escaped, a very long
     one shortened in the middle.
     """
     text = str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
