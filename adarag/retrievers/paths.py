@@ -180,9 +180,7 @@ def _inside(files: list[Path], directory: Path) -> list[Path]:
 
 
 def shown_path(path: Path) -> str:
-    """``path`` for a message: bytes that are not UTF-8 shown escaped, a very long
-    one shortened in the middle.
-    """
+    """``path`` for a message: non-UTF-8 bytes escaped, a very long one shortened."""
     text = str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return text if len(text) <= 240 else f"{text[:120]}...{text[-80:]}"
 
