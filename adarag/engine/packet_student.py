@@ -8,6 +8,7 @@ context KV a fused prefill left, differentiable with respect to the table only; 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,15 @@ class FreshRows:
     positions: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
+
+    @classmethod
+    def joined(cls, parts: Sequence[FreshRows]) -> FreshRows:
+        """Several sets of rows as one, in the order given."""
+        return cls(
+            torch.cat([part.positions for part in parts]),
+            torch.cat([part.k for part in parts], dim=1),
+            torch.cat([part.v for part in parts], dim=1),
+        )
 
     def moved(self, positions: torch.Tensor, inv_freq: torch.Tensor) -> FreshRows:
         """The same rows at other ``positions``, keys re-rotated (differentiably)."""

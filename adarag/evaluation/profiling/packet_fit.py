@@ -282,11 +282,7 @@ def _moved_trailers(
         moved = rows.moved(positions, engine.runner.inv_freq)
         keep = ~torch.isin(positions, recomputed)
         parts.append(FreshRows(positions[keep], moved.k[:, keep], moved.v[:, keep]))
-    return FreshRows(
-        torch.cat([part.positions for part in parts]),
-        torch.cat([part.k for part in parts], dim=1),
-        torch.cat([part.v for part in parts], dim=1),
-    )
+    return FreshRows.joined(parts)
 
 
 def initial_rows(engine: Engine, num_tokens: int, text: str = INIT_TEXT) -> torch.Tensor:

@@ -82,11 +82,7 @@ def test_a_trailers_rows_reused_in_a_fused_prefill_carry_the_gradient(
         row.moved(torch.arange(cu[idx + 2] - 2, cu[idx + 2]), engine.runner.inv_freq)
         for idx, row in enumerate(rows)
     ]
-    fresh = FreshRows(
-        torch.cat([m.positions for m in moved]),
-        torch.cat([m.k for m in moved], dim=1),
-        torch.cat([m.v for m in moved], dim=1),
-    )
+    fresh = FreshRows.joined(moved)
     cut = cu[-2]
     logits = tail_logits(
         engine.runner,
