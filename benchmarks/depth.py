@@ -40,6 +40,7 @@ import argparse
 from pathlib import Path
 
 from common import DEFAULT_DATA_DIR
+from runs.depth.gain_run import gain_run
 from runs.depth.report import report
 from runs.depth.retrieve import retrieve
 from runs.depth.run import run
@@ -65,6 +66,15 @@ def main() -> None:
     stage.add_argument("--split", choices=("report", "calibration"), default="report")
     stage.add_argument("--shard", default="0/1", help="i/n: every n-th question from the i-th")
     stage.set_defaults(fn=run)
+    stage = sub.add_parser("gain", help="chunk gains and the answers of every set (see gain_run)")
+    stage.add_argument("--model", default="smollm2-135m")
+    stage.add_argument("--dataset", choices=RETRIEVAL_DATASETS, required=True)
+    stage.add_argument("--questions", type=int, default=45)
+    stage.add_argument("--max-k", type=int, default=8, help="chunks scored and answered (top-K)")
+    stage.add_argument("--threads", type=int, default=1)
+    stage.add_argument("--max-new-tokens", type=int, default=16)
+    stage.add_argument("--split", choices=("report", "calibration"), default="report")
+    stage.set_defaults(fn=gain_run)
     stage = sub.add_parser("report")
     stage.add_argument(
         "--calibration",
@@ -74,7 +84,7 @@ def main() -> None:
     )
     stage.set_defaults(fn=report)
     args = parser.parse_args()
-    if args.stage == "run":
+    if args.stage in ("run", "gain"):
         args.model_dir = {
             "smollm2-135m": "SmolLM2-135M-Instruct",
             "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B-Instruct",

@@ -24,6 +24,7 @@ from adarag.config import EngineConfig, KernelConfig, RecomputeConfig
 from adarag.engine.adapter import DecoderAdapter
 from adarag.engine.batch import ForwardBatch, PrefillOutput, SegmentSource, plan_segments
 from adarag.engine.checkpoint import Checkpoint
+from adarag.engine.context_pass import ContextPass, greedy_answers, query_over_contexts
 from adarag.engine.decoding import Decoder, TorchDecoder
 from adarag.engine.loader import load_model
 from adarag.engine.prefill_request import LearnedControls, PrefillRequest, ResidentKV
@@ -251,6 +252,20 @@ class Engine:
             PrefillRequest(layout, sources, controls=LearnedControls(packet=packet))
         )
         return output.kv.segment(layout.cu_segments[-2], layout.num_tokens)
+
+    def query_over_contexts(
+        self, query_ids: Sequence[int], contexts: Sequence[Sequence[ChunkKV]], reserve_rows: int = 0
+    ) -> ContextPass:
+        """The query's next-token logits after each cached context, in one batched pass.
+
+        See :func:`~adarag.engine.context_pass.query_over_contexts` (nothing of a context is
+        recomputed; ``reserve_rows`` leaves room to decode each context's answer).
+        """
+        return query_over_contexts(self.runner, query_ids, contexts, reserve_rows)
+
+    def greedy_answers(self, passed: ContextPass, max_new_tokens: int) -> list[list[int]]:
+        """Each context of ``passed``'s greedy answer, decoded in one batch (EOS left out)."""
+        return greedy_answers(self.runner, passed, max_new_tokens, self.eos_token_ids)
 
     def lens_signals(
         self, output: PrefillOutput, num_lens_layers: int

@@ -1,0 +1,187 @@
+"""``depth.py gain``: each question's chunk gains and the answers of every set a rule can pick.
+
+Per question, over its top-K retrieved chunks (real retrieval, ``depth.py retrieve``):
+
+- every chunk's independent KV (as ingest stores it) and its information gain from one batched
+  pass of the question over the K cached contexts and the empty one (``scoring_s``);
+- the answer with no context and with each chunk alone (decoded in one batch from that pass:
+  each is the full-recomputation answer of its one-chunk prompt);
+- fixed top-k for k = 1..K and the top-k by gain for k = 1..K, each step's answer the
+  full-recomputation answer of its prompt (the hard tier reuses the steps before it exactly,
+  float32 store), with each step's lens confidence;
+- in retrieval order, the set each τ of :data:`~adarag.evaluation.gain_depth.THRESHOLDS` keeps,
+  prefilled in full when it is not already a prefix;
+- every third question, timed full prefills (the TTFT fit) and the scoring pass at N = 6 and 12
+  beside full prefills of those prompts (the cost of scoring).
+
+One JSON line per question in ``<cache>/gain[-calibration]/<model>/<dataset>.jsonl``; a stopped
+run resumes after the questions written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from common import CACHE
+
+from adarag.augment.gain import information_gain, kept_chunks
+from adarag.engine.prefill_request import PrefillRequest
+from adarag.evaluation.gain_depth import THRESHOLDS, subset_key
+from adarag.evaluation.metrics import best_f1
+from adarag.evaluation.reuse import independent_chunks
+from adarag.schema import Chunk, GenerationParams
+from runs.depth.run import hard_tier_pipeline
+from runs.depth.splits import MAX_K, retrieved_path
+
+GAIN_ROWS = {"report": CACHE / "gain", "calibration": CACHE / "gain-calibration"}
+COST_EVERY = 3
+COST_SIZES = (6, 12)
+
+
+def gain_run(args: argparse.Namespace) -> None:
+    """Record every question of ``args.dataset`` (resuming)."""
+    out = GAIN_ROWS[args.split] / args.model_dir / f"{args.dataset}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = (
+        {json.loads(line)["qid"] for line in out.read_text().splitlines()}
+        if out.exists()
+        else set()
+    )
+    items = [json.loads(line) for line in retrieved_path(args.dataset, args.split).open()]
+    rag = hard_tier_pipeline(args.model, args.threads)
+    params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    _question(rag, _warm_up_item(), 0, 2, params, timed=False)
+    for index, item in enumerate(items[: args.questions]):
+        if item["qid"] in done:
+            continue
+        started = time.perf_counter()
+        row = _question(rag, item, index, args.max_k, params, timed=index % COST_EVERY == 0)
+        row["wall_s"] = time.perf_counter() - started
+        with out.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        fixed = " ".join(f"{100 * s['f1']:.0f}" for s in row["fixed"])
+        gains = " ".join(f"{g:+.2f}" for g in row["gains"])
+        print(f"[{index}] {row['wall_s']:.1f} s  F1 by k: {fixed}  gains: {gains}", flush=True)
+
+
+def _warm_up_item() -> dict:
+    chunks = [{"text": "A short passage.", "id": "a", "score": 1.0}] * 2
+    return {"qid": "warm-up", "question": "warm-up?", "answers": ["x"], "chunks": chunks}
+
+
+def _question(rag, item: dict, index: int, max_k: int, params: GenerationParams, timed: bool):
+    from adarag.evaluation.profiling.calibration import answer_each_step
+
+    engine, question, gold = rag.engine, item["question"], item["answers"]
+    retrieved = [Chunk(c["text"], c["id"], c["score"]) for c in item["chunks"]]
+    chunks = retrieved[:max_k]
+    layout = rag.layout(question, chunks, params)
+    begun = time.perf_counter()
+    system_kv, chunk_kvs = independent_chunks(engine, layout)
+    chunk_s = time.perf_counter() - begun
+    begun = time.perf_counter()
+    passed = engine.query_over_contexts(
+        layout.query_ids, [[system_kv], *([system_kv, kv] for kv in chunk_kvs)]
+    )
+    gains = information_gain(passed.logits)
+    scoring_s = time.perf_counter() - begun
+    passed = engine.query_over_contexts(
+        layout.query_ids,
+        [[system_kv], *([system_kv, kv] for kv in chunk_kvs)],
+        reserve_rows=params.max_new_tokens,
+    )
+    answers = [_text(engine, ids) for ids in engine.greedy_answers(passed, params.max_new_tokens)]
+
+    def answered(answer: str, tokens: int) -> dict:
+        return {"answer": answer, "f1": best_f1(answer, gold), "tokens": tokens}
+
+    def steps(order: list[int]) -> list[dict]:
+        ordered = rag.layout(question, [chunks[i] for i in order], params)
+        rows = []
+        for k, (trace, answer) in enumerate(answer_each_step(rag, ordered, params), 1):
+            row = answered(answer, ordered.with_chunks(k).num_tokens)
+            row.update(
+                processed=trace.num_processed_tokens,
+                step_s=trace.prefill_s + trace.confidence_s,
+                confidence=trace.confidence,
+                margin=trace.margin,
+            )
+            rows.append(row)
+        return rows
+
+    fixed = steps(list(range(len(chunks))))
+    ranking = kept_chunks(gains, float("-inf"))
+    by_gain = fixed if ranking == list(range(len(chunks))) else steps(ranking)
+    subsets = {}
+    for threshold in THRESHOLDS:
+        kept = kept_chunks(gains, threshold, "retrieval")
+        key = subset_key(kept)
+        known = len(kept) == 1 or kept in (list(range(len(kept))), ranking[: len(kept)])
+        if known or key in subsets:
+            continue
+        sub = rag.layout(question, [chunks[i] for i in kept], params)
+        output = engine.prefill(PrefillRequest(sub, max_new_tokens=params.max_new_tokens))
+        answer = _text(engine, engine.decode_tokens(sub, output, params))
+        subsets[key] = answered(answer, sub.num_tokens)
+    row = {
+        "qid": item["qid"],
+        "index": index,
+        "type": item.get("type"),
+        "scores": [c.score for c in chunks],
+        "gold": [c.get("gold") for c in item["chunks"][:max_k]],
+        "gains": gains,
+        "chunk_s": chunk_s,
+        "scoring_s": scoring_s,
+        "none": answered(answers[0], rag.layout(question, [], params).num_tokens),
+        "single": [
+            answered(answer, layout.with_chunks(0).num_tokens + len(ids))
+            for answer, ids in zip(answers[1:], layout.chunk_ids, strict=True)
+        ],
+        "fixed": fixed,
+        "gain_order": ranking,
+        "by_gain": by_gain,
+        "subsets": subsets,
+        "static": _static(rag, question, retrieved, params, index) if timed else [],
+        "cost": _cost(rag, question, retrieved, params) if timed else {},
+    }
+    return row
+
+
+def _text(engine, ids) -> str:
+    return engine.tokenizer.decode(list(ids), skip_special_tokens=True).strip()
+
+
+def _static(rag, question: str, chunks: list[Chunk], params: GenerationParams, index: int):
+    """Timed full prefills of top-K and of one more depth (cycling), for the TTFT fit."""
+    timed = []
+    for k in (len(chunks), 1 + (index // COST_EVERY) % (len(chunks) - 1)):
+        layout = rag.layout(question, chunks[:k], params)
+        begun = time.perf_counter()
+        rag.engine.prefill(PrefillRequest(layout, max_new_tokens=params.max_new_tokens))
+        timed.append({"k": k, "tokens": layout.num_tokens, "seconds": time.perf_counter() - begun})
+    return timed
+
+
+def _cost(rag, question: str, chunks: list[Chunk], params: GenerationParams) -> dict:
+    """Seconds of the scoring pass over N cached chunks beside a full prefill of top-N."""
+    engine, cost = rag.engine, {}
+    for size in COST_SIZES:
+        if len(chunks) < size:
+            continue
+        layout = rag.layout(question, chunks[:size], params)
+        system_kv, chunk_kvs = independent_chunks(engine, layout)
+        begun = time.perf_counter()
+        passed = engine.query_over_contexts(
+            layout.query_ids, [[system_kv], *([system_kv, kv] for kv in chunk_kvs)]
+        )
+        information_gain(passed.logits)
+        scoring_s = time.perf_counter() - begun
+        begun = time.perf_counter()
+        engine.prefill(PrefillRequest(layout, max_new_tokens=params.max_new_tokens))
+        cost[str(size)] = {"scoring_s": scoring_s, "full_s": time.perf_counter() - begun}
+    return cost
+
+
+assert MAX_K >= max(COST_SIZES)
