@@ -134,7 +134,7 @@ def _question(rag, item: dict, index: int, max_k: int, params: GenerationParams,
         "gains": gains,
         "chunk_s": chunk_s,
         "scoring_s": scoring_s,
-        "none": answered(answers[0], rag.layout(question, [], params).num_tokens),
+        "none": answered(answers[0], layout.with_chunks(0).num_tokens),
         "single": [
             answered(answer, layout.with_chunks(0).num_tokens + len(ids))
             for answer, ids in zip(answers[1:], layout.chunk_ids, strict=True)
