@@ -23,7 +23,7 @@ from adarag.augment import (
 )
 from adarag.config import AdaRagConfig, AugmentConfig, AugmentLevers
 from adarag.errors import ConfigError
-from adarag.pipeline.gain_selection import gain_fallback_message
+from adarag.pipeline.gain_selection import gain_notes
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.profiles.model_profile import AgreementCalibration, ModelProfile
@@ -130,9 +130,8 @@ def augmented_prefill(resources: Resources) -> AugmentedPrefill:
         static = augment.model_copy(update={"enabled": False})
         config = config.model_copy(update={"augment": static})
     if augment.enabled and augment.stop_rule == "gain":
-        message = gain_fallback_message(levers, profile)
-        if message is not None:
-            logger.info(message)
+        for note in gain_notes(levers, profile):
+            logger.info(note)
         if levers.gain_confidence is None:  # one prefill of the kept chunks
             static = augment.model_copy(update={"enabled": False})
             config = config.model_copy(update={"augment": static})

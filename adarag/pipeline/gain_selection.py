@@ -9,7 +9,7 @@ kept_chunks`) and the answer is prefilled from them alone, laid out again so tha
 citations follow the kept chunks.
 
 τ is ``experimental.augment.gain_threshold``, else the profile's fitted one (``adarag calibrate
---depth --gain-records``), else IGP's hand-made 0.05 (:func:`gain_fallback_message`).
+--depth --gain-records``), else IGP's hand-made 0.05 (:func:`gain_notes`).
 """
 
 from __future__ import annotations
@@ -53,15 +53,33 @@ def gain_threshold(levers: AugmentLevers, profile: ModelProfile) -> float:
     return DEFAULT_THRESHOLD
 
 
-def gain_fallback_message(levers: AugmentLevers, profile: ModelProfile) -> str | None:
-    """Why the gain rule uses the hand-made τ for ``profile``'s model; None when it does not."""
-    if levers.gain_threshold is not None or profile.gain is not None:
-        return None
-    return (
-        f"no gain threshold calibrated for {profile.model}; keeping chunks whose information "
-        f"gain reaches IGP's τ={DEFAULT_THRESHOLD} (run `adarag calibrate --depth "
-        "--gain-records DIR` to fit one)"
-    )
+def gain_notes(levers: AugmentLevers, profile: ModelProfile) -> list[str]:
+    """What the gain rule's settings depart from for ``profile``'s model, to log once.
+
+    The hand-made τ when the profile has none; else, using the profile's τ, an order or a top-K
+    other than those it was chosen for.
+    """
+    fitted = profile.gain
+    if levers.gain_threshold is None and fitted is None:
+        return [
+            f"no gain threshold calibrated for {profile.model}; keeping chunks whose information "
+            f"gain reaches IGP's τ={DEFAULT_THRESHOLD} (run `adarag calibrate --depth "
+            "--gain-records DIR` to fit one)"
+        ]
+    if levers.gain_threshold is not None or fitted is None:
+        return []
+    notes = []
+    if fitted.order != levers.gain_order:
+        notes.append(
+            f"the profile's gain τ={fitted.threshold:g} was chosen for {fitted.order} order; "
+            f"experimental.augment.gain_order is {levers.gain_order!r}"
+        )
+    if fitted.top_k != levers.gain_top_k:
+        notes.append(
+            f"the profile's gain τ={fitted.threshold:g} was chosen over the top-{fitted.top_k} "
+            f"entropy; experimental.augment.gain_top_k is {levers.gain_top_k}"
+        )
+    return notes
 
 
 def chunk_gains(resources: Resources, layout: PromptLayout, top_k: int) -> list[float]:

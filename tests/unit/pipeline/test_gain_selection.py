@@ -150,6 +150,11 @@ def test_the_profiles_fitted_tau_and_then_the_configs_are_used(make_rag, caplog)
     assert "no gain threshold calibrated" not in caplog.text
     overridden = make_rag(gain_threshold=1.0).query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
     assert overridden.chunks == _kept(gains, 1.0)
+    with caplog.at_level(logging.INFO, logger="adarag.pipeline.rag"):
+        make_rag(gain_order="retrieval").query(QUESTION, chunks=list(CHUNKS), params=PARAMS)
+    assert "was chosen for gain order; experimental.augment.gain_order is 'retrieval'" in (
+        caplog.text
+    )
 
 
 def test_citations_number_the_kept_chunks(make_rag):
