@@ -33,7 +33,7 @@ logger = logging.getLogger("adarag.pipeline.rag")
 
 
 def fitted_stops(
-    augment: AugmentConfig, profile: ModelProfile, levers: AugmentLevers | None = None
+    augment: AugmentConfig, profile: ModelProfile, levers: AugmentLevers
 ) -> FittedStops:
     """What the profile's calibration fitted for the stop rules (the config's τ first)."""
     calibration = profile.calibration
@@ -45,8 +45,7 @@ def fitted_stops(
         agreement = (model, fitted.threshold, fitted.min_steps)
     depth = profile.depth_probe
     probe = None if depth is None else (depth.model, depth.threshold, depth.min_steps)
-    gain_confidence = None if levers is None else levers.gain_confidence
-    return FittedStops(threshold, agreement, probe, gain_confidence)
+    return FittedStops(threshold, agreement, probe, levers.gain_confidence)
 
 
 def build_controller(
