@@ -12,9 +12,9 @@ Tier = Literal["hard", "soft", "alternative", "variant", "fused", "independent",
 before it (FusionRAG's alternative path), a stored variant (Cache-Craft), computed after its
 similar chunks (FusionRAG's fused entry), alone, or nowhere."""
 
-StopReason = Literal["confident", "exhausted", "static", "no_context"]
-"""Why augmentation stopped: confidence passed τ, all k chunks used, augmentation was off, or
-retrieval found nothing."""
+StopReason = Literal["confident", "exhausted", "static", "no_context", "gain"]
+"""Why augmentation stopped: confidence passed τ, all k chunks used, augmentation was off,
+retrieval found nothing, or the chunks kept by information gain were prefilled at once."""
 
 
 @dataclass(frozen=True)
@@ -219,6 +219,10 @@ class QueryTrace:
             would not fit the model's context with them.
         order_hint: The hint put before the question when the chunks were not listed in the
             retriever's order (``experimental.arrangement``); empty otherwise.
+        chunk_gains: With ``augment.stop_rule = "gain"``, each scored chunk's information gain,
+            in the order they were scored (the context as arranged and fitted); None otherwise.
+        gain_s: Seconds the gains took (the chunks' KV, computed when absent, and the batched
+            pass); None without them.
     """
 
     steps: tuple[StepTrace, ...]
@@ -228,6 +232,8 @@ class QueryTrace:
     retrieval_s: float = 0.0
     num_dropped_chunks: int = 0
     order_hint: str = ""
+    chunk_gains: tuple[float, ...] | None = None
+    gain_s: float | None = None
 
     @property
     def num_chunks_used(self) -> int:

@@ -8,16 +8,17 @@ no training: τ, the gain a chunk must reach, is the one number calibration fits
 
 The distributions come from the cached KV (``Engine.query_over_contexts``): every chunk's
 independent entry is already in the store, so scoring N chunks is one pass over the question's
-tokens, batched over the N contexts.
+tokens, batched over the N contexts. The logits arrive here as plain values (a numpy array, or
+anything ``numpy.asarray`` reads, such as a CPU tensor): this layer does no tensor work.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
-import torch
+import numpy as np
 
 from adarag.errors import ConfigError
 
@@ -31,30 +32,41 @@ DEFAULT_THRESHOLD = 0.05
 """IGP's threshold: the hand-made τ a model without a calibrated one uses."""
 
 
-def normalized_entropy(logits: torch.Tensor, top_k: int = DEFAULT_TOP_K) -> torch.Tensor:
+def normalized_entropy(logits: Any, top_k: int = DEFAULT_TOP_K) -> np.ndarray:
     """Entropy of the top-``top_k`` tokens' renormalised distribution, over ``log(top_k)``.
 
     Args:
-        logits: [n, vocab] next-token logits.
+        logits: [n, vocab] next-token logits (an array, or what ``numpy.asarray`` reads).
         top_k: Tokens kept (at least 2).
 
     Returns:
-        [n] values in [0, 1]: 0 when one token takes all the mass, 1 when the top-K are equal.
+        [n] float64 values in [0, 1]: 0 when one token takes all the mass, 1 when the top-K
+        are equal.
+
+    Raises:
+        ConfigError: ``top_k`` is below 2.
     """
     if top_k < 2:
         raise ConfigError(f"the gain's top-K entropy needs at least 2 tokens, got {top_k}")
-    top = logits.float().topk(min(top_k, logits.shape[-1]), dim=-1).values
-    log_p = torch.log_softmax(top, dim=-1)
-    entropy = -(log_p.exp() * log_p).sum(dim=-1)
-    return entropy / math.log(top.shape[-1])
+    values = np.asarray(logits, dtype=np.float64)
+    num_top = min(top_k, values.shape[-1])
+    top = -np.partition(-values, num_top - 1, axis=-1)[..., :num_top]
+    shifted = top - top.max(axis=-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    entropy = -(np.exp(log_p) * log_p).sum(axis=-1)
+    return np.clip(entropy / math.log(num_top), 0.0, 1.0)
 
 
-def information_gain(logits: torch.Tensor, top_k: int = DEFAULT_TOP_K) -> list[float]:
+def information_gain(logits: Any, top_k: int = DEFAULT_TOP_K) -> list[float]:
     """Each chunk's gain from the logits of ``[no context, chunk 1, ..., chunk N]``.
 
     Args:
         logits: [N + 1, vocab]: row 0 the question with no context, row i with chunk i alone.
         top_k: Tokens of the normalised entropy.
+
+    Returns:
+        N gains in [-1, 1], in the rows' order: positive when the chunk sharpens the
+        distribution.
     """
     entropy = normalized_entropy(logits, top_k)
     return [float(entropy[0] - value) for value in entropy[1:]]

@@ -10,6 +10,10 @@ answers from the static top-k.
   consecutive steps with equal first answer tokens (:class:`AgreementStop`).
 - ``probe``: the depth probe's probability that no later depth answers better reaches τ
   (:class:`ProbeStop`, :mod:`adarag.augment.probe`).
+- ``gain``: the chunks are chosen before the steps, by information gain
+  (:mod:`adarag.augment.gain`); over the kept chunks the lens confidence stops
+  (:class:`ThresholdStop` at ``experimental.augment.gain_confidence``), or, without it, there
+  is no step-wise rule (None: one prefill of the kept chunks).
 """
 
 from __future__ import annotations
@@ -171,11 +175,14 @@ class FittedStops:
         threshold: The confidence τ (the profile's or the config's).
         agreement: The agreement rule's probability model, τ and floor; None: not calibrated.
         probe: The depth probe's model, τ and floor; None: not fitted.
+        gain_confidence: The confidence τ over the chunks the gain kept (the config's); None:
+            one prefill of them.
     """
 
     threshold: float
     agreement: tuple[AgreementModel, float, int] | None = None
     probe: tuple[FittedModel, float, int] | None = None
+    gain_confidence: float | None = None
 
 
 StopRuleFactory = Callable[[int | None, FittedStops], "StopRule | None"]
@@ -200,8 +207,14 @@ def _probe(min_chunks: int | None, fitted: FittedStops) -> StopRule | None:
     return ProbeStop(model, threshold, min_chunks or min_steps)
 
 
+def _gain(min_chunks: int | None, fitted: FittedStops) -> StopRule | None:
+    if fitted.gain_confidence is None:
+        return None
+    return ThresholdStop(fitted.gain_confidence, min_chunks or 1)
+
+
 STOP_RULES: Mapping[str, StopRuleFactory] = MappingProxyType(
-    {"confidence": _confidence, "agreement": _agreement, "probe": _probe}
+    {"confidence": _confidence, "agreement": _agreement, "probe": _probe, "gain": _gain}
 )
 """Every stop rule's factory by its ``augment.stop_rule`` name."""
 

@@ -12,6 +12,7 @@ from adarag.augment.agreement import AgreementFit, fit_agreement
 from adarag.augment.calibrate import CalibrationFit, fit
 from adarag.augment.confidence import ConfidenceParams, LensConfidence
 from adarag.augment.step_cost import StepCostModel
+from adarag.cli.calibrate_gain import add_gain_arguments, run_gain
 from adarag.cli.calibrate_learned import profile_path, run_depth, run_selector, write_profile
 from adarag.cli.calibrate_packet import add_packet_arguments, run_packet
 from adarag.cli.options import add_model_arguments, build_config, positive_int
@@ -34,7 +35,8 @@ from adarag.schema import Chunk, GenerationParams
 
 HELP = (
     "fit a model's calibration: the augmentation confidence (default), the learned selector and "
-    "routing ladder (--selector), the depth probe (--depth), or the packet tokens (--packet)"
+    "routing ladder (--selector), the depth probe (--depth) and the gain rule's τ (--depth "
+    "--gain-records), or the packet tokens (--packet)"
 )
 MIN_AGREEMENT_QUESTIONS = 20
 """Fewer questions than this give a warning: the agreement rule's τ is then noisy."""
@@ -43,6 +45,7 @@ MIN_AGREEMENT_QUESTIONS = 20
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the command's options."""
     _add_learned_arguments(parser)
+    add_gain_arguments(parser)
     add_packet_arguments(parser)
     _add_confidence_arguments(parser)
     _add_record_arguments(parser)
@@ -199,10 +202,14 @@ def _add_record_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Record every step of each question, fit, save into the model profile, plot."""
     config = build_config(args)
+    if args.gain_records is not None and not args.depth:
+        raise InputError("--gain-records fits the gain stop rule: pass it with --depth")
     if args.selector or args.depth or args.packet:
         args.max_new_tokens = args.max_new_tokens or 16
         if args.packet:
             return run_packet(args, config)
+        if args.gain_records is not None:
+            return run_gain(args, config)
         return (run_selector if args.selector else run_depth)(args, config)
     args.max_new_tokens = args.max_new_tokens or 24
     questions = None  # read (and checked) before the model loads

@@ -30,6 +30,7 @@ from adarag.evaluation.profiling.selector_calibration import (
 from adarag.evaluation.workload import FIDELITY_CHUNKS, BenchQuestion, load_questions
 from adarag.pipeline import AdaRAG
 from adarag.profiles import ModelProfile
+from adarag.profiles.gain import GainCalibration
 from adarag.profiles.learned import LadderCalibration
 from adarag.schema import Chunk, GenerationParams
 
@@ -251,8 +252,13 @@ longest prompts, would take a fifth of the run.
 """
 
 
-def run_depth(args: argparse.Namespace, config: AdaRagConfig) -> int:
-    """Record every step of the calibration questions, fit the depth probe, write the profile."""
+def run_depth(
+    args: argparse.Namespace, config: AdaRagConfig, gain: GainCalibration | None = None
+) -> int:
+    """Record every step of the calibration questions, fit the depth probe, write the profile.
+
+    ``gain`` (the gain rule fitted from ``--gain-records``) is written with the probe.
+    """
     shard = _shard(args.shard)
     if args.dataset and args.records is None:
         raise InputError(
@@ -283,7 +289,10 @@ def run_depth(args: argparse.Namespace, config: AdaRagConfig) -> int:
             f"{MIN_QUESTIONS} (its threshold is noisy below that)"
         )
     result = calibrate_probe(records, args.probe_features)
-    write_profile(rag.profile.with_learned(depth_probe=result.probe), output, rag)
+    profile = rag.profile.with_learned(depth_probe=result.probe)
+    if gain is not None:
+        profile = profile.with_learned(gain=gain)
+    write_profile(profile, output, rag)
     print_depth_report(result, depth_records)
     return 0
 

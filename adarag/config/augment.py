@@ -16,7 +16,7 @@ class AugmentConfig(_Frozen):
     threshold: float | None = Field(
         default=None, ge=0.0, le=1.0, description="Confidence τ that stops; None: model profile."
     )
-    stop_rule: Literal["confidence", "agreement", "probe"] = Field(
+    stop_rule: Literal["confidence", "agreement", "probe", "gain"] = Field(
         default="agreement",
         description="'agreement' (the default): stop when the calibrated probability of the "
         "static top-k answer reaches the profile's τ at two consecutive steps whose first answer "
@@ -24,7 +24,11 @@ class AugmentConfig(_Frozen):
         "lens confidence alone reaches τ; 'probe': stop when the depth probe fitted by `adarag "
         "calibrate --depth` (the last prompt token's residual stream, the lens signals and the "
         "retrieval scores) gives a probability at least its τ that no later depth answers "
-        "better (static top-k for a model without a fitted probe).",
+        "better (static top-k for a model without a fitted probe); 'gain': each retrieved "
+        "chunk's information gain is scored from its cached KV in one batched pass over the "
+        "question's tokens, the chunks under τ (the profile's, fitted by `adarag calibrate "
+        "--depth --gain-records`, else 0.05) are dropped and the rest answer in one prefill "
+        "(see experimental.augment.gain_*).",
     )
 
 
@@ -57,4 +61,30 @@ class AugmentLevers(_Frozen):
         gt=0.0,
         description="Never add chunks past the first drop of at least this much between "
         "consecutive retrieval scores (Adaptive-k); None: off.",
+    )
+    gain_order: Literal["gain", "retrieval"] = Field(
+        default="gain",
+        description="stop_rule='gain': list the kept chunks best gain first ('gain') or in the "
+        "retriever's order ('retrieval').",
+    )
+    gain_top_k: int = Field(
+        default=20,
+        ge=2,
+        description="stop_rule='gain': tokens of the next-token distribution whose normalised "
+        "entropy the gain compares (its top-K).",
+    )
+    gain_threshold: float | None = Field(
+        default=None,
+        ge=-1.0,
+        le=1.0,
+        description="stop_rule='gain': τ, the gain a chunk must reach to be kept; None: the "
+        "profile's fitted τ, else IGP's 0.05.",
+    )
+    gain_confidence: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="stop_rule='gain': add the kept chunks one at a time and stop when the lens "
+        "confidence reaches this τ (the 'confidence' rule over them); None: one prefill of the "
+        "kept chunks.",
     )

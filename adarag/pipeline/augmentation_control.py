@@ -3,7 +3,9 @@
 The controller comes from the config and the model's calibration. A stop rule the model's profile
 has no fit for (an agreement rule without a calibrated τ, a probe never fitted) cannot adapt the
 depth: the request then answers from the static top-k in one step (:func:`is_static_fallback`),
-and the loop says so once, when it is built.
+and the loop says so once, when it is built. The ``gain`` rule chooses the chunks before the
+loop (:mod:`adarag.pipeline.gain_selection`); the loop then prefills them in one step, or adds
+them one at a time under the lens confidence with ``experimental.augment.gain_confidence``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from adarag.augment import (
 )
 from adarag.config import AdaRagConfig, AugmentConfig, AugmentLevers
 from adarag.errors import ConfigError
+from adarag.pipeline.gain_selection import gain_notes
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
 from adarag.profiles.model_profile import AgreementCalibration, ModelProfile
@@ -29,7 +32,9 @@ from adarag.profiles.model_profile import AgreementCalibration, ModelProfile
 logger = logging.getLogger("adarag.pipeline.rag")
 
 
-def fitted_stops(augment: AugmentConfig, profile: ModelProfile) -> FittedStops:
+def fitted_stops(
+    augment: AugmentConfig, profile: ModelProfile, levers: AugmentLevers
+) -> FittedStops:
     """What the profile's calibration fitted for the stop rules (the config's τ first)."""
     calibration = profile.calibration
     threshold = calibration.threshold if augment.threshold is None else augment.threshold
@@ -40,7 +45,7 @@ def fitted_stops(augment: AugmentConfig, profile: ModelProfile) -> FittedStops:
         agreement = (model, fitted.threshold, fitted.min_steps)
     depth = profile.depth_probe
     probe = None if depth is None else (depth.model, depth.threshold, depth.min_steps)
-    return FittedStops(threshold, agreement, probe)
+    return FittedStops(threshold, agreement, probe, levers.gain_confidence)
 
 
 def build_controller(
@@ -54,7 +59,7 @@ def build_controller(
             f"{num_layers} layers; set it between 2 and {num_layers}"
         )
     calibration = profile.calibration
-    fitted = fitted_stops(augment, profile)
+    fitted = fitted_stops(augment, profile, levers)
     kl_weight = calibration.kl_weight if levers.kl_weight is None else levers.kl_weight
     params = ConfidenceParams(kl_weight, calibration.kl_scale, calibration.entropy_scale)
     estimator = LensConfidence(params, levers.estimator)
@@ -98,10 +103,13 @@ def static_fallback_message(stop_rule: str, profile: ModelProfile) -> str:
 def is_static_fallback(
     augment: AugmentConfig, levers: AugmentLevers, profile: ModelProfile
 ) -> bool:
-    """Whether augmentation is on with a stop rule the model's profile has no fit for."""
-    if not augment.enabled:
+    """Whether augmentation is on with a stop rule the model's profile has no fit for.
+
+    Not the ``gain`` rule: without ``gain_confidence`` its one prefill is the rule itself.
+    """
+    if not augment.enabled or augment.stop_rule == "gain":
         return False
-    fitted = fitted_stops(augment, profile)
+    fitted = fitted_stops(augment, profile, levers)
     return stop_rules.build_stop_rule(augment.stop_rule, levers.min_chunks, fitted) is None
 
 
@@ -109,7 +117,8 @@ def augmented_prefill(resources: Resources) -> AugmentedPrefill:
     """The augmentation loop over the pipeline's engine and cache, per its ``config.augment``.
 
     The controller comes from the model's calibration; a stop rule without one switches
-    augmentation off (static top-k), logged here once per pipeline.
+    augmentation off (static top-k), logged here once per pipeline, as is the ``gain`` rule's
+    use of the hand-made τ. The ``gain`` rule without ``gain_confidence`` runs one step.
     """
     config, engine, profile = resources.config, resources.engine, resources.profile
     augment, levers = config.augment, config.experimental.augment
@@ -119,6 +128,12 @@ def augmented_prefill(resources: Resources) -> AugmentedPrefill:
         logger.info(static_fallback_message(augment.stop_rule, profile))
         static = augment.model_copy(update={"enabled": False})
         config = config.model_copy(update={"augment": static})
+    if augment.enabled and augment.stop_rule == "gain":
+        for note in gain_notes(levers, profile):
+            logger.info(note)
+        if levers.gain_confidence is None:  # one prefill of the kept chunks
+            static = augment.model_copy(update={"enabled": False})
+            config = config.model_copy(update={"augment": static})
     return AugmentedPrefill(
         engine,
         resources.cache,

@@ -17,7 +17,14 @@ from typing import TypedDict, Unpack
 
 from adarag.config import ChatConfig
 from adarag.pipeline.answer_stream import PreparedAnswer, no_context
-from adarag.pipeline.context import as_chunks, check_question, numbered, request_context
+from adarag.pipeline.context import (
+    RequestContext,
+    as_chunks,
+    check_question,
+    numbered,
+    request_context,
+)
+from adarag.pipeline.gain_selection import GainSelection, select_by_gain, selects_by_gain
 from adarag.pipeline.prompt import Turn, check_instruction, condense_prompt, retrieval_query
 from adarag.pipeline.resources import Resources
 from adarag.pipeline.steps import AugmentedPrefill
@@ -164,8 +171,10 @@ def prepare_answer(
     """The answer to ``request`` from ``found``, prefilled and ready to decode.
 
     The chunks are arranged and fitted to the model's context; without any chunk the answer is
-    the no-context one. The trace records how many chunks were dropped and the order hint, and
-    with ``prompt.citations`` the chunks carry their citation numbers.
+    the no-context one. With ``augment.stop_rule = "gain"`` the fitted chunks are scored first
+    and only those the gain keeps are laid out again and prefilled. The trace records how many
+    chunks were dropped, the order hint and the gains, and with ``prompt.citations`` the chunks
+    carry their citation numbers.
 
     Args:
         resources: The pipeline's resources.
@@ -176,15 +185,14 @@ def prepare_answer(
     """
     retrieval_s = time.perf_counter() - started
     params = request.params
-    context = request_context(
-        resources,
-        request.question,
-        found,
-        params,
-        request.history,
-        request.conversation_chunks,
-        request.instruction,
-    )
+    context = _context(resources, request, found, request.conversation_chunks)
+    selection: GainSelection | None = None
+    if context.layout is not None and selects_by_gain(resources.config):
+        selection = select_by_gain(resources, context.layout, context.chunks)
+        # the kept chunks are the whole context: arranged and fitted on their own
+        dropped = context.num_dropped
+        context = _context(resources, request, selection.chunks, ())
+        context.num_dropped += dropped
     if context.layout is None:
         prepared = no_context(retrieval_s)
     else:
@@ -195,4 +203,30 @@ def prepare_answer(
         prepared.chunks = numbered(prepared.chunks)
     if context.note:
         prepared.trace = dataclasses.replace(prepared.trace, order_hint=context.note)
+    if selection is not None:
+        reason = prepared.trace.stop_reason
+        prepared.trace = dataclasses.replace(
+            prepared.trace,
+            stop_reason="gain" if reason == "static" else reason,
+            chunk_gains=selection.gains,
+            gain_s=selection.gain_s,
+        )
     return prepared
+
+
+def _context(
+    resources: Resources,
+    request: Request,
+    chunks: Sequence[Chunk],
+    conversation_chunks: Sequence[Chunk | str],
+) -> RequestContext:
+    """``chunks`` arranged and fitted for ``request`` (see :func:`request_context`)."""
+    return request_context(
+        resources,
+        request.question,
+        chunks,
+        request.params,
+        request.history,
+        conversation_chunks,
+        request.instruction,
+    )

@@ -6,7 +6,8 @@ in one JSON file per model.
 The pipeline reads them from here: the sink chunk joins the predecessor in later chunks'
 effective prefix (the soft tier's key), the calibration sets the stop rule, and the learned
 controllers (:mod:`adarag.profiles.learned`) score the tokens to recompute, route requests up the
-ladder and stop adaptive augmentation.
+ladder and stop adaptive augmentation, and the gain calibration (:mod:`adarag.profiles.gain`)
+sets the τ of the ``gain`` stop rule.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Literal
 
 from adarag.errors import ConfigError
 from adarag.fitted import FittedModel
+from adarag.profiles.gain import GainCalibration
 from adarag.profiles.learned import DepthProbe, LadderCalibration
 from adarag.profiles.packet import PacketRecord, read_packet
 
@@ -102,6 +104,7 @@ class ModelProfile:
     selector: FittedModel | None = None
     ladder: LadderCalibration | None = None
     depth_probe: DepthProbe | None = None
+    gain: GainCalibration | None = None
     packet: PacketRecord | None = None
     packet_bytes: bytes | None = field(default=None, repr=False, compare=False)
     """The packet file's bytes (checked against ``packet.digest``), when the profile was read
@@ -113,6 +116,7 @@ class ModelProfile:
         data.pop("packet_bytes")
         data["ladder"] = None if self.ladder is None else self.ladder.to_dict()
         data["depth_probe"] = None if self.depth_probe is None else self.depth_probe.to_dict()
+        data["gain"] = None if self.gain is None else self.gain.to_dict()
         data["packet"] = None if self.packet is None else self.packet.to_dict()
         return json.dumps({"format": FORMAT, **data}, indent=1)
 
@@ -157,6 +161,7 @@ class ModelProfile:
                 ("selector", FittedModel),
                 ("ladder", LadderCalibration),
                 ("depth_probe", DepthProbe),
+                ("gain", GainCalibration),
                 ("packet", PacketRecord),
             ):
                 found = data.get(name)
@@ -170,7 +175,7 @@ class ModelProfile:
         return replace(self, calibration=calibration)
 
     def with_learned(self, **learned: Any) -> ModelProfile:
-        """The same profile with new ``selector``, ``ladder``, ``depth_probe`` or packet."""
+        """The same profile with new ``selector``, ``ladder``, ``depth_probe``, ``gain``, packet."""
         return replace(self, **learned)
 
 

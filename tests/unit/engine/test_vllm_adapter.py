@@ -7,10 +7,12 @@ import torch
 from torch import nn
 
 from adarag.engine.batch import ForwardBatch, SegmentPlan
+from adarag.engine.context_pass import query_over_contexts
 from adarag.engine.model import DecoderModel
 from adarag.engine.runner import Runner
 from adarag.engine.vllm.adapter import SUPPORTED_ARCHITECTURES, VLLMDecoderAdapter, check_supported
 from adarag.errors import ModelLoadError
+from adarag.evaluation.reuse import independent_chunks
 from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
 
 
@@ -88,3 +90,19 @@ def test_vllm_class_of_another_family_is_rejected():
     check_supported("LlamaForCausalLM", "mistral")
     with pytest.raises(ModelLoadError, match="Qwen2ForCausalLM for model family 'llama'"):
         check_supported("Qwen2ForCausalLM", "llama")
+
+
+def test_the_gain_rules_pass_over_cached_contexts_runs_on_vllm_modules(
+    tiny_checkpoints, tiny_config
+):
+    """``stop_rule="gain"`` on the vLLM backend: its runner drives vLLM's modules the same way."""
+    config = tiny_config(tiny_checkpoints["llama"])
+    engine = load_engine(config)
+    adapter = VLLMDecoderAdapter(_vllm_like(engine.model, "LlamaForCausalLM"), engine.spec)
+    runner = Runner(adapter, config.engine, config.kernels)
+    layout = layout_of(engine, QUESTION, CHUNKS)
+    system_kv, chunk_kvs = independent_chunks(engine, layout)
+    contexts = [[system_kv], *([system_kv, kv] for kv in chunk_kvs)]
+    ours = query_over_contexts(engine.runner, layout.query_ids, contexts)
+    theirs = query_over_contexts(runner, layout.query_ids, contexts)
+    torch.testing.assert_close(theirs.logits, ours.logits, atol=1e-5, rtol=1e-5)

@@ -36,7 +36,7 @@ class AdaptiveStopEvent(BaseEvent):
     """Augmentation stopped; decoding starts from the chunks in :attr:`node_ids`.
 
     Attributes:
-        stop_reason: ``confident``, ``exhausted``, ``static`` or ``no_context``.
+        stop_reason: ``confident``, ``exhausted``, ``static``, ``no_context`` or ``gain``.
         node_ids: Node ids of the chunks the answer is conditioned on.
         unused_node_ids: Retrieved nodes left out.
         confidence: The last step's confidence, or None.
