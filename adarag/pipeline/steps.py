@@ -118,6 +118,11 @@ class AugmentedPrefill:
         self._learned = learned or LearnedControls()
         self._probe_layers = tuple(probe_layers)
 
+    @property
+    def controller(self) -> AugmentationController:
+        """The confidence estimator and stop rule each step is scored by."""
+        return self._controller
+
     def run(
         self,
         layout: PromptLayout,

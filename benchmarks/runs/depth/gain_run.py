@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 from common import CACHE
 
@@ -50,7 +51,8 @@ def gain_run(args: argparse.Namespace) -> None:
         else set()
     )
     items = [json.loads(line) for line in retrieved_path(args.dataset, args.split).open()]
-    rag = hard_tier_pipeline(args.model, args.threads)
+    # each step keeps its own KV cache, so that every answer decodes in one batch at the end
+    rag = hard_tier_pipeline(args.model, args.threads, reuse_step_kv=False)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     _question(rag, _warm_up_item(), 0, 2, params, timed=False)
     for index, item in enumerate(items[: args.questions]):
@@ -72,8 +74,6 @@ def _warm_up_item() -> dict:
 
 
 def _question(rag, item: dict, index: int, max_k: int, params: GenerationParams, timed: bool):
-    from adarag.evaluation.profiling.calibration import answer_each_step
-
     engine, question, gold = rag.engine, item["question"], item["answers"]
     retrieved = [Chunk(c["text"], c["id"], c["score"]) for c in item["chunks"]]
     chunks = retrieved[:max_k]
@@ -97,24 +97,20 @@ def _question(rag, item: dict, index: int, max_k: int, params: GenerationParams,
     def answered(answer: str, tokens: int) -> dict:
         return {"answer": answer, "f1": best_f1(answer, gold), "tokens": tokens}
 
-    def steps(order: list[int]) -> list[dict]:
+    def prefilled(order: list[int]) -> list[tuple[Any, float]]:
+        """Each step of ``order``'s prompt (kept undecoded) with its lens confidence."""
+        augmentation = rag.augmentation
         ordered = rag.layout(question, [chunks[i] for i in order], params)
-        rows = []
-        for k, (trace, answer) in enumerate(answer_each_step(rag, ordered, params), 1):
-            row = answered(answer, ordered.with_chunks(k).num_tokens)
-            row.update(
-                processed=trace.num_processed_tokens,
-                step_s=trace.prefill_s + trace.confidence_s,
-                confidence=trace.confidence,
-                margin=trace.margin,
-            )
-            rows.append(row)
-        return rows
+        return [
+            (step, augmentation.controller.score(k, step.result).confidence.value)
+            for k, step in enumerate(augmentation.prefill_steps(ordered, params.max_new_tokens), 1)
+        ]
 
-    fixed = steps(list(range(len(chunks))))
+    fixed_steps = prefilled(list(range(len(chunks))))
     ranking = kept_chunks(gains, float("-inf"))
-    by_gain = fixed if ranking == list(range(len(chunks))) else steps(ranking)
-    subsets = {}
+    same = ranking == list(range(len(chunks)))
+    gain_steps = fixed_steps if same else prefilled(ranking)
+    subsets: dict[str, tuple[Any, Any]] = {}
     for threshold in THRESHOLDS:
         kept = kept_chunks(gains, threshold, "retrieval")
         key = subset_key(kept)
@@ -122,9 +118,37 @@ def _question(rag, item: dict, index: int, max_k: int, params: GenerationParams,
         if known or key in subsets:
             continue
         sub = rag.layout(question, [chunks[i] for i in kept], params)
-        output = engine.prefill(PrefillRequest(sub, max_new_tokens=params.max_new_tokens))
-        answer = _text(engine, engine.decode_tokens(sub, output, params))
-        subsets[key] = answered(answer, sub.num_tokens)
+        subsets[key] = (
+            sub,
+            engine.prefill(PrefillRequest(sub, max_new_tokens=params.max_new_tokens)),
+        )
+    # every prompt's answer decoded in one batch (each gets the tokens it gets alone)
+    prompts = [
+        *((step.layout, step.output) for step, _ in fixed_steps),
+        *(() if same else ((step.layout, step.output) for step, _ in gain_steps)),
+        *subsets.values(),
+    ]
+    decoded = engine.decoder.decode_batch(
+        [layout for layout, _ in prompts], [output for _, output in prompts], params
+    )
+    texts = iter(_text(engine, ids) for ids in decoded)
+
+    def stepped(steps: list[tuple[Any, float]]) -> list[dict]:
+        rows = []
+        for step, confidence in steps:
+            row = answered(next(texts), step.layout.num_tokens)
+            row.update(
+                processed=step.result.num_processed_tokens,
+                step_s=step.result.prefill_s + step.result.confidence_s,
+                confidence=confidence,
+                margin=step.result.margin,
+            )
+            rows.append(row)
+        return rows
+
+    fixed = stepped(fixed_steps)
+    by_gain = fixed if same else stepped(gain_steps)
+    subset_rows = {key: answered(next(texts), sub.num_tokens) for key, (sub, _) in subsets.items()}
     row = {
         "qid": item["qid"],
         "index": index,
@@ -142,7 +166,7 @@ def _question(rag, item: dict, index: int, max_k: int, params: GenerationParams,
         "fixed": fixed,
         "gain_order": ranking,
         "by_gain": by_gain,
-        "subsets": subsets,
+        "subsets": subset_rows,
         "static": _static(rag, question, retrieved, params, index) if timed else [],
         "cost": _cost(rag, question, retrieved, params) if timed else {},
     }
