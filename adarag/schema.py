@@ -117,13 +117,14 @@ class PromptLayout:
             self.chunk_labels[:num_chunks],
         )
 
-    def with_bridge(self, bridge_ids: tuple[int, ...]) -> PromptLayout:
+    def with_bridge(self, bridge_ids: tuple[int, ...], replaces: int = 0) -> PromptLayout:
         """The same prompt with ``bridge_ids`` (packet tokens) opening the query suffix.
 
         The bridge stands between the context and the question and is computed with the
-        query, so the cached segments and their offsets are those of this prompt.
+        query, so the cached segments and their offsets are those of this prompt. It takes the
+        place of the query suffix's first ``replaces`` tokens (0: it is inserted before them).
         """
-        return replace(self, query_ids=(*bridge_ids, *self.query_ids))
+        return replace(self, query_ids=(*bridge_ids, *self.query_ids[replaces:]))
 
     def with_trailers(self, trailer_ids: tuple[int, ...]) -> PromptLayout:
         """The same prompt with ``trailer_ids`` (packet tokens) closing every chunk.

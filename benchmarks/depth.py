@@ -40,6 +40,7 @@ import argparse
 from pathlib import Path
 
 from common import DEFAULT_DATA_DIR
+from runs.depth.gain_report import gain_report
 from runs.depth.gain_run import gain_run
 from runs.depth.report import report
 from runs.depth.retrieve import retrieve
@@ -75,6 +76,8 @@ def main() -> None:
     stage.add_argument("--max-new-tokens", type=int, default=16)
     stage.add_argument("--split", choices=("report", "calibration"), default="report")
     stage.set_defaults(fn=gain_run)
+    stage = sub.add_parser("gain-report", help="tables of the gain records (see gain_report)")
+    stage.set_defaults(fn=gain_report)
     stage = sub.add_parser("report")
     stage.add_argument(
         "--calibration",

@@ -22,10 +22,12 @@ def add_packet_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("--packet")
     group.add_argument(
         "--packet-variant",
-        choices=("bridge", "trailer", "both"),
+        choices=("bridge", "replace", "trailer", "both"),
         default="bridge",
         help="the bridge (packet tokens between the context and the question, computed with "
-        "the query), the trailer (packet tokens ending every chunk, stored with its KV: "
+        "the query), replace (a bridge in place of the query template's opening tokens, at "
+        "most --packet-tokens, starting as their embeddings: the unfitted packet is the prompt "
+        "as it was), the trailer (packet tokens ending every chunk, stored with its KV: "
         "re-warm after fitting one), or both (default: bridge)",
     )
     group.add_argument(
@@ -61,10 +63,14 @@ def run_packet(args: argparse.Namespace, config: AdaRagConfig) -> int:
     records = args.records or records_dir(rag, output) / f"packet-{args.packet_variant}"
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     rows = args.packet_tokens
-    shape = PacketShape(
-        bridge=rows if args.packet_variant in ("bridge", "both") else 0,
-        trailer=rows if args.packet_variant in ("trailer", "both") else 0,
-    )
+    if args.packet_variant == "replace":
+        opening = template_opening(rag, params)[:rows]
+        shape = PacketShape(bridge=len(opening), trailer=0, replaces=opening)
+    else:
+        shape = PacketShape(
+            bridge=rows if args.packet_variant in ("bridge", "both") else 0,
+            trailer=rows if args.packet_variant in ("trailer", "both") else 0,
+        )
     fitted = fit_packet(
         rag,
         questions,
@@ -94,6 +100,25 @@ def run_packet(args: argparse.Namespace, config: AdaRagConfig) -> int:
         print(f"held out: mean KL {before:.4f} without the packet, {after:.4f} with it")
     print(f"packet file: {Path(output.parent / record.file)}")
     return 0
+
+
+def template_opening(rag: AdaRAG, params: GenerationParams) -> tuple[int, ...]:
+    """The ids every query suffix opens with before the question (the prompt template's).
+
+    Raises:
+        InputError: The template puts the question first (nothing for a bridge to replace).
+    """
+    first, second = (rag.layout(q, ["."], params).query_ids for q in ("x", "?"))
+    length = next(
+        (i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b),
+        min(len(first), len(second)),
+    )
+    if length == 0:
+        raise InputError(
+            "the prompt template opens the query with the question itself: there are no "
+            "template tokens for --packet-variant replace to stand in for; use bridge"
+        )
+    return tuple(first[:length])
 
 
 def _without_packet(config: AdaRagConfig) -> object:

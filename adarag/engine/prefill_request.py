@@ -38,6 +38,8 @@ class LearnedControls:
         bridge_tokens: Rows of the bridge.
         trailer_tokens: Rows of the trailer.
         packet_digest: The packet file's digest (entries made with a trailer are bound to it).
+        bridge_replaces: The query suffix's opening ids the bridge stands in for; empty: the
+            bridge is inserted before the query.
     """
 
     token_scorer: FittedModel | None = None
@@ -46,6 +48,7 @@ class LearnedControls:
     bridge_tokens: int = 0
     trailer_tokens: int = 0
     packet_digest: str | None = None
+    bridge_replaces: tuple[int, ...] = ()
 
     def bridged(
         self, layout: PromptLayout, sources: Sequence[SegmentSource], vocab_size: int
@@ -53,11 +56,16 @@ class LearnedControls:
         """``layout`` with the bridge opening its query, when it has one and ``sources`` reuse.
 
         A prompt whose context is all its own (:func:`reuses_approximately` is False) stays as
-        it is, so ratio 1.0 and hard-tier replays equal what they were without a packet.
+        it is, so ratio 1.0 and hard-tier replays equal what they were without a packet. A
+        bridge fitted in place of the query's opening tokens is used only where the query opens
+        with them (another prompt template gets no bridge).
         """
         if not self.bridge_tokens or not reuses_approximately(sources):
             return layout
-        return layout.with_bridge(packet_ids(vocab_size, self.bridge_tokens))
+        replaces = self.bridge_replaces
+        if replaces and layout.query_ids[: len(replaces)] != replaces:
+            return layout
+        return layout.with_bridge(packet_ids(vocab_size, self.bridge_tokens), len(replaces))
 
     def trailer_ids(self, vocab_size: int) -> tuple[int, ...]:
         """The ids every chunk ends with (the trailer's rows, after the bridge's); () if none."""

@@ -51,6 +51,8 @@ class GainQuestion:
     by_gain_confidence: tuple[float, ...]
     subsets: dict[str, Answered]
     static: tuple[tuple[int, float], ...]
+    cost: dict[str, dict[str, float]]
+    """Seconds of the scoring pass and of a full prefill over the top-N, by N (some questions)."""
 
     @classmethod
     def from_record(cls, row: dict) -> GainQuestion:
@@ -72,6 +74,7 @@ class GainQuestion:
             tuple(float(item["confidence"]) for item in row["by_gain"]),
             {key: answered(item) for key, item in row["subsets"].items()},
             tuple((item["tokens"], item["seconds"]) for item in row["static"]),
+            row.get("cost", {}),
         )
 
     @property

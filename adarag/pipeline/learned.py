@@ -62,7 +62,13 @@ def learned_controls(
         return LearnedControls(scorer, ladder)
     table, record = packet
     return LearnedControls(
-        scorer, ladder, table, record.bridge_tokens, record.trailer_tokens, record.digest
+        scorer,
+        ladder,
+        table,
+        record.bridge_tokens,
+        record.trailer_tokens,
+        record.digest,
+        record.bridge_replaces,
     )
 
 

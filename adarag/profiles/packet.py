@@ -39,6 +39,9 @@ class PacketRecord:
             mean while it trained.
         held_out_kl: The same on the held-out calibration questions: without, then with it.
         trailer_tokens: Rows of the trailer (0: none).
+        bridge_replaces: The token ids opening the query suffix that the bridge stands in for
+            (its rows started as their embeddings, so the unfitted bridge is the prompt as it
+            was); empty: the bridge is inserted before the query.
     """
 
     file: str
@@ -50,6 +53,7 @@ class PacketRecord:
     loss_curve: tuple[float, ...] = ()
     held_out_kl: tuple[float, float] | None = None
     trailer_tokens: int = 0
+    bridge_replaces: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -63,6 +67,7 @@ class PacketRecord:
             "loss_curve": list(self.loss_curve),
             "held_out_kl": None if self.held_out_kl is None else list(self.held_out_kl),
             "trailer_tokens": self.trailer_tokens,
+            "bridge_replaces": list(self.bridge_replaces),
         }
 
     @classmethod
@@ -79,6 +84,7 @@ class PacketRecord:
             loss_curve=tuple(float(x) for x in data.get("loss_curve", ())),
             held_out_kl=None if held_out is None else (float(held_out[0]), float(held_out[1])),
             trailer_tokens=int(data.get("trailer_tokens", 0)),
+            bridge_replaces=tuple(int(x) for x in data.get("bridge_replaces", ())),
         )
 
 

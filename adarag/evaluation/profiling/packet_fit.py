@@ -189,10 +189,18 @@ class Student:
 
 @dataclass(frozen=True)
 class PacketShape:
-    """Rows of each part of a packet table: the bridge's first, then the trailer's."""
+    """Rows of each part of a packet table: the bridge's first, then the trailer's.
+
+    ``replaces``: the query suffix's opening ids the bridge stands in for (as many as its rows;
+    its rows start as their embeddings); empty: the bridge is inserted before the query.
+    """
 
     bridge: int
     trailer: int
+    replaces: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert not self.replaces or len(self.replaces) == self.bridge, "one row per replaced id"
 
     def ids(self, vocab_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The bridge's and the trailer's packet ids."""
@@ -214,7 +222,14 @@ def student_loss(
     recompute keep their gradient.
     """
     bridge_ids, trailer_ids = shape.ids(engine.spec.vocab_size) if table is not None else ((), ())
-    layout = example.layout.with_trailers(trailer_ids).with_bridge(bridge_ids)
+    opening = example.layout.query_ids[: len(shape.replaces)]
+    if opening != shape.replaces:
+        raise InputError(
+            f"a calibration prompt's query opens with {opening}, not the {shape.replaces} the "
+            "bridge replaces; fit the packet with the prompt template the pipeline uses"
+        )
+    replaced = len(shape.replaces) if bridge_ids else 0
+    layout = example.layout.with_trailers(trailer_ids).with_bridge(bridge_ids, replaced)
     chunks, trailers = list(example.chunk_kvs), []
     if trailer_ids:
         assert table is not None
@@ -288,9 +303,13 @@ def _moved_trailers(
 def initial_rows(engine: Engine, num_tokens: int, text: str = INIT_TEXT) -> torch.Tensor:
     """Starting rows of a packet part: the embeddings of ``text``'s tokens, repeated."""
     ids = engine.tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
-    ids = (ids * (num_tokens // max(len(ids), 1) + 1))[:num_tokens]
+    return _embedded(engine, (ids * (num_tokens // max(len(ids), 1) + 1))[:num_tokens])
+
+
+def _embedded(engine: Engine, ids: Sequence[int]) -> torch.Tensor:
+    """The model's input embeddings of ``ids`` [len(ids), hidden_size] (float32, detached)."""
     with torch.no_grad():
-        return engine.model.embed(torch.tensor(ids, dtype=torch.int64)).float().clone()
+        return engine.model.embed(torch.tensor(list(ids), dtype=torch.int64)).float().clone()
 
 
 def fit_packet(
@@ -340,12 +359,12 @@ def fit_packet(
             progress(f"teacher: {number}/{len(questions)} questions ({dataset} {item.qid})")
     held = [p for i, p in enumerate(paths) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
     fitting = [p for i, p in enumerate(paths) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
-    initial = torch.cat(
-        [
-            initial_rows(engine, shape.bridge, starts[0]),
-            initial_rows(engine, shape.trailer, starts[1]),
-        ]
+    bridge_start = (
+        _embedded(engine, shape.replaces)
+        if shape.replaces
+        else initial_rows(engine, shape.bridge, starts[0])
     )
+    initial = torch.cat([bridge_start, initial_rows(engine, shape.trailer, starts[1])])
     table = initial.clone().requires_grad_(True)
     scale = float(initial.pow(2).mean().sqrt())
     optimiser = torch.optim.Adam([table], lr=learning_rate * scale)
@@ -424,6 +443,7 @@ def fit_packet(
         loss_curve=tuple(round(x, 5) for x in curve),
         held_out_kl=None if held_out is None else (round(held_out[0], 5), round(held_out[1], 5)),
         trailer_tokens=shape.trailer,
+        bridge_replaces=shape.replaces,
     )
     (records / "packet-fit.json").write_text(json.dumps(record.to_dict(), indent=1) + "\n")
     return PacketFit(data, record, time.perf_counter() - started)

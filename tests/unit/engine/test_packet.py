@@ -95,3 +95,23 @@ def test_a_trailers_rows_reused_in_a_fused_prefill_carry_the_gradient(
     torch.testing.assert_close(logits[-1].detach(), fused.logits, atol=1e-4, rtol=1e-4)
     logits[-1].logsumexp(-1).backward()
     assert packet.grad is not None and float(packet.grad.abs().sum()) > 0.0
+
+
+def test_a_replacing_bridge_stands_in_only_for_the_ids_it_was_fitted_on():
+    from adarag.engine.batch import SegmentSource
+    from adarag.kv import ChunkKV
+    from adarag.schema import PromptLayout
+
+    kv = ChunkKV(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), 0)
+    reused = [SegmentSource(kv, exact=True), SegmentSource(kv, 0.2), SegmentSource()]
+    controls = LearnedControls(packet=torch.zeros(2, 4), bridge_tokens=2, bridge_replaces=(7, 8))
+    layout = PromptLayout((1, 2), ((3, 4),), (7, 8, 9, 10))
+    bridged = controls.bridged(layout, reused, vocab_size=100)
+    assert bridged.query_ids == (*packet_ids(100, 2), 9, 10)
+    assert bridged.chunk_ids == layout.chunk_ids
+    # another template's query: no bridge rather than a wrong one
+    other = PromptLayout((1, 2), ((3, 4),), (5, 8, 9, 10))
+    assert controls.bridged(other, reused, vocab_size=100) == other
+    # a prompt of exact KV only never carries it
+    exact = [SegmentSource(kv, exact=True), SegmentSource(kv, exact=True), SegmentSource()]
+    assert controls.bridged(layout, exact, vocab_size=100) == layout

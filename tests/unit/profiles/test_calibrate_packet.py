@@ -80,3 +80,38 @@ def test_a_trailer_fit_lowers_the_kl_and_names_its_rows(tiny_checkpoints, tmp_pa
     packet = ModelProfile.read(output.parent, output.name).packet
     assert packet is not None and (packet.bridge_tokens, packet.trailer_tokens) == (0, 2)
     assert packet.loss_curve[-1] < packet.loss_curve[1]
+
+
+def test_a_replacing_bridge_starts_as_the_prompt_was_and_stands_in_for_its_tokens(
+    tiny_checkpoints, tmp_path
+):
+    settings, config_path = _tiny_settings(tiny_checkpoints, tmp_path)
+    data = tmp_path / "data"
+    _write_data(data)
+    output = tmp_path / "profile.json"
+    argv = ["--config", str(config_path), "calibrate", "--packet", "--packet-variant", "replace"]
+    argv += ["--dataset", "musique", "hotpotqa", "--data-dir", str(data), "--questions", "6"]
+    argv += ["--max-new-tokens", "3", "--packet-tokens", "2", "--learning-rate", "0.005"]
+    argv += ["--ratio", "0"]  # chunks reused as they are: the reused path's KL is the largest
+    assert main([*argv, "--epochs", "3", "--output", str(output)]) == 0
+    packet = ModelProfile.read(output.parent, output.name).packet
+    assert packet is not None and packet.trailer_tokens == 0
+    assert packet.bridge_tokens == len(packet.bridge_replaces) >= 1
+    # the starting rows are the replaced tokens' embeddings: the KL starts at the reused path's
+    no_packet, starting, *passes = packet.loss_curve
+    assert abs(starting - no_packet) <= 1e-4 * max(no_packet, 1e-3)
+    assert passes[-1] < starting
+
+    rag = AdaRAG(AdaRagConfig.build(**settings))
+    home_profiles = rag.config.home / "profiles"
+    home_profiles.mkdir(parents=True, exist_ok=True)
+    (home_profiles / packet.file).write_bytes((output.parent / packet.file).read_bytes())
+    (home_profiles / f"{rag.engine.fingerprint}.json").write_text(output.read_text())
+    rag.warm(list(CHUNKS))
+    layout = rag.prompts.layout(QUESTION, CHUNKS)
+    assert layout.query_ids[: packet.bridge_tokens] == packet.bridge_replaces
+    query = rag.augmentation.looked_up_prefill(layout, 0).layout.query_ids
+    # the same length: the packet ids took the place of the template's opening ids
+    assert len(query) == len(layout.query_ids)
+    assert all(token >= rag.engine.spec.vocab_size for token in query[: packet.bridge_tokens])
+    assert query[packet.bridge_tokens :] == layout.query_ids[packet.bridge_tokens :]
