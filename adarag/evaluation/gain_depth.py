@@ -53,6 +53,8 @@ class GainQuestion:
     static: tuple[tuple[int, float], ...]
     cost: dict[str, dict[str, float]]
     """Seconds of the scoring pass and of a full prefill over the top-N, by N (some questions)."""
+    gold: tuple[bool, ...] = ()
+    """Whether each chunk holds a gold passage (or the answer)."""
 
     @classmethod
     def from_record(cls, row: dict) -> GainQuestion:
@@ -75,6 +77,7 @@ class GainQuestion:
             {key: answered(item) for key, item in row["subsets"].items()},
             tuple((item["tokens"], item["seconds"]) for item in row["static"]),
             row.get("cost", {}),
+            tuple(bool(flag) for flag in row.get("gold", ())),
         )
 
     @property

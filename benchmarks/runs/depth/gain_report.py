@@ -17,6 +17,7 @@ import numpy as np
 from common import RESULTS, write_results
 
 from adarag.augment.gain import DEFAULT_THRESHOLD
+from adarag.evaluation.depth import auroc
 from adarag.evaluation.gain_depth import (
     THRESHOLDS,
     GainQuestion,
@@ -126,6 +127,7 @@ def _model_section(
         + "."
     )
     lines.append(_cost_line(everything, price))
+    lines.append(_signal_line(everything))
     data: dict[str, Any] = {"chosen": {k: r.name for k, r in chosen.items()}, "sets": {}}
     targets = []
     for dataset, questions in report_sets.items():
@@ -141,6 +143,25 @@ def _model_section(
     lines += [f"- {dataset}: {target}" for dataset, target in targets]
     data["targets"] = dict(targets)
     return "\n".join(lines), data
+
+
+def _signal_line(questions: Sequence[GainQuestion]) -> str:
+    """How well the gain and the retrieval score rank useful chunks first (AUROC)."""
+    gains = [g for q in questions for g in q.gains]
+    scores = [s for q in questions for s in q.scores]
+    gold = [flag for q in questions for flag in q.gold]
+    right = [answered.f1 >= 0.5 for q in questions for answered in q.single]
+
+    def auc(values: list[float], labels: list[bool]) -> str:
+        value = auroc(values, labels)
+        return "n/a" if value is None else f"{value:.2f}"
+
+    return (
+        f"Over the report questions' {len(gains)} chunks, AUROC of the gain for a gold chunk "
+        f"{auc(gains, gold)} (the retrieval score: {auc(scores, gold)}), and for a chunk whose "
+        f"answer alone reaches F1 0.5 {auc(gains, right)} (the retrieval score: "
+        f"{auc(scores, right)})."
+    )
 
 
 def _cost_line(questions: Sequence[GainQuestion], price: Any) -> str:
