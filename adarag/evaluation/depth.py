@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -83,6 +84,13 @@ class DepthQuestion:
         return tokens[end - 1] - tokens[start - 1] + question
 
 
+def static_fit(timed: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
+    """``(a, b, c)`` of ``a + b n + c n^2`` seconds for a full prefill of n tokens."""
+    n = np.array([tokens for tokens, _ in timed], dtype=np.float64)
+    c, b, a = np.polyfit(n, np.array([seconds for _, seconds in timed]), 2)
+    return float(a), float(b), float(c)
+
+
 @dataclass(frozen=True)
 class Prices:
     """Seconds of a full prefill of n tokens (quadratic fit) and of an augmentation step."""
@@ -93,12 +101,10 @@ class Prices:
     @classmethod
     def fit(cls, questions: Sequence[DepthQuestion]) -> Prices:
         """Both fits over every timed prefill and step of ``questions``."""
-        timed = [pair for q in questions for pair in q.static]
-        n = np.array([t for t, _ in timed], dtype=np.float64)
-        c, b, a = np.polyfit(n, np.array([s for _, s in timed]), 2)
+        static = static_fit([pair for q in questions for pair in q.static])
         tokens = [step.processed for q in questions for step in q.steps[1:]]
         seconds = [step.step_s for q in questions for step in q.steps[1:]]
-        return cls((float(a), float(b), float(c)), StepCostModel.fit(tokens, seconds))
+        return cls(static, StepCostModel.fit(tokens, seconds))
 
     def full_prefill(self, tokens: int) -> float:
         """Seconds of a full prefill of ``tokens`` prompt tokens."""
@@ -279,7 +285,21 @@ def signal_auroc(
     return auroc([s for s, _ in pairs], [label for _, label in pairs])
 
 
-def fixed_at_tokens(fixed_outcomes: Sequence[Outcome], mean_tokens: float) -> list[float]:
+class MeanOutcome(Protocol):
+    """A rule's per-question F1 and its mean prompt tokens (an :class:`Outcome` or alike)."""
+
+    @property
+    def f1(self) -> tuple[float, ...]:
+        """Gold F1 of each question, in points."""
+        ...
+
+    @property
+    def mean_tokens(self) -> float:
+        """Mean prompt tokens."""
+        ...
+
+
+def fixed_at_tokens(fixed_outcomes: Sequence[MeanOutcome], mean_tokens: float) -> list[float]:
     """Per-question F1 of fixed top-k interpolated to ``mean_tokens`` (clamped at the ends).
 
     The two fixed depths whose mean prompt tokens bracket ``mean_tokens`` are mixed with the one

@@ -17,6 +17,7 @@ import numpy as np
 
 from adarag.augment.gain import GainOrder, kept_chunks
 from adarag.augment.prior import chunks_before_gap
+from adarag.evaluation.depth import fixed_at_tokens, static_fit
 
 THRESHOLDS = (-0.1, 0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
 """The τ a record holds every kept set of (calibration picks among them)."""
@@ -217,22 +218,8 @@ class SetOutcome:
 
 def prefill_price(questions: Sequence[GainQuestion]) -> Callable[[int], float]:
     """Seconds of a full prefill of n tokens: a quadratic fit of the timed prefills."""
-    timed = [pair for q in questions for pair in q.static]
-    n = np.array([t for t, _ in timed], dtype=np.float64)
-    c, b, a = np.polyfit(n, np.array([s for _, s in timed]), 2)
-    return lambda tokens: float(a + b * tokens + c * tokens**2)
-
-
-def fixed_at_tokens(fixed_outcomes: Sequence[SetOutcome], mean_tokens: float) -> list[float]:
-    """Per-question F1 of fixed top-k mixed to ``mean_tokens`` (one weight for every question)."""
-    ordered = sorted(fixed_outcomes, key=lambda o: o.mean_tokens)
-    if mean_tokens <= ordered[0].mean_tokens:
-        return list(ordered[0].f1)
-    for low, high in zip(ordered, ordered[1:], strict=False):
-        if mean_tokens <= high.mean_tokens:
-            weight = (mean_tokens - low.mean_tokens) / (high.mean_tokens - low.mean_tokens)
-            return [(1 - weight) * a + weight * b for a, b in zip(low.f1, high.f1, strict=True)]
-    return list(ordered[-1].f1)
+    a, b, c = static_fit([pair for q in questions for pair in q.static])
+    return lambda tokens: a + b * tokens + c * tokens**2
 
 
 def choose(
