@@ -34,9 +34,15 @@ def test_a_profile_written_before_the_gain_rule_loads(tmp_path):
     assert found is not None and found.gain is None
 
 
-def test_the_packaged_profiles_load_without_gain():
-    found = find_profile("SmolLM2-135M-Instruct", "no-such-fingerprint", 30, [])
-    assert found is not None and found.gain is None
+@pytest.mark.parametrize(
+    ("model", "num_layers"), [("SmolLM2-135M-Instruct", 30), ("Qwen2.5-Coder-0.5B-Instruct", 24)]
+)
+def test_the_packaged_profiles_carry_a_fitted_gain_threshold(model, num_layers):
+    found = find_profile(model, "no-such-fingerprint", num_layers, [])
+    assert found is not None and found.gain is not None
+    # fitted by `adarag calibrate --depth --gain-records` on calibration questions of three sets
+    assert found.gain.num_questions >= 30 and len(found.gain.datasets) == 3
+    assert -1.0 <= found.gain.threshold <= 1.0 and found.gain.order in ("gain", "retrieval")
 
 
 def test_a_broken_gain_calibration_is_a_clear_error():
