@@ -34,7 +34,7 @@ from adarag.evaluation.metrics import best_f1
 from adarag.evaluation.reuse import independent_chunks
 from adarag.schema import Chunk, GenerationParams
 from runs.depth.run import hard_tier_pipeline
-from runs.depth.splits import MAX_K, retrieved_path
+from runs.depth.splits import MAX_K, recorded_qids, retrieved_path
 
 GAIN_ROWS = {"report": CACHE / "gain", "calibration": CACHE / "gain-calibration"}
 COST_EVERY = 3
@@ -45,11 +45,7 @@ def gain_run(args: argparse.Namespace) -> None:
     """Record every question of ``args.dataset`` (resuming)."""
     out = GAIN_ROWS[args.split] / args.model_dir / f"{args.dataset}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = (
-        {json.loads(line)["qid"] for line in out.read_text().splitlines()}
-        if out.exists()
-        else set()
-    )
+    done = recorded_qids(out)
     items = [json.loads(line) for line in retrieved_path(args.dataset, args.split).open()]
     # each step keeps its own KV cache, so that every answer decodes in one batch at the end
     rag = hard_tier_pipeline(args.model, args.threads, reuse_step_kv=False)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from adarag.engine.prefill_request import PrefillRequest
 from adarag.evaluation.metrics import best_exact_match, best_f1
 from adarag.schema import Chunk, GenerationParams
-from runs.depth.splits import MAX_K, PROBE_RECORDS, ROWS, retrieved_path
+from runs.depth.splits import MAX_K, PROBE_RECORDS, ROWS, recorded_qids, retrieved_path
 
 if TYPE_CHECKING:
     from adarag import AdaRAG
@@ -44,11 +44,7 @@ def run(args: argparse.Namespace) -> None:
 
     out = ROWS[args.split] / args.model_dir / f"{args.dataset}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = (
-        {json.loads(line)["qid"] for line in out.read_text().splitlines()}
-        if out.exists()
-        else set()
-    )
+    done = recorded_qids(out)
     items = [json.loads(line) for line in retrieved_path(args.dataset, args.split).open()]
     items = items[: args.questions]
     rag = hard_tier_pipeline(args.model, args.threads)

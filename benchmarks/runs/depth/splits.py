@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from common import CACHE
@@ -21,6 +22,13 @@ def split_rows(rows: list[dict], dataset: str, split: str, count: int) -> list[d
         return rows[start : start + count]
     others = rows[:start] + rows[start + REPORTED :]
     return others[:count]
+
+
+def recorded_qids(path: Path) -> set[str]:
+    """The question ids a JSON-lines file of rows already holds (a run resumes after them)."""
+    if not path.exists():
+        return set()
+    return {json.loads(line)["qid"] for line in path.read_text().splitlines() if line.strip()}
 
 
 def retrieved_path(dataset: str, split: str) -> Path:

@@ -57,12 +57,7 @@ def test_packet_fit_lowers_the_kl_resumes_and_the_pipeline_carries_it(
     assert packet.digest[:12] in packet.file
 
     # the pipeline of that model reads the profile from its home and carries the bridge
-    rag = AdaRAG(AdaRagConfig.build(**settings))
-    home_profiles = rag.config.home / "profiles"
-    home_profiles.mkdir(parents=True, exist_ok=True)
-    (home_profiles / packet.file).write_bytes((output.parent / packet.file).read_bytes())
-    (home_profiles / f"{rag.engine.fingerprint}.json").write_text(output.read_text())
-    rag.warm(list(CHUNKS))
+    rag = _pipeline_reading(settings, output, packet.file)
     layout = rag.prompts.layout(QUESTION, CHUNKS)
     prefilled = rag.augmentation.looked_up_prefill(layout, 0)
     assert len(prefilled.layout.query_ids) == len(layout.query_ids) + 2
@@ -102,12 +97,7 @@ def test_a_replacing_bridge_starts_as_the_prompt_was_and_stands_in_for_its_token
     assert abs(starting - no_packet) <= 1e-4 * max(no_packet, 1e-3)
     assert passes[-1] < starting
 
-    rag = AdaRAG(AdaRagConfig.build(**settings))
-    home_profiles = rag.config.home / "profiles"
-    home_profiles.mkdir(parents=True, exist_ok=True)
-    (home_profiles / packet.file).write_bytes((output.parent / packet.file).read_bytes())
-    (home_profiles / f"{rag.engine.fingerprint}.json").write_text(output.read_text())
-    rag.warm(list(CHUNKS))
+    rag = _pipeline_reading(settings, output, packet.file)
     layout = rag.prompts.layout(QUESTION, CHUNKS)
     assert layout.query_ids[: packet.bridge_tokens] == packet.bridge_replaces
     query = rag.augmentation.looked_up_prefill(layout, 0).layout.query_ids
@@ -115,3 +105,14 @@ def test_a_replacing_bridge_starts_as_the_prompt_was_and_stands_in_for_its_token
     assert len(query) == len(layout.query_ids)
     assert all(token >= rag.engine.spec.vocab_size for token in query[: packet.bridge_tokens])
     assert query[packet.bridge_tokens :] == layout.query_ids[packet.bridge_tokens :]
+
+
+def _pipeline_reading(settings: dict, output, packet_file: str) -> AdaRAG:
+    """The tiny model's pipeline with the fitted profile (and its packet) in its home, warmed."""
+    rag = AdaRAG(AdaRagConfig.build(**settings))
+    home_profiles = rag.config.home / "profiles"
+    home_profiles.mkdir(parents=True, exist_ok=True)
+    (home_profiles / packet_file).write_bytes((output.parent / packet_file).read_bytes())
+    (home_profiles / f"{rag.engine.fingerprint}.json").write_text(output.read_text())
+    rag.warm(list(CHUNKS))
+    return rag
