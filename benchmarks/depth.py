@@ -29,9 +29,16 @@ fixed top-k at the same mean prompt tokens; every figure in the tables is on the
 (report) questions. Tables (``summary.md``, ``summary.json``) and plots in
 ``results/adaptive-augmentation/depth/``.
 
+``gain`` and ``gain-report``: chunk selection by information gain against fixed top-k over the
+same retrieval (``runs/depth/gain_run.py``, ``runs/depth/gain_report.py``): each chunk's gain
+from its cached KV, and the full-recomputation answer of every set a gain rule can keep; tables in
+``results/adaptive-augmentation/gain/``.
+
     python benchmarks/depth.py retrieve
     python benchmarks/depth.py run --model qwen2.5-coder-0.5b --dataset hotpotqa
     python benchmarks/depth.py report
+    python benchmarks/depth.py gain --model qwen2.5-coder-0.5b --dataset hotpotqa
+    python benchmarks/depth.py gain-report
 """
 
 from __future__ import annotations
