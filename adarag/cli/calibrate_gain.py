@@ -21,13 +21,13 @@ from adarag.augment.gain import DEFAULT_TOP_K, GainOrder
 from adarag.cli.calibrate_learned import profile_path, run_depth, write_profile
 from adarag.config import AdaRagConfig
 from adarag.errors import InputError
+from adarag.evaluation.depth import fixed_at_tokens
 from adarag.evaluation.gain_depth import (
     THRESHOLDS,
     GainQuestion,
     SetOutcome,
     choose,
     fixed,
-    fixed_at_tokens,
     gain_family,
     prefill_price,
 )

@@ -35,6 +35,11 @@ class ContextPass:
     caches: tuple[KVCache, ...]
 
 
+def each_chunk_alone(system_kv: ChunkKV, chunk_kvs: Sequence[ChunkKV]) -> list[list[ChunkKV]]:
+    """The contexts information gain compares: the system prefix alone, then with each chunk."""
+    return [[system_kv], *([system_kv, kv] for kv in chunk_kvs)]
+
+
 @torch.inference_mode()
 def query_over_contexts(
     stack: LayerStack,

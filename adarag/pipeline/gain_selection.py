@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from adarag.augment.gain import DEFAULT_THRESHOLD, information_gain, kept_chunks
 from adarag.config import AdaRagConfig, AugmentLevers
+from adarag.engine.context_pass import each_chunk_alone
 from adarag.pipeline.resources import Resources
 from adarag.profiles import ModelProfile
 from adarag.schema import Chunk, PromptLayout
@@ -90,9 +91,10 @@ def chunk_gains(resources: Resources, layout: PromptLayout, top_k: int) -> list[
     """
     system_kv = resources.system_kv()
     chunk_kvs = [resources.independent_kv(ids) for ids in layout.chunk_ids]
-    contexts = [[system_kv], *([system_kv, kv] for kv in chunk_kvs)]
     with resources.engine_lock:
-        passed = resources.engine.query_over_contexts(layout.query_ids, contexts)
+        passed = resources.engine.query_over_contexts(
+            layout.query_ids, each_chunk_alone(system_kv, chunk_kvs)
+        )
         logits = passed.logits.cpu().numpy()
     return information_gain(logits, top_k)
 

@@ -28,6 +28,7 @@ from typing import Any
 from common import CACHE
 
 from adarag.augment.gain import information_gain, kept_chunks
+from adarag.engine.context_pass import each_chunk_alone
 from adarag.engine.prefill_request import PrefillRequest
 from adarag.evaluation.gain_depth import THRESHOLDS, subset_key
 from adarag.evaluation.metrics import best_f1
@@ -77,17 +78,8 @@ def _question(rag, item: dict, index: int, max_k: int, params: GenerationParams,
     begun = time.perf_counter()
     system_kv, chunk_kvs = independent_chunks(engine, layout)
     chunk_s = time.perf_counter() - begun
-    begun = time.perf_counter()
-    passed = engine.query_over_contexts(
-        layout.query_ids, [[system_kv], *([system_kv, kv] for kv in chunk_kvs)]
-    )
-    gains = information_gain(passed.logits)
-    scoring_s = time.perf_counter() - begun
-    passed = engine.query_over_contexts(
-        layout.query_ids,
-        [[system_kv], *([system_kv, kv] for kv in chunk_kvs)],
-        reserve_rows=params.max_new_tokens,
-    )
+    # one pass scores the gains and leaves each context's cache to decode its answer from
+    passed, gains, scoring_s = _scored(engine, layout, system_kv, chunk_kvs, params.max_new_tokens)
     answers = [_text(engine, ids) for ids in engine.greedy_answers(passed, params.max_new_tokens)]
 
     def answered(answer: str, tokens: int) -> dict:
@@ -184,20 +176,28 @@ def _static(rag, question: str, chunks: list[Chunk], params: GenerationParams, i
     return timed
 
 
+def _scored(engine, layout, system_kv, chunk_kvs, reserve_rows: int = 0):
+    """The scoring pass over ``layout``'s chunks: its output, the gains and its seconds."""
+    begun = time.perf_counter()
+    passed = engine.query_over_contexts(
+        layout.query_ids, each_chunk_alone(system_kv, chunk_kvs), reserve_rows
+    )
+    gains = information_gain(passed.logits)
+    return passed, gains, time.perf_counter() - begun
+
+
 def _cost(rag, question: str, chunks: list[Chunk], params: GenerationParams) -> dict:
     """Seconds of the scoring pass over N cached chunks beside a full prefill of top-N."""
     engine, cost = rag.engine, {}
-    for size in COST_SIZES:
-        if len(chunks) < size:
-            continue
+    sizes = [size for size in COST_SIZES if size <= len(chunks)]
+    if not sizes:
+        return cost
+    # every chunk's KV once, for the largest N; a smaller N scores its first chunks
+    largest = rag.layout(question, chunks[: sizes[-1]], params)
+    system_kv, chunk_kvs = independent_chunks(engine, largest)
+    for size in sizes:
         layout = rag.layout(question, chunks[:size], params)
-        system_kv, chunk_kvs = independent_chunks(engine, layout)
-        begun = time.perf_counter()
-        passed = engine.query_over_contexts(
-            layout.query_ids, [[system_kv], *([system_kv, kv] for kv in chunk_kvs)]
-        )
-        information_gain(passed.logits)
-        scoring_s = time.perf_counter() - begun
+        _, _, scoring_s = _scored(engine, layout, system_kv, chunk_kvs[:size])
         begun = time.perf_counter()
         engine.prefill(PrefillRequest(layout, max_new_tokens=params.max_new_tokens))
         cost[str(size)] = {"scoring_s": scoring_s, "full_s": time.perf_counter() - begun}
