@@ -240,4 +240,19 @@ def _set_table(
                 target = f"met by `{rule.name}` (fewer tokens)"
     lines.append("")
     lines.append(f"Fixed top-k F1: {fixed_line}.")
+    lines.append(_fitted_against_untuned(questions, chosen["gain, gain order"], price))
     return "\n".join(lines), rows, target
+
+
+def _fitted_against_untuned(questions: list[GainQuestion], fitted: SetRule, price: Any) -> str:
+    """The calibrated gain rule paired with IGP's hand-made τ in the same (gain) order."""
+    untuned = by_gain(DEFAULT_THRESHOLD, "gain")
+    if fitted.name == untuned.name:
+        return f"The fitted gain rule is IGP's `{untuned.name}` itself."
+    diff = paired_difference(
+        SetOutcome.of(fitted, questions, price).f1, SetOutcome.of(untuned, questions, price).f1
+    ).difference
+    return (
+        f"Fitted `{fitted.name}` - IGP's `{untuned.name}` (paired F1): "
+        f"{diff.mean:+.1f} [{diff.low:+.1f}, {diff.high:+.1f}]."
+    )
