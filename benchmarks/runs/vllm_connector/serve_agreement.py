@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import uuid
+from pathlib import Path
 
 import httpx
 from common import machine, musique_prompts, write_results
@@ -21,7 +22,7 @@ from runs.vllm_connector import OUTPUT
 def _agreement_table(payload: dict) -> str:
     settings, rows = payload["settings"], payload["rows"]
     lines = [
-        f"# Answers through vllm serve + adarag's connector ({payload['server']['root']})",
+        f"# Answers through vllm serve + adarag's connector ({Path(payload['server']['root']).name})",
         "",
         describe_machine(payload["machine"]),
         "",
