@@ -21,8 +21,9 @@ from runs.vllm_connector import OUTPUT
 
 def _agreement_table(payload: dict) -> str:
     settings, rows = payload["settings"], payload["rows"]
+    served = Path(payload["server"]["root"]).name
     lines = [
-        f"# Answers through vllm serve + adarag's connector ({Path(payload['server']['root']).name})",
+        f"# Answers through vllm serve + adarag's connector ({served})",
         "",
         describe_machine(payload["machine"]),
         "",
