@@ -4,7 +4,8 @@
 ``integrations/llama_index`` and ``integrations/langchain`` into ``dist/``; then, in a fresh
 virtual environment outside the source tree, it installs the CPU build of torch first (so that
 nothing pulls a CUDA build), then the three wheels from ``dist/`` with their dependencies, and
-runs ``adarag --version`` and imports the three packages from there.
+runs ``adarag --version``, imports the three packages and reads every packaged model profile
+(with the packet file it names) from there.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ PROJECTS = (ROOT, ROOT / "integrations" / "llama_index", ROOT / "integrations" /
 WHEELS = ("adarag-*.whl", "llama_index_packs_adarag-*.whl", "langchain_adarag-*.whl")
 TORCH = "torch==2.13.0"  # the release the core caps; its CPU wheel lies on the machine's disk
 IMPORTS = "import adarag, langchain_adarag, llama_index.packs.adarag; print(adarag.__file__)"
+PROFILES = (  # every packaged profile reads, with the packet file it names (digest checked)
+    "from importlib import resources; from adarag.profiles import ModelProfile; "
+    "folder = resources.files('adarag.profiles'); "
+    "names = sorted(p.name for p in folder.iterdir() if p.name.endswith('.json')); "
+    "packets = [ModelProfile.read(folder, n).packet for n in names]; "
+    "print(len(names), 'profiles,', sum(p is not None for p in packets), 'with a packet')"
+)
 
 
 def build(dist: Path) -> list[Path]:
@@ -49,6 +57,7 @@ def install_and_run(wheels: list[Path], scratch: Path) -> str:
     location = _run([str(python), "-c", IMPORTS], cwd=scratch)
     if not Path(location).is_relative_to(environment):
         sys.exit(f"adarag was imported from {location}, not from the fresh environment")
+    _say("packaged " + _run([str(python), "-c", PROFILES], cwd=scratch))
     return version
 
 

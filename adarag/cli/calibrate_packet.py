@@ -22,25 +22,25 @@ def add_packet_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("--packet")
     group.add_argument(
         "--packet-variant",
-        choices=("bridge", "replace", "trailer", "both"),
-        default="bridge",
-        help="the bridge (packet tokens between the context and the question, computed with "
-        "the query), replace (a bridge in place of the query template's opening tokens, at "
-        "most --packet-tokens, starting as their embeddings: the unfitted packet is the prompt "
-        "as it was), the trailer (packet tokens ending every chunk, stored with its KV: "
-        "re-warm after fitting one), or both (default: bridge)",
+        choices=("replace", "bridge", "trailer", "both"),
+        default="replace",
+        help="replace (the default: a bridge in place of the query template's opening tokens, "
+        "at most --packet-tokens, starting as their embeddings, so the unfitted packet is the "
+        "prompt as it was), bridge (packet tokens inserted between the context and the "
+        "question, computed with the query), trailer (packet tokens ending every chunk, stored "
+        "with its KV: re-warm after fitting one), or both (bridge and trailer)",
     )
     group.add_argument(
         "--packet-tokens", type=int, default=8, help="rows of each part (default: 8)"
     )
     group.add_argument(
-        "--epochs", type=int, default=3, help="passes over the fitting questions (default: 3)"
+        "--epochs", type=int, default=4, help="passes over the fitting questions (default: 4)"
     )
     group.add_argument(
         "--learning-rate",
         type=float,
-        default=0.05,
-        help="Adam's step relative to the bridge's starting RMS (default: 0.05)",
+        default=0.01,
+        help="Adam's step relative to the bridge's starting RMS (default: 0.01)",
     )
 
 

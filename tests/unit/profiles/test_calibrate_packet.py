@@ -26,6 +26,8 @@ def test_packet_fit_lowers_the_kl_resumes_and_the_pipeline_carries_it(
         str(config_path),
         "calibrate",
         "--packet",
+        "--packet-variant",
+        "bridge",
         "--dataset",
         "musique",
         "hotpotqa",
