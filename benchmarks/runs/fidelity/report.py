@@ -68,25 +68,32 @@ def write_report(args: argparse.Namespace, model: str, out: Path) -> None:
     write_results(f"{model}{args.tag}", None, "\n".join(header + parts), directory=args.output)
 
 
+PAIRED_METRICS = {
+    "exact_agreement": "exact agreement, points",
+    "first_token_kl": "first-token KL, x100",
+}
+
+
 def _paired(rows: list[FidelityRow], baseline: str) -> str:
-    """Each rule against ``baseline`` at each ratio: paired differences in exact agreement."""
-    rules = list(dict.fromkeys(row.rule for row in rows))
-    ratios = sorted({row.ratio for row in rows if 0.0 < row.ratio < 1.0})
-    lines = [
-        f"## Paired against {baseline} (exact agreement, points; 95% interval; p)",
-        "",
-        "| rule | " + " | ".join(f"{ratio:.2f}" for ratio in ratios) + " |",
-        "|---|" + "---|" * len(ratios),
-    ]
-    for rule in rules:
-        if rule == baseline:
-            continue
-        cells = []
-        for ratio in ratios:
-            found = paired_rules(rows, rule, baseline, ratio, "exact_agreement")
-            cells.append("-" if found is None else f"{found} p={found.p_value:.2f}")
-        lines.append(f"| {rule} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """Each rule against ``baseline`` at each ratio below 1: paired differences per metric."""
+    rules = [rule for rule in dict.fromkeys(row.rule for row in rows) if rule != baseline]
+    ratios = sorted({row.ratio for row in rows if row.ratio < 1.0})
+    lines = []
+    for metric, label in PAIRED_METRICS.items():
+        lines += [
+            f"## Paired against {baseline} ({label}; 95% interval; p)",
+            "",
+            "| rule | " + " | ".join(f"{ratio:.2f}" for ratio in ratios) + " |",
+            "|---|" + "---|" * len(ratios),
+        ]
+        for rule in rules:
+            cells = []
+            for ratio in ratios:
+                found = paired_rules(rows, rule, baseline, ratio, metric)
+                cells.append("-" if found is None else f"{found} p={found.p_value:.2f}")
+            lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def _section(title: str, summaries: list[FidelitySummary], model: str) -> str:
