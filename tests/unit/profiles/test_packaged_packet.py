@@ -1,4 +1,4 @@
-"""The packet the packaged SmolLM2 profile ships: found, intact, and the replacing bridge it names."""
+"""The packet the packaged SmolLM2 profile ships: found, intact, the replacing bridge it names."""
 
 from __future__ import annotations
 
