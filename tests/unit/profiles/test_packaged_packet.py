@@ -16,9 +16,11 @@ def test_the_packaged_smollm2_profile_ships_an_intact_replacing_bridge():
     assert found is not None and found.packet is not None and found.packet_bytes is not None
     record = found.packet
     shipped = (resources.files("adarag.profiles") / record.file).read_bytes()
-    assert hashlib.sha256(shipped).hexdigest() == record.digest == hashlib.sha256(
-        found.packet_bytes
-    ).hexdigest()
+    assert (
+        hashlib.sha256(shipped).hexdigest()
+        == record.digest
+        == hashlib.sha256(found.packet_bytes).hexdigest()
+    )
     rows = load(shipped)
     assert set(rows) == {BRIDGE} and rows[BRIDGE].shape == (record.bridge_tokens, 576)
     # it stands in for the query template's opening ids, one row each, and was fitted held out
