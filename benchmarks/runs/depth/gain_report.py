@@ -187,12 +187,13 @@ def _set_table(
     best = max(fixed_outcomes, key=lambda o: o.mean_f1)
     rules: list[tuple[str, SetRule]] = [(f"best fixed: {best.rule.name}", best.rule)]
     rules += [(label, rule) for label, rule in chosen.items()]
+    untuned = f"IGP's τ = {DEFAULT_THRESHOLD} (not fitted), gain order"
     rules += [
+        (untuned, by_gain(DEFAULT_THRESHOLD, "gain")),
         (
-            f"IGP's τ = {DEFAULT_THRESHOLD} (not fitted), {order} order",
-            by_gain(DEFAULT_THRESHOLD, order),
-        )
-        for order in ("gain", "retrieval")
+            f"IGP's τ = {DEFAULT_THRESHOLD} (not fitted), retrieval order",
+            by_gain(DEFAULT_THRESHOLD, "retrieval"),
+        ),
     ]
     no_context = SetRule("no context", lambda q: [])
     rules += [
@@ -208,8 +209,9 @@ def _set_table(
     )
     fixed_line = " ".join(f"top-{o.rule.name[4:]} {o.mean_f1:.1f}" for o in fixed_outcomes)
     lines, rows, target = [header], [], "not met"
+    outcomes: dict[str, SetOutcome] = {}
     for label, rule in rules:
-        outcome = SetOutcome.of(rule, questions, price)
+        outcome = outcomes[label] = SetOutcome.of(rule, questions, price)
         f1 = bootstrap_interval(outcome.f1)
         diff = paired_difference(outcome.f1, best.f1).difference
         change = f"{diff.mean:+.1f} [{diff.low:+.1f}, {diff.high:+.1f}]"
@@ -240,19 +242,16 @@ def _set_table(
                 target = f"met by `{rule.name}` (fewer tokens)"
     lines.append("")
     lines.append(f"Fixed top-k F1: {fixed_line}.")
-    lines.append(_fitted_against_untuned(questions, chosen["gain, gain order"], price))
+    lines.append(_fitted_against_untuned(outcomes["gain, gain order"], outcomes[untuned]))
     return "\n".join(lines), rows, target
 
 
-def _fitted_against_untuned(questions: list[GainQuestion], fitted: SetRule, price: Any) -> str:
+def _fitted_against_untuned(fitted: SetOutcome, untuned: SetOutcome) -> str:
     """The calibrated gain rule paired with IGP's hand-made τ in the same (gain) order."""
-    untuned = by_gain(DEFAULT_THRESHOLD, "gain")
-    if fitted.name == untuned.name:
-        return f"The fitted gain rule is IGP's `{untuned.name}` itself."
-    diff = paired_difference(
-        SetOutcome.of(fitted, questions, price).f1, SetOutcome.of(untuned, questions, price).f1
-    ).difference
+    if fitted.rule.name == untuned.rule.name:
+        return f"The fitted gain rule is IGP's `{untuned.rule.name}` itself."
+    diff = paired_difference(fitted.f1, untuned.f1).difference
     return (
-        f"Fitted `{fitted.name}` - IGP's `{untuned.name}` (paired F1): "
+        f"Fitted `{fitted.rule.name}` - IGP's `{untuned.rule.name}` (paired F1): "
         f"{diff.mean:+.1f} [{diff.low:+.1f}, {diff.high:+.1f}]."
     )
