@@ -108,6 +108,20 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "'learned', target_agreement and packet rules read (default: the model's own profile)",
     )
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from rows")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument(
+        "--target-exact",
+        type=float,
+        metavar="PCT",
+        help="the report's target: exact agreement >= PCT%% and gold F1 >= 97%% of full's "
+        "(default 85; SmolLM2's default is first-token agreement >= 90%%)",
+    )
+    target.add_argument(
+        "--target-first-token",
+        type=float,
+        metavar="PCT",
+        help="the report's target: first-token agreement >= PCT%%",
+    )
     parser.add_argument(
         "--storage",
         nargs="+",

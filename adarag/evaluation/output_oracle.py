@@ -28,6 +28,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from adarag.engine.core import Engine
 from adarag.engine.kv_cache import KVCache
+from adarag.engine.packet import embed_tokens
 from adarag.engine.rope import rope_cos_sin
 from adarag.engine.selection import num_to_recompute
 from adarag.schema import PromptLayout
@@ -108,7 +109,10 @@ def oracle_ranking(
 
 
 class AnswerLoss:
-    """NLL of the full prefill's answer over context K/V mixed by ``m``, and its gradient."""
+    """NLL of the full prefill's answer over context K/V mixed by ``m``, and its gradient.
+
+    A layout whose query holds packet tokens (a bridge) embeds them with ``packet``, its table.
+    """
 
     def __init__(
         self,
@@ -117,8 +121,10 @@ class AnswerLoss:
         reused: KVCache,
         full: KVCache,
         answer_ids: Sequence[int],
+        packet: torch.Tensor | None = None,
     ) -> None:
         self.model = engine.runner.model
+        self.packet = packet
         self.spec = engine.spec
         context = layout.cu_segments[-2]
         rows = slice(0, context)
@@ -164,7 +170,7 @@ class AnswerLoss:
                 [num_query + num_answer - 1, context], averaged over heads.
         """
         spec = self.spec
-        hidden = self.model.embed(self.token_ids).float()
+        hidden = embed_tokens(self.model, self.token_ids, self.packet).float()
         num_new = self.token_ids.numel()
         visible = torch.ones(num_new, self.context + num_new, dtype=torch.bool)
         visible[:, self.context :] = torch.tril(torch.ones(num_new, num_new, dtype=torch.bool))

@@ -46,6 +46,7 @@ from adarag.evaluation.profiling.selector_fit import (
 from adarag.evaluation.profiling.selector_labels import (
     SelectorRecord,
     load_records,
+    packet_folder,
     record_labels,
 )
 from adarag.evaluation.workload import BenchQuestion
@@ -153,7 +154,8 @@ def calibrate_selector(
         rag: The pipeline whose model is calibrated (its independent tier's ratio is the
             ladder's base).
         questions: Calibration questions with their data sets.
-        records_dir: Where labels and chains are kept (reused by later runs).
+        records_dir: Where labels and chains are kept (reused by later runs; with a packet,
+            in its folder there, :func:`~.selector_labels.packet_folder`).
         params: Decoding options of every answer compared.
         shard: ``(i, n)``: this run labels and climbs every n-th question from the i-th.
         ratio: The ratio whose oracle set the selector learns.
@@ -162,6 +164,7 @@ def calibrate_selector(
         ladder: Also climb the chains and fit the routing ladder.
     """
     started = time.perf_counter()
+    records_dir = packet_folder(records_dir, rag)
     record_labels(rag, questions, records_dir, params, shard)
     wanted = {(dataset, item.qid) for dataset, item in questions}
     records = [
@@ -214,7 +217,7 @@ def calibrate_ladder(
     while other shards' questions are missing.
     """
     keys = [(dataset, item.qid) for dataset, item in questions]
-    path = _chains_path(rag, records_dir, "profile-chains")
+    path = _chains_path(rag, packet_folder(records_dir, rag), "profile-chains")
     chains = climb_chains(
         rag, questions, dict.fromkeys(keys, selector), dict.fromkeys(keys), path, params, shard
     )

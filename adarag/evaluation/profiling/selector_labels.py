@@ -12,7 +12,9 @@ every reused token (a *candidate*):
 
 The fused prefill that yields the features runs ``learned`` without a scorer, that is
 ``query_deviation`` at the first labelled ratio above 0; its answer is recorded too, against
-the reference.
+the reference. When the pipeline carries a bridge (``cache.recompute.packet`` and a profile with
+one), the reused prefills and the oracle run with it, as the ``learned`` rule will at run time;
+the reference is full recomputation without it.
 
 Records are one safetensors file per question under ``<dir>/<dataset>/``, written atomically,
 so a stopped run resumes and several runs can share the questions (sharding). Large tables stay
@@ -34,7 +36,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from adarag.config import RecomputeConfig
-from adarag.engine.prefill_request import Collect, PrefillRequest
+from adarag.engine.prefill_request import Collect, LearnedControls, PrefillRequest
 from adarag.engine.selection import num_to_recompute
 from adarag.engine.token_features import raw_columns
 from adarag.errors import InputError
@@ -44,6 +46,7 @@ from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.answer_stream import answer_text
+from adarag.pipeline.learned import learned_controls
 from adarag.schema import GenerationParams
 
 logger = logging.getLogger(__name__)
@@ -97,39 +100,75 @@ class SelectorRecord:
         return bool(exact_match(self.baseline_answer, self.reference))
 
 
+def pipeline_packet(rag: AdaRAG) -> LearnedControls:
+    """The packet ``rag`` answers with (no scorer, no ladder); empty when it has none."""
+    recompute = RecomputeConfig(packet=rag.config.cache.recompute.packet)
+    return learned_controls(recompute, rag.profile, rag.config.engine.backend)
+
+
+def labelling_bridge(rag: AdaRAG) -> LearnedControls:
+    """The bridge of :func:`pipeline_packet`, the one part of a packet labels carry."""
+    packet = pipeline_packet(rag)
+    if not packet.bridge_tokens:
+        return LearnedControls()
+    return LearnedControls(
+        packet=packet.packet,
+        bridge_tokens=packet.bridge_tokens,
+        packet_digest=packet.packet_digest,
+        bridge_replaces=packet.bridge_replaces,
+    )
+
+
+def packet_folder(directory: Path, rag: AdaRAG) -> Path:
+    """Where ``rag``'s labels and chains live: ``directory``, or its packet's folder in it.
+
+    A packet's folder is ``packet-<digest>``, so records taken with another packet (or none)
+    never mix.
+    """
+    digest = pipeline_packet(rag).packet_digest
+    return directory / f"packet-{digest[:12]}" if digest else directory
+
+
 def label_question(
     rag: AdaRAG,
     dataset: str,
     item: BenchQuestion,
     params: GenerationParams,
     ratios: Sequence[float] = LABEL_RATIOS,
+    bridge: LearnedControls | None = None,
 ) -> SelectorRecord:
-    """Features and oracle labels of one question's reused tokens."""
+    """Features and oracle labels of one question's reused tokens (``bridge`` in its query)."""
     engine = rag.engine
+    bridge = bridge or LearnedControls()
     layout = rag.layout(item.question, item.chunks, params)
     full = engine.prefill(PrefillRequest(layout, max_new_tokens=params.max_new_tokens))
     reference_ids = list(engine.decode_tokens(layout, full, params))
     reference = answer_text(reference_ids, engine.tokenizer, params)
     system_kv, chunk_kvs = independent_chunks(engine, layout)
     first = min(ratio for ratio in ratios if ratio > 0.0)
+    sources = reuse_sources(system_kv, chunk_kvs, first)
+    layout = bridge.bridged(layout, sources, engine.spec.vocab_size)
     fused = engine.prefill(
         PrefillRequest(
             layout,
-            reuse_sources(system_kv, chunk_kvs, first),
+            sources,
             max_new_tokens=params.max_new_tokens,
             selection=RecomputeConfig(selection_policy="learned"),
             collect=Collect(features=True),
+            controls=bridge,
         ),
     )
     assert fused.candidate_features is not None, "the learned rule collects features"
     baseline = answer_text(engine.decode_tokens(layout, fused, params), engine.tokenizer, params)
-    reused = engine.prefill(PrefillRequest(layout, reuse_sources(system_kv, chunk_kvs, 0.0)))
+    reused = engine.prefill(
+        PrefillRequest(layout, reuse_sources(system_kv, chunk_kvs, 0.0), controls=bridge)
+    )
     cu = layout.cu_segments
     positions = torch.arange(cu[1], cu[-2])
     assert positions.numel() == fused.candidate_features.shape[0], "every chunk token competes"
     answer_ids = reference_ids or [int(full.logits.argmax())]
     with torch.inference_mode(False), torch.enable_grad():
-        loss_of = AnswerLoss(engine, layout, reused.kv, full.kv, answer_ids)
+        loss_of = AnswerLoss(engine, layout, reused.kv, full.kv, answer_ids, bridge.packet)
         gain = loss_of.gain(torch.zeros(cu[-2]))
         oracle = {
             ratio: oracle_ranking(loss_of, layout, ratio, first_gain=gain)[positions]
@@ -243,6 +282,8 @@ def record_labels(
 ) -> int:
     """Label every ``(dataset, question)`` of this shard not recorded yet; returns how many.
 
+    The labels carry ``rag``'s bridge (:func:`labelling_bridge`).
+
     Args:
         rag: The pipeline (its model and prompt layout).
         questions: The calibration questions with their data sets.
@@ -252,12 +293,13 @@ def record_labels(
         ratios: The ratios whose oracle sets are labelled.
     """
     index, count = shard
+    bridge = labelling_bridge(rag)
     done = 0
     for number, (dataset, item) in enumerate(questions):
         if number % count != index or record_path(directory, dataset, item.qid).exists():
             continue
         started = time.perf_counter()
-        save_record(directory, label_question(rag, dataset, item, params, ratios))
+        save_record(directory, label_question(rag, dataset, item, params, ratios, bridge))
         done += 1
         logger.info(
             "labelled %s %s (%d/%d) in %.1f s",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from adarag.config import RecomputeConfig
-from adarag.engine.prefill_request import OracleInputs, PrefillRequest
+from adarag.engine.prefill_request import LearnedControls, OracleInputs, PrefillRequest
+from adarag.errors import InputError
 from adarag.evaluation.output_oracle import AnswerLoss, output_oracle_scores
 from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from tests.unit.engine.helpers import CHUNKS, QUESTION, layout_of, load_engine
@@ -96,3 +98,18 @@ def test_another_answer_shares_the_context_and_scores_as_a_new_loss(tiny_checkpo
         expected = AnswerLoss(engine, layout, reused.kv, full.kv, other_answer).logits(mix)
         torch.testing.assert_close(other.logits(mix), expected)
         assert loss.logits(mix).shape[0] == len(answer)  # the first loss keeps its answer
+
+
+def test_a_bridged_query_embeds_its_packet_rows_as_the_engine_does(tiny_checkpoints, tiny_config):
+    engine, layout, full, _, (system_kv, chunk_kvs), answer = _setup(tiny_checkpoints, tiny_config)
+    bridge = LearnedControls(packet=torch.randn(3, engine.spec.hidden_size), bridge_tokens=3)
+    sources = reuse_sources(system_kv, chunk_kvs, 0.0)
+    bridged = bridge.bridged(layout, sources, engine.spec.vocab_size)
+    assert bridged.num_tokens == layout.num_tokens + 3
+    reused = engine.prefill(PrefillRequest(bridged, sources, controls=bridge))
+    loss = AnswerLoss(engine, bridged, reused.kv, full.kv, answer, bridge.packet)
+    with torch.no_grad():
+        cached = loss.logits(torch.zeros(bridged.cu_segments[-2]))[0]
+    torch.testing.assert_close(cached, reused.logits, atol=1e-4, rtol=1e-4)
+    with pytest.raises(InputError, match="packet table"):
+        AnswerLoss(engine, bridged, reused.kv, full.kv, answer).logits(torch.zeros(1))

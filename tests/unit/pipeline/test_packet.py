@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import replace
-
 import pytest
 import torch
-from safetensors.torch import save
 
 from adarag.config import RecomputeSettings
 from adarag.engine.packet import packet_ids
@@ -16,32 +12,11 @@ from adarag.errors import ConfigError
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.learned import learned_controls
 from adarag.profiles import generic_profile
-from adarag.profiles.packet import BRIDGE, TRAILER, PacketRecord, packet_file_name
 from adarag.schema import GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION
+from tests.unit.pipeline.packet_profile import with_packet
 
 PARAMS = GenerationParams(max_new_tokens=6)
-
-
-def _with_packet(rag: AdaRAG, rows: int = 4, trailer: int = 0) -> bytes:
-    """Give the model a profile with a random packet (bridge, trailer), as `calibrate` writes it."""
-    hidden = rag.engine.spec.hidden_size
-    parts = {BRIDGE: torch.randn(rows, hidden) * 0.5, TRAILER: torch.randn(trailer, hidden) * 0.5}
-    data = save({name: part for name, part in parts.items() if part.shape[0]})
-    record = PacketRecord(
-        packet_file_name(rag.engine.checkpoint.name, data),
-        hashlib.sha256(data).hexdigest(),
-        rows,
-        0.2,
-        trailer_tokens=trailer,
-    )
-    engine = rag.engine
-    profile = generic_profile(engine.checkpoint.name, engine.fingerprint, engine.spec.num_layers)
-    directory = rag.config.home / "profiles"
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / record.file).write_bytes(data)
-    (directory / f"{engine.fingerprint}.json").write_text(replace(profile, packet=record).to_json())
-    return data
 
 
 @pytest.fixture()
@@ -54,7 +29,7 @@ def _answer(rag: AdaRAG) -> str:
 
 
 def test_reused_chunks_carry_the_bridge_and_off_answers_as_without_it(rag):
-    _with_packet(rag)
+    with_packet(rag)
     rag.warm(list(CHUNKS))  # independent entries: reused at the tier's ratio
     layout = rag.prompts.layout(QUESTION, CHUNKS)
     prefilled = rag.augmentation.looked_up_prefill(layout, PARAMS.max_new_tokens)
@@ -70,7 +45,7 @@ def test_reused_chunks_carry_the_bridge_and_off_answers_as_without_it(rag):
 def test_ratio_one_and_hard_replays_never_carry_the_bridge(tiny_checkpoints, tiny_config):
     everything = {"independent": {"recompute_ratio": 1.0}, "soft": {"recompute_ratio": 1.0}}
     rag = AdaRAG(tiny_config(tiny_checkpoints["llama"], cache=everything))
-    _with_packet(rag)
+    with_packet(rag)
     rag.warm(list(CHUNKS))
     layout = rag.prompts.layout(QUESTION, CHUNKS)
     first = rag.augmentation.looked_up_prefill(layout, 0)
@@ -100,7 +75,7 @@ def test_ratio_one_with_the_default_store_equals_full_prefill(tiny_checkpoints, 
 
 def test_an_altered_or_missing_packet_file_is_refused_naming_the_fix(tiny_checkpoints, tiny_config):
     rag = AdaRAG(tiny_config(tiny_checkpoints["llama"]))
-    data = _with_packet(rag)
+    data = with_packet(rag)
     directory = rag.config.home / "profiles"
     (packet,) = directory.glob("*.safetensors")
     packet.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
@@ -116,7 +91,7 @@ def test_packet_on_needs_a_packet_and_the_torch_engine(rag):
     with pytest.raises(ConfigError, match="has no packet"):
         learned_controls(RecomputeSettings(packet="on"), profile)
     assert learned_controls(RecomputeSettings(), profile).packet is None  # auto: quietly none
-    _with_packet(rag)
+    with_packet(rag)
     fitted = rag.profile
     with pytest.raises(ConfigError, match="torch engine"):
         learned_controls(RecomputeSettings(packet="on"), fitted, backend="vllm")
@@ -129,7 +104,7 @@ def test_trailed_entries_are_bound_to_their_packet_and_another_one_recomputes(
 ):
     config = tiny_config(tiny_checkpoints["llama"])
     rag = AdaRAG(config)
-    _with_packet(rag, rows=0, trailer=2)
+    with_packet(rag, rows=0, trailer=2)
     rag = AdaRAG(config)  # reads the new profile
     assert rag.warm(list(CHUNKS)) == len(CHUNKS)
     layout = rag.prompts.layout(QUESTION, CHUNKS)
@@ -142,7 +117,7 @@ def test_trailed_entries_are_bound_to_their_packet_and_another_one_recomputes(
     assert "-packet" in first_namespace
     assert AdaRAG(config).warm(list(CHUNKS)) == 0  # the same packet: its entries are found
 
-    _with_packet(rag, rows=0, trailer=2)  # a new fit: other rows, another digest
+    with_packet(rag, rows=0, trailer=2)  # a new fit: other rows, another digest
     refitted = AdaRAG(config)
     assert refitted.kv_namespace != first_namespace
     stale = refitted.augmentation.looked_up_prefill(layout, 0)
