@@ -15,6 +15,7 @@ from adarag.augment.step_cost import StepCostModel
 from adarag.cli.calibrate_gain import add_gain_arguments, run_gain
 from adarag.cli.calibrate_learned import profile_path, run_depth, run_selector, write_profile
 from adarag.cli.calibrate_packet import add_packet_arguments, run_packet
+from adarag.cli.calibration_questions import read_question_files
 from adarag.cli.options import add_model_arguments, build_config, positive_int
 from adarag.data import demo_corpus, demo_questions
 from adarag.errors import InputError
@@ -31,7 +32,7 @@ from adarag.evaluation.workload import DATASETS, DEFAULT_DATA_DIR
 from adarag.pipeline import AdaRAG
 from adarag.profiles.model_profile import AgreementCalibration, Calibration
 from adarag.retrievers import MemoryRetriever
-from adarag.schema import Chunk, GenerationParams
+from adarag.schema import GenerationParams
 
 HELP = (
     "fit a model's calibration: the augmentation confidence (default), the learned selector and "
@@ -136,8 +137,9 @@ def _add_confidence_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         nargs="*",
         default=[],
-        help="JSONL files of {question, answers, passages} (e.g. musique_dev.jsonl); "
-        "default: the bundled questions over the bundled corpus",
+        help="JSONL files of {question, answers, passages} (e.g. musique_dev.jsonl), each "
+        "question's chunks the top --chunks of its own passages; with --selector, --depth or "
+        "--packet each file is a data set (default: the bundled questions)",
     )
     parser.add_argument("--offset", type=int, default=0, help="skip this many questions per file")
     parser.add_argument(
@@ -337,26 +339,7 @@ def _questions(
             )
             for record in demo_questions()[offset : offset + count]
         ]
-    questions = []
-    for path in files:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        for row in rows[offset : offset + count]:
-            missing = {"question", "answers", "passages"} - set(row)
-            if missing:
-                raise InputError(
-                    f"{path}: a row lacks {sorted(missing)}; calibration needs rows of "
-                    "{question, answers, passages} (musique_dev.jsonl and hotpotqa_dev.jsonl have "
-                    "them; 2wikimqa_dev.jsonl has no passages)"
-                )
-            passages = [
-                Chunk(f"{p['title']}\n{p['text']}" if p.get("title") else p["text"])
-                for p in row["passages"]
-            ]
-            top = MemoryRetriever(passages).retrieve(row["question"], num_chunks)
-            if len(top) == num_chunks:
-                questions.append(
-                    ValidationQuestion(
-                        row["question"], tuple(c.text for c in top), tuple(row["answers"])
-                    )
-                )
-    return questions
+    return [
+        ValidationQuestion(item.question, item.chunks, item.answers)
+        for _, item in read_question_files(files, offset, count, num_chunks)
+    ]

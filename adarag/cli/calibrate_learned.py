@@ -9,8 +9,8 @@ import math
 import tempfile
 from pathlib import Path
 
+from adarag.cli.calibration_questions import questions_for
 from adarag.config import AdaRagConfig
-from adarag.data import calibration_questions
 from adarag.errors import InputError
 from adarag.evaluation.profiling.depth_calibration import ProbeCalibration, calibrate_probe
 from adarag.evaluation.profiling.depth_probe import (
@@ -27,7 +27,7 @@ from adarag.evaluation.profiling.selector_calibration import (
     calibrate_ladder,
     calibrate_selector,
 )
-from adarag.evaluation.workload import FIDELITY_CHUNKS, BenchQuestion, load_questions
+from adarag.evaluation.workload import BenchQuestion
 from adarag.pipeline import AdaRAG
 from adarag.profiles import ModelProfile
 from adarag.profiles.gain import GainCalibration
@@ -35,62 +35,6 @@ from adarag.profiles.learned import LadderCalibration
 from adarag.schema import Chunk, GenerationParams
 
 logger = logging.getLogger(__name__)
-
-
-def questions_for(args: argparse.Namespace) -> list[tuple[str, BenchQuestion]]:
-    """The calibration questions: ``--dataset`` sets from ``--data-dir``, else the bundled ones.
-
-    Raises:
-        InputError: A data set's file is missing from ``--data-dir``.
-    """
-    if not args.dataset:
-        rows = calibration_questions()
-        limit = args.questions
-        counts: dict[str, int] = {}
-        out = []
-        for row in rows:
-            dataset = str(row["dataset"])
-            counts[dataset] = counts.get(dataset, 0) + 1
-            if limit is not None and counts[dataset] > limit:
-                continue
-            out.append(
-                (
-                    dataset,
-                    BenchQuestion(
-                        str(row["qid"]),
-                        str(row["question"]),
-                        tuple(row["answers"]),  # type: ignore[arg-type]
-                        tuple(row["chunks"]),  # type: ignore[arg-type]
-                    ),
-                )
-            )
-        return _interleaved(out)
-    found = []
-    for dataset in args.dataset:
-        try:
-            items = load_questions(
-                dataset, args.data_dir, args.questions or 30, FIDELITY_CHUNKS[dataset], args.offset
-            )
-        except FileNotFoundError as err:
-            raise InputError(
-                f"{err.filename}: no such data file; pass --data-dir with the QA data sets' dev "
-                "files (musique_dev.jsonl, hotpotqa_dev.jsonl, 2wikimqa_dev.jsonl and "
-                "2wikimqa_corpus.jsonl)"
-            ) from err
-        found += [(dataset, item) for item in items]
-    return _interleaved(found)
-
-
-def _interleaved(
-    questions: list[tuple[str, BenchQuestion]],
-) -> list[tuple[str, BenchQuestion]]:
-    """One question of each data set in turn, so that a partial run covers them all."""
-    by_set: dict[str, list[tuple[str, BenchQuestion]]] = {}
-    for pair in questions:
-        by_set.setdefault(pair[0], []).append(pair)
-    groups = list(by_set.values())
-    longest = max((len(group) for group in groups), default=0)
-    return [group[idx] for idx in range(longest) for group in groups if idx < len(group)]
 
 
 def profile_path(args: argparse.Namespace, rag: AdaRAG) -> Path:

@@ -6,7 +6,8 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from adarag.cli.calibrate_learned import profile_path, questions_for, records_dir, write_profile
+from adarag.cli.calibrate_learned import profile_path, records_dir, write_profile
+from adarag.cli.calibration_questions import questions_for
 from adarag.config import AdaRagConfig
 from adarag.errors import InputError
 from adarag.evaluation.profiling.packet_fit import PacketShape, fit_packet

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from adarag import AdaRAG
-from adarag.cli import calibrate_learned, main
+from adarag.cli import calibrate_learned, calibration_questions, main
 from adarag.config import AdaRagConfig, RecomputeConfig
 from adarag.engine.prefill_request import LearnedControls, PrefillRequest
 from adarag.evaluation.profiling.depth_probe import probe_layers
@@ -195,7 +195,7 @@ def _bundled_rows() -> list[dict]:
 def test_depth_records_in_shards_then_fits_a_probe_the_stop_rule_reads(
     tiny_checkpoints, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(calibrate_learned, "calibration_questions", _bundled_rows)
+    monkeypatch.setattr(calibration_questions, "calibration_questions", _bundled_rows)
     monkeypatch.setattr(calibrate_learned, "DEPTH_K", 4)
     settings, config_path = _tiny_settings(tiny_checkpoints, tmp_path)
     records = tmp_path / "records"
