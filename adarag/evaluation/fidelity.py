@@ -26,6 +26,7 @@ from adarag.cache.codec import KVCodec, StorageFormat
 from adarag.config import FusionConfig, RecomputeConfig
 from adarag.engine.batch import PrefillOutput
 from adarag.engine.prefill_request import LearnedControls, OracleInputs, PrefillRequest
+from adarag.errors import InputError
 from adarag.evaluation.intervals import (
     Interval,
     PairedDifference,
@@ -200,6 +201,8 @@ class FidelityRun:
             system_kv = _round_trip(codec, computed_system)
             chunk_kvs = [_round_trip(codec, kv) for kv in computed_chunks]
             reused: PrefillOutput | None = None
+            # a packet with a trailer: the prompt and the chunks' entries closed by it
+            trailed: dict[int, tuple[PromptLayout, list[ChunkKV]]] = {}
             for ratio in self.ratios:
                 # at 0 and 1 no rule chooses: rules carrying the same packet share one prefill
                 shared: dict[int, tuple[float, PrefillOutput, str]] = {}
@@ -207,11 +210,24 @@ class FidelityRun:
                     name = self.rule_name(rule, storage)
                     if (name, ratio) in done:
                         continue
-                    packet = id(self._controls(selection).packet)
+                    controls = self._controls(selection)
+                    packet = id(controls.packet)
+                    rule_layout, rule_chunks = layout, chunk_kvs
+                    if controls.trailer_tokens:
+                        if packet not in trailed:
+                            trailed[packet] = self._trailed(
+                                layout, controls, codec, computed_system
+                            )
+                        rule_layout, rule_chunks = trailed[packet]
                     if packet not in shared or 0.0 < ratio < 1.0:
-                        sources = reuse_sources(system_kv, chunk_kvs, ratio)
+                        sources = reuse_sources(system_kv, rule_chunks, ratio)
                         scores = None
                         if selection.selection_policy == "output_oracle" and 0.0 < ratio < 1.0:
+                            if controls.trailer_tokens:
+                                raise InputError(
+                                    f"rule {rule!r}: the output oracle compares the prompt "
+                                    "without a trailer; give it packet=off"
+                                )
                             if reused is None:
                                 reused = engine.prefill(
                                     PrefillRequest(layout, reuse_sources(system_kv, chunk_kvs, 0.0))
@@ -221,7 +237,7 @@ class FidelityRun:
                                 engine, layout, reused.kv, full.kv, answer_ids, ratio
                             )
                         seconds, output, prefilled = self._timed(
-                            layout, sources, selection, full, scores
+                            rule_layout, sources, selection, full, scores
                         )
                         shared[packet] = (seconds, output, self._decode(prefilled, output)[0])
                     seconds, output, answer = shared[packet]
@@ -238,6 +254,22 @@ class FidelityRun:
                     )
         logger.info("%s %s: reference %r", dataset, item.qid, reference[:40])
         return rows
+
+    def _trailed(
+        self, layout: PromptLayout, controls: LearnedControls, codec: KVCodec, system_kv: ChunkKV
+    ) -> tuple[PromptLayout, list[ChunkKV]]:
+        """``layout`` with ``controls``' trailer closing every chunk, and those chunks' entries.
+
+        Each entry is computed alone after the system prefix, its trailer embedded with the
+        packet, and passes through ``codec`` as the store's would.
+        """
+        engine = self.rag.engine
+        trailed = layout.with_trailers(controls.trailer_ids(engine.spec.vocab_size))
+        entries = [
+            engine.compute_chunk(trailed.system_ids, ids, system_kv, packet=controls.packet)
+            for ids in trailed.chunk_ids
+        ]
+        return trailed, [_round_trip(codec, kv) for kv in entries]
 
     def fused_chunks(
         self,

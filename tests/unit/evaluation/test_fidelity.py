@@ -8,12 +8,22 @@ import torch
 from adarag import AdaRAG
 from adarag.cache.keys import fused_key
 from adarag.config import FusionConfig, RecomputeConfig
-from adarag.evaluation.fidelity import FidelityRun, Target, smallest_ratio_meeting, summarize
-from adarag.evaluation.reuse import independent_chunks
+from adarag.engine.prefill_request import PrefillRequest
+from adarag.errors import InputError
+from adarag.evaluation.fidelity import (
+    FidelityRun,
+    Target,
+    first_token_kl,
+    smallest_ratio_meeting,
+    summarize,
+)
+from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
+from adarag.pipeline.learned import learned_controls
 from adarag.retrievers.memory import MemoryRetriever
 from adarag.schema import Chunk, GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION
+from tests.unit.pipeline.packet_profile import with_packet
 
 
 @pytest.fixture()
@@ -105,3 +115,36 @@ def test_fused_rows_reuse_the_entries_warming_stores(tiny_checkpoints, tiny_conf
         assert stored is not None and stored.start_position == kv.start_position
         torch.testing.assert_close(stored.k, kv.k, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(stored.v, kv.v, atol=1e-5, rtol=1e-5)
+
+
+def test_a_trailer_rule_reuses_entries_closed_by_its_trailer(tiny_checkpoints, tiny_config):
+    rag = AdaRAG(tiny_config(tiny_checkpoints["llama"]))
+    with_packet(rag, rows=0, trailer=2)
+    rag = AdaRAG(rag.config)  # reads the profile with the trailer
+    rules = {"off": RecomputeConfig(packet="off"), "trailer": RecomputeConfig(packet="on")}
+    params = GenerationParams(max_new_tokens=4)
+    run = FidelityRun(rag, rules, [0.0], params)
+    item = BenchQuestion("q1", QUESTION, ("paris",), CHUNKS)
+    by_rule = {row.rule: row for row in run.question("tiny", item)}
+    assert by_rule["off"].first_token_kl != pytest.approx(by_rule["trailer"].first_token_kl)
+
+    # the same prompt prefilled by hand from entries each closed by the trailer
+    engine = rag.engine
+    controls = learned_controls(rules["trailer"], rag.profile)
+    layout = rag.layout(QUESTION, CHUNKS, params)
+    full = engine.prefill(PrefillRequest(layout))
+    trailed = layout.with_trailers(controls.trailer_ids(engine.spec.vocab_size))
+    system_kv, _ = independent_chunks(engine, layout)
+    entries = [
+        engine.compute_chunk(trailed.system_ids, ids, system_kv, packet=controls.packet)
+        for ids in trailed.chunk_ids
+    ]
+    reused = engine.prefill(
+        PrefillRequest(trailed, reuse_sources(system_kv, entries, 0.0), controls=controls)
+    )
+    kl = first_token_kl(full.logits, reused.logits)
+    assert by_rule["trailer"].first_token_kl == pytest.approx(kl, rel=1e-4, abs=1e-6)
+
+    oracle = {"oracle": RecomputeConfig(selection_policy="output_oracle", packet="on")}
+    with pytest.raises(InputError, match="packet=off"):
+        FidelityRun(rag, oracle, [0.5], params).question("tiny", item)
