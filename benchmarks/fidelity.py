@@ -12,7 +12,11 @@ outside ``benchmarks/results``). The report, rebuilt from all rows each time (or
 ``--report-only``): ``<output>/<model><tag>.md`` with 95% bootstrap intervals on every figure,
 the paired gold-F1 difference against full recomputation, and each rule's paired difference in
 exact agreement against ``--baseline``; beside the rows, ``<dataset><tag>.json`` (summaries) and
-``<dataset><tag>_agreement.png``.
+``<dataset><tag>_agreement.png``. Each table lists the smallest ratio at which each rule meets a
+target: ``--target-exact PCT`` (exact agreement and 97% of full's gold F1) or
+``--target-first-token PCT``; by default first-token agreement >= 90% for SmolLM2, exact
+agreement >= 85% for any other model. A rule whose packet has a trailer reuses entries closed by
+it.
 
 Rules are named selections; ``--rule name:key=value,...`` adds one (e.g.
 ``sinks:selection_policy=kv_deviation,chunk_start_tokens=4``; the learned selector, windows of 4
