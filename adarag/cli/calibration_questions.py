@@ -10,6 +10,7 @@ from adarag.data import calibration_questions
 from adarag.errors import InputError
 from adarag.evaluation.workload import FIDELITY_CHUNKS, BenchQuestion, load_questions
 from adarag.retrievers import MemoryRetriever
+from adarag.retrievers.chunking import passage_text
 from adarag.schema import Chunk
 
 QUESTION_FIELDS = frozenset({"question", "answers", "passages"})
@@ -45,10 +46,7 @@ def read_question_files(
                     "of {question, answers, passages} (musique_dev.jsonl and hotpotqa_dev.jsonl "
                     "have them; 2wikimqa_dev.jsonl has no passages)"
                 )
-            passages = [
-                Chunk(f"{p['title']}\n{p['text']}" if p.get("title") else p["text"])
-                for p in row["passages"]
-            ]
+            passages = [Chunk(passage_text(p["text"], p.get("title"))) for p in row["passages"]]
             top = MemoryRetriever(passages).retrieve(row["question"], num_chunks)
             if len(top) < num_chunks:
                 continue

@@ -15,6 +15,7 @@ from adarag.cache.store import LayeredKVStore, StoreStats
 from adarag.cache.tiers import TieredCache, TierStats
 from adarag.config import AdaRagConfig
 from adarag.engine.core import Engine
+from adarag.engine.prefill_request import LearnedControls
 from adarag.pipeline.prompt import PromptBuilder
 from adarag.pipeline.resources import Resources
 from adarag.profiles import ModelProfile
@@ -61,6 +62,11 @@ class ResourceViews:
     def profile(self) -> ModelProfile:
         """The model's attention-sink profile and calibration (generic when never profiled)."""
         return self._resources.profile
+
+    @property
+    def learned_controls(self) -> LearnedControls:
+        """What this pipeline's fused prefills read from the profile (scorer, ladder, packet)."""
+        return self._resources.learned
 
     @property
     def kv_namespace(self) -> str:

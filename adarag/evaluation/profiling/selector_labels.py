@@ -46,7 +46,6 @@ from adarag.evaluation.reuse import independent_chunks, reuse_sources
 from adarag.evaluation.workload import BenchQuestion
 from adarag.pipeline import AdaRAG
 from adarag.pipeline.answer_stream import answer_text
-from adarag.pipeline.learned import learned_controls
 from adarag.schema import GenerationParams
 
 logger = logging.getLogger(__name__)
@@ -100,22 +99,16 @@ class SelectorRecord:
         return bool(exact_match(self.baseline_answer, self.reference))
 
 
-def pipeline_packet(rag: AdaRAG) -> LearnedControls:
-    """The packet ``rag`` answers with (no scorer, no ladder); empty when it has none."""
-    recompute = RecomputeConfig(packet=rag.config.cache.recompute.packet)
-    return learned_controls(recompute, rag.profile, rag.config.engine.backend)
-
-
 def labelling_bridge(rag: AdaRAG) -> LearnedControls:
-    """The bridge of :func:`pipeline_packet`, the one part of a packet labels carry."""
-    packet = pipeline_packet(rag)
-    if not packet.bridge_tokens:
+    """The bridge of ``rag``'s packet, the one part of a packet labels carry; empty if none."""
+    learned = rag.learned_controls
+    if not learned.bridge_tokens:
         return LearnedControls()
     return LearnedControls(
-        packet=packet.packet,
-        bridge_tokens=packet.bridge_tokens,
-        packet_digest=packet.packet_digest,
-        bridge_replaces=packet.bridge_replaces,
+        packet=learned.packet,
+        bridge_tokens=learned.bridge_tokens,
+        packet_digest=learned.packet_digest,
+        bridge_replaces=learned.bridge_replaces,
     )
 
 
@@ -125,7 +118,7 @@ def packet_folder(directory: Path, rag: AdaRAG) -> Path:
     A packet's folder is ``packet-<digest>``, so records taken with another packet (or none)
     never mix.
     """
-    digest = pipeline_packet(rag).packet_digest
+    digest = rag.learned_controls.packet_digest
     return directory / f"packet-{digest[:12]}" if digest else directory
 
 
