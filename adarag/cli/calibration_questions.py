@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 
 from adarag.data import calibration_questions
@@ -30,23 +32,24 @@ def read_question_files(
     """
     questions = []
     for path in files:
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as err:
-            raise InputError(f"{path}: cannot read it ({err.strerror}); pass a JSONL file") from err
-        for number, line in enumerate(lines[offset : offset + count], start=offset):
+        for number, line in _lines(path, offset, count):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise InputError(f"{path}:{number + 1}: not a JSON row ({err.msg})") from err
-            missing = QUESTION_FIELDS - set(row)
+            missing = QUESTION_FIELDS - set(row if isinstance(row, dict) else ())
             if missing:
                 raise InputError(
                     f"{path}:{number + 1}: a row lacks {sorted(missing)}; calibration needs rows "
                     "of {question, answers, passages} (musique_dev.jsonl and hotpotqa_dev.jsonl "
                     "have them; 2wikimqa_dev.jsonl has no passages)"
                 )
-            passages = [Chunk(passage_text(p["text"], p.get("title"))) for p in row["passages"]]
+            try:
+                passages = [Chunk(passage_text(p["text"], p.get("title"))) for p in row["passages"]]
+            except (KeyError, TypeError, AttributeError) as err:
+                raise InputError(
+                    f"{path}:{number + 1}: its passages must be objects with a text (and a title)"
+                ) from err
             top = MemoryRetriever(passages).retrieve(row["question"], num_chunks)
             if len(top) < num_chunks:
                 continue
@@ -56,6 +59,19 @@ def read_question_files(
             )
             questions.append((path.stem, item))
     return questions
+
+
+def _lines(path: Path, offset: int, count: int) -> Iterator[tuple[int, str]]:
+    """Lines ``offset..offset+count`` of ``path`` with their numbers, read no further.
+
+    Raises:
+        InputError: The file cannot be read.
+    """
+    try:
+        with path.open() as handle:
+            yield from enumerate(islice(handle, offset, offset + count), start=offset)
+    except OSError as err:
+        raise InputError(f"{path}: cannot read it ({err.strerror}); pass a JSONL file") from err
 
 
 def questions_for(args: argparse.Namespace) -> list[tuple[str, BenchQuestion]]:

@@ -43,6 +43,12 @@ def test_bad_question_files_are_refused_naming_the_file_and_row(tmp_path):
     broken.write_text('{"question": "q"}\n{not json\n')
     with pytest.raises(InputError, match="broken.jsonl:2: not a JSON row"):
         questions_for(_args(data=[broken], offset=1))
+    good.write_text(good.read_text() + "{not json, never read\n")
+    assert questions_for(_args(data=[good], questions=1)) == []  # no passages; line 2 unread
+    no_text = tmp_path / "no_text.jsonl"
+    no_text.write_text(json.dumps({"question": "q", "answers": [], "passages": [{"t": 1}]}) + "\n")
+    with pytest.raises(InputError, match="no_text.jsonl:1: its passages must be objects"):
+        questions_for(_args(data=[no_text]))
     with pytest.raises(InputError, match="missing.jsonl: cannot read it"):
         questions_for(_args(data=[tmp_path / "missing.jsonl"]))
 
