@@ -504,6 +504,40 @@ def smallest_ratio_meeting(
     return min(meeting, key=lambda s: s.ratio) if meeting else None
 
 
+@dataclass(frozen=True)
+class MatchedSpeedup:
+    """The speed-up at which a rule keeps a level of quality (see :func:`matched_speedup`)."""
+
+    speedup: float
+    at_fastest: bool
+    """The rule's fastest ratio already keeps the level: the speed-up is a lower bound."""
+
+
+def matched_speedup(
+    summaries: Sequence[FidelitySummary], rule: str, level: float, metric: str
+) -> MatchedSpeedup | None:
+    """The largest speed-up at which ``rule`` keeps ``metric`` (a summary field) at ``level``.
+
+    Each of the rule's ratios is a point (mean speed-up over full, mean ``metric``); between the
+    fastest point that keeps the level and the next faster one, the speed-up is interpolated
+    linearly. None when no ratio of the rule keeps the level. Comparing rules this way at one
+    rule's own quality (matched quality) counts a better selection as speed, not as agreement.
+    """
+    points = sorted(
+        ((s.full_ttft_s / s.ttft_s, getattr(s, metric)) for s in summaries if s.rule == rule),
+        reverse=True,
+    )
+    for index, (speedup, value) in enumerate(points):
+        if value < level:
+            continue
+        if index == 0:
+            return MatchedSpeedup(speedup, at_fastest=True)
+        faster, faster_value = points[index - 1]
+        share = (level - faster_value) / (value - faster_value)
+        return MatchedSpeedup(faster + share * (speedup - faster), at_fastest=False)
+    return None
+
+
 def _round_trip(codec: KVCodec, kv: ChunkKV) -> ChunkKV:
     """``kv`` as a store in ``codec``'s format serves it (in ``kv``'s dtype)."""
     return codec.decode(codec.encode(kv)).to(kv.k.dtype)

@@ -12,6 +12,7 @@ from adarag.evaluation.fidelity import (
     FidelityRow,
     FidelitySummary,
     Target,
+    matched_speedup,
     paired_rules,
     read_rows,
     smallest_ratio_meeting,
@@ -54,7 +55,13 @@ def write_report(args: argparse.Namespace, model: str, out: Path) -> None:
         return
     count = len({(row.dataset, row.qid) for row in pooled})
     title = f"{model}, {len(sections)} data sets pooled ({count} questions)"
-    parts = [_section(title, summarize(pooled), target), _paired(pooled, args.baseline), *sections]
+    summaries = summarize(pooled)
+    parts = [
+        _section(title, summaries, target),
+        _paired(pooled, args.baseline),
+        _matched(summaries, args.baseline),
+        *sections,
+    ]
     header = [
         f"# Fidelity: {model}",
         "",
@@ -95,6 +102,42 @@ def _paired(rows: list[FidelityRow], baseline: str) -> str:
             lines.append(f"| {rule} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+MATCHED_METRICS = {
+    "exact_agreement": "exact agreement",
+    "first_token_agreement": "first-token agreement",
+}
+
+
+def _matched(summaries: list[FidelitySummary], baseline: str) -> str:
+    """Each rule's speed-up at the quality ``baseline`` keeps at its largest ratio below 1."""
+    own = [s for s in summaries if s.rule == baseline and s.ratio < 1.0]
+    if not own:
+        return ""
+    anchor = max(own, key=lambda s: s.ratio)
+    lines = [
+        f"## Matched quality: the speed-up at {baseline}'s quality at ratio {anchor.ratio:.2f}",
+        "",
+        "Interpolated between each rule's ratios; '>=' where its fastest ratio already keeps it.",
+        "",
+        "| rule | "
+        + " | ".join(
+            f"{label} {getattr(anchor, metric):.1f}%" for metric, label in MATCHED_METRICS.items()
+        )
+        + " |",
+        "|---|" + "---|" * len(MATCHED_METRICS),
+    ]
+    for rule in dict.fromkeys(s.rule for s in summaries):
+        cells = []
+        for metric in MATCHED_METRICS:
+            found = matched_speedup(summaries, rule, getattr(anchor, metric), metric)
+            if found is None:
+                cells.append("not reached")
+            else:
+                cells.append(f"{'>= ' if found.at_fastest else ''}{found.speedup:.2f}x")
+        lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def report_target(args: argparse.Namespace, model: str) -> Target:

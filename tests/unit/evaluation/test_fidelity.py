@@ -12,8 +12,10 @@ from adarag.engine.prefill_request import PrefillRequest
 from adarag.errors import InputError
 from adarag.evaluation.fidelity import (
     FidelityRun,
+    FidelitySummary,
     Target,
     first_token_kl,
+    matched_speedup,
     smallest_ratio_meeting,
     summarize,
 )
@@ -58,6 +60,28 @@ def test_summaries_and_the_smallest_ratio_meeting_a_target(rows):
     strict = Target(min_exact_agreement=100.0, min_gold_f1_share=0.0)
     hit = smallest_ratio_meeting(summaries, "oracle", strict)
     assert hit is not None and hit.exact_agreement == 100.0
+
+
+def _point(rule: str, ratio: float, speedup: float, exact: float) -> FidelitySummary:
+    zeros = dict.fromkeys(
+        ("f1_agreement", "first_token_agreement", "first_token_kl", "gold_em", "gold_f1"), 0.0
+    )
+    return FidelitySummary(
+        rule, ratio, 10, exact, **zeros, gold_contains=0.0, reference_gold_f1=0.0,
+        ttft_s=1.0 / speedup, full_ttft_s=1.0,
+    )  # fmt: skip
+
+
+def test_matched_speedup_interpolates_between_a_rules_ratios():
+    curve = [_point("a", 0.05, 4.0, 40.0), _point("a", 0.1, 3.0, 50.0), _point("a", 0.2, 2.0, 70.0)]
+    middle = matched_speedup(curve, "a", 60.0, "exact_agreement")
+    assert middle is not None and middle.speedup == pytest.approx(2.5) and not middle.at_fastest
+    on_point = matched_speedup(curve, "a", 50.0, "exact_agreement")
+    assert on_point is not None and on_point.speedup == pytest.approx(3.0)
+    easy = matched_speedup(curve, "a", 30.0, "exact_agreement")
+    assert easy is not None and easy.speedup == pytest.approx(4.0) and easy.at_fastest
+    assert matched_speedup(curve, "a", 80.0, "exact_agreement") is None
+    assert matched_speedup(curve, "b", 10.0, "exact_agreement") is None
 
 
 def test_rows_resume_from_their_file_and_a_torn_last_line_is_measured_again(rows, tmp_path):
