@@ -519,9 +519,10 @@ def matched_speedup(
     """The largest speed-up at which ``rule`` keeps ``metric`` (a summary field) at ``level``.
 
     Each of the rule's ratios is a point (mean speed-up over full, mean ``metric``); between the
-    fastest point that keeps the level and the next faster one, the speed-up is interpolated
-    linearly. None when no ratio of the rule keeps the level. Comparing rules this way at one
-    rule's own quality (matched quality) counts a better selection as speed, not as agreement.
+    fastest point that keeps the level and the next faster one, the cost (TTFT as a share of
+    full's, which grows about linearly with the recomputed share) is interpolated linearly. None
+    when no ratio of the rule keeps the level. Comparing rules this way at one rule's own
+    quality (matched quality) counts a better selection as speed, not as agreement.
     """
     points = sorted(
         ((s.full_ttft_s / s.ttft_s, getattr(s, metric)) for s in summaries if s.rule == rule),
@@ -534,7 +535,8 @@ def matched_speedup(
             return MatchedSpeedup(speedup, at_fastest=True)
         faster, faster_value = points[index - 1]
         share = (level - faster_value) / (value - faster_value)
-        return MatchedSpeedup(faster + share * (speedup - faster), at_fastest=False)
+        cost = 1 / faster + share * (1 / speedup - 1 / faster)
+        return MatchedSpeedup(1 / cost, at_fastest=False)
     return None
 
 

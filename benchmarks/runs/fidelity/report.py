@@ -119,7 +119,8 @@ def _matched(summaries: list[FidelitySummary], baseline: str) -> str:
     lines = [
         f"## Matched quality: the speed-up at {baseline}'s quality at ratio {anchor.ratio:.2f}",
         "",
-        "Interpolated between each rule's ratios; '>=' where its fastest ratio already keeps it.",
+        "Interpolated in cost (TTFT share of full's) between each rule's ratios; '>=' where its "
+        "fastest ratio already keeps it.",
         "",
         "| rule | "
         + " | ".join(
