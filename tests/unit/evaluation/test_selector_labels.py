@@ -21,7 +21,7 @@ ITEM = BenchQuestion("q0", QUESTION, ("Paris",), tuple(CHUNKS))
 
 
 def test_labels_carry_the_bridge_and_live_apart(tiny_checkpoints, tiny_config, tmp_path):
-    rag = AdaRAG(tiny_config(tiny_checkpoints["llama"]))
+    rag = AdaRAG(tiny_config(tiny_checkpoints["llama"], cache={"recompute": {"packet": "auto"}}))
     assert labelling_bridge(rag) == LearnedControls()
     assert packet_folder(tmp_path, rag) == tmp_path  # no packet: the folder as it was
     with_packet(rag, rows=3, trailer=2)

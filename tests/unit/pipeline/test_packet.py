@@ -17,11 +17,13 @@ from tests.unit.engine.helpers import CHUNKS, QUESTION
 from tests.unit.pipeline.packet_profile import with_packet
 
 PARAMS = GenerationParams(max_new_tokens=6)
+AUTO = RecomputeSettings(packet="auto")
+"""The packet is off by default; these tests ask for it as a user would."""
 
 
 @pytest.fixture()
 def rag(tiny_checkpoints, tiny_config):
-    return AdaRAG(tiny_config(tiny_checkpoints["llama"]))
+    return AdaRAG(tiny_config(tiny_checkpoints["llama"], cache={"recompute": {"packet": "auto"}}))
 
 
 def _answer(rag: AdaRAG) -> str:
@@ -43,7 +45,11 @@ def test_reused_chunks_carry_the_bridge_and_off_answers_as_without_it(rag):
 
 
 def test_ratio_one_and_hard_replays_never_carry_the_bridge(tiny_checkpoints, tiny_config):
-    everything = {"independent": {"recompute_ratio": 1.0}, "soft": {"recompute_ratio": 1.0}}
+    everything = {
+        "independent": {"recompute_ratio": 1.0},
+        "soft": {"recompute_ratio": 1.0},
+        "recompute": {"packet": "auto"},
+    }
     rag = AdaRAG(tiny_config(tiny_checkpoints["llama"], cache=everything))
     with_packet(rag)
     rag.warm(list(CHUNKS))
@@ -90,19 +96,20 @@ def test_packet_on_needs_a_packet_and_the_torch_engine(rag):
     profile = generic_profile("m", "f" * 16, 2)
     with pytest.raises(ConfigError, match="has no packet"):
         learned_controls(RecomputeSettings(packet="on"), profile)
-    assert learned_controls(RecomputeSettings(), profile).packet is None  # auto: quietly none
+    assert learned_controls(AUTO, profile).packet is None  # auto: quietly none
     with_packet(rag)
     fitted = rag.profile
     with pytest.raises(ConfigError, match="torch engine"):
         learned_controls(RecomputeSettings(packet="on"), fitted, backend="vllm")
-    assert learned_controls(RecomputeSettings(), fitted, backend="vllm").packet is None
-    assert learned_controls(RecomputeSettings(), fitted).packet is not None
+    assert learned_controls(AUTO, fitted, backend="vllm").packet is None
+    assert learned_controls(AUTO, fitted).packet is not None
+    assert learned_controls(RecomputeSettings(), fitted).packet is None  # off by default
 
 
 def test_trailed_entries_are_bound_to_their_packet_and_another_one_recomputes(
     tiny_checkpoints, tiny_config
 ):
-    config = tiny_config(tiny_checkpoints["llama"])
+    config = tiny_config(tiny_checkpoints["llama"], cache={"recompute": {"packet": "auto"}})
     rag = AdaRAG(config)
     with_packet(rag, rows=0, trailer=2)
     rag = AdaRAG(config)  # reads the new profile

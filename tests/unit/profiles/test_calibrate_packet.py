@@ -110,8 +110,11 @@ def test_a_replacing_bridge_starts_as_the_prompt_was_and_stands_in_for_its_token
 
 
 def _pipeline_reading(settings: dict, output, packet_file: str) -> AdaRAG:
-    """The tiny model's pipeline with the fitted profile (and its packet) in its home, warmed."""
-    rag = AdaRAG(AdaRagConfig.build(**settings))
+    """The tiny model's pipeline with the fitted profile (and its packet, asked for) in its home,
+    warmed."""
+    rag = AdaRAG(AdaRagConfig.build(**settings)).with_config(
+        cache={"recompute": {"packet": "auto"}}
+    )
     home_profiles = rag.config.home / "profiles"
     home_profiles.mkdir(parents=True, exist_ok=True)
     (home_profiles / packet_file).write_bytes((output.parent / packet_file).read_bytes())
