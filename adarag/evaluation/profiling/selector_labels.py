@@ -29,7 +29,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -104,12 +104,7 @@ def labelling_bridge(rag: AdaRAG) -> LearnedControls:
     learned = rag.learned_controls
     if not learned.bridge_tokens:
         return LearnedControls()
-    return LearnedControls(
-        packet=learned.packet,
-        bridge_tokens=learned.bridge_tokens,
-        packet_digest=learned.packet_digest,
-        bridge_replaces=learned.bridge_replaces,
-    )
+    return replace(learned, token_scorer=None, ladder=None, trailer_tokens=0)
 
 
 def packet_folder(directory: Path, rag: AdaRAG) -> Path:
