@@ -68,7 +68,7 @@ class RecomputeSettings(_Frozen):
         "recomputation) never carries it. 'auto': use it when the profile has one and the "
         "engine is adarag's torch engine; 'on': the same, but refuse to start without one; "
         "'off' (the default, chosen on a selection split: SmolLM2's bridge lowers the "
-        "first-token KL and raises first-token agreement, but not exact agreement): never.",
+        "first-token KL, but does not raise exact agreement): never.",
     )
 
 
