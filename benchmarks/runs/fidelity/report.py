@@ -78,7 +78,9 @@ def write_report(args: argparse.Namespace, model: str, out: Path) -> None:
 
 PAIRED_METRICS = {
     "exact_agreement": "exact agreement, points",
+    "first_token_agreement": "first-token agreement, points",
     "first_token_kl": "first-token KL, x100",
+    "gold_f1": "gold F1, points",
 }
 
 
