@@ -14,14 +14,14 @@ from adarag.evaluation.workload import BenchQuestion
 from adarag.pipeline import AdaRAG
 from adarag.schema import GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION
-from tests.unit.pipeline.packet_profile import with_packet
+from tests.unit.pipeline.packet_profile import ASKED, with_packet
 
 PARAMS = GenerationParams(max_new_tokens=4)
 ITEM = BenchQuestion("q0", QUESTION, ("Paris",), tuple(CHUNKS))
 
 
 def test_labels_carry_the_bridge_and_live_apart(tiny_checkpoints, tiny_config, tmp_path):
-    rag = AdaRAG(tiny_config(tiny_checkpoints["llama"], cache={"recompute": {"packet": "auto"}}))
+    rag = AdaRAG(tiny_config(tiny_checkpoints["llama"], cache=ASKED))
     assert labelling_bridge(rag) == LearnedControls()
     assert packet_folder(tmp_path, rag) == tmp_path  # no packet: the folder as it was
     with_packet(rag, rows=3, trailer=2)

@@ -12,6 +12,9 @@ from adarag.pipeline import AdaRAG
 from adarag.profiles import generic_profile
 from adarag.profiles.packet import BRIDGE, TRAILER, PacketRecord, packet_file_name
 
+ASKED = {"recompute": {"packet": "auto"}}
+"""The ``cache`` override that asks for the profile's packet (off by default)."""
+
 
 def with_packet(rag: AdaRAG, rows: int = 4, trailer: int = 0) -> bytes:
     """Give the model a profile with a random packet (bridge, trailer), as `calibrate` writes it."""

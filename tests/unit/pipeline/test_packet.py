@@ -14,7 +14,7 @@ from adarag.pipeline.learned import learned_controls
 from adarag.profiles import generic_profile
 from adarag.schema import GenerationParams
 from tests.unit.engine.helpers import CHUNKS, QUESTION
-from tests.unit.pipeline.packet_profile import with_packet
+from tests.unit.pipeline.packet_profile import ASKED, with_packet
 
 PARAMS = GenerationParams(max_new_tokens=6)
 AUTO = RecomputeSettings(packet="auto")
@@ -23,7 +23,7 @@ AUTO = RecomputeSettings(packet="auto")
 
 @pytest.fixture()
 def rag(tiny_checkpoints, tiny_config):
-    return AdaRAG(tiny_config(tiny_checkpoints["llama"], cache={"recompute": {"packet": "auto"}}))
+    return AdaRAG(tiny_config(tiny_checkpoints["llama"], cache=ASKED))
 
 
 def _answer(rag: AdaRAG) -> str:
@@ -48,7 +48,7 @@ def test_ratio_one_and_hard_replays_never_carry_the_bridge(tiny_checkpoints, tin
     everything = {
         "independent": {"recompute_ratio": 1.0},
         "soft": {"recompute_ratio": 1.0},
-        "recompute": {"packet": "auto"},
+        **ASKED,
     }
     rag = AdaRAG(tiny_config(tiny_checkpoints["llama"], cache=everything))
     with_packet(rag)
@@ -109,7 +109,7 @@ def test_packet_on_needs_a_packet_and_the_torch_engine(rag):
 def test_trailed_entries_are_bound_to_their_packet_and_another_one_recomputes(
     tiny_checkpoints, tiny_config
 ):
-    config = tiny_config(tiny_checkpoints["llama"], cache={"recompute": {"packet": "auto"}})
+    config = tiny_config(tiny_checkpoints["llama"], cache=ASKED)
     rag = AdaRAG(config)
     with_packet(rag, rows=0, trailer=2)
     rag = AdaRAG(config)  # reads the new profile

@@ -11,6 +11,7 @@ from adarag.cli import main
 from adarag.config import AdaRagConfig
 from adarag.profiles import ModelProfile
 from tests.unit.engine.helpers import CHUNKS, QUESTION
+from tests.unit.pipeline.packet_profile import ASKED
 from tests.unit.profiles.test_calibrate_learned import _tiny_settings, _write_data
 
 
@@ -110,11 +111,9 @@ def test_a_replacing_bridge_starts_as_the_prompt_was_and_stands_in_for_its_token
 
 
 def _pipeline_reading(settings: dict, output, packet_file: str) -> AdaRAG:
-    """The tiny model's pipeline with the fitted profile (and its packet, asked for) in its home,
-    warmed."""
-    rag = AdaRAG(AdaRagConfig.build(**settings)).with_config(
-        cache={"recompute": {"packet": "auto"}}
-    )
+    """The tiny model's pipeline, asking for the packet, with the fitted profile in its home."""
+    config = AdaRagConfig.build(AdaRagConfig.build(**settings), cache=ASKED)
+    rag = AdaRAG(config)
     home_profiles = rag.config.home / "profiles"
     home_profiles.mkdir(parents=True, exist_ok=True)
     (home_profiles / packet_file).write_bytes((output.parent / packet_file).read_bytes())
