@@ -39,3 +39,23 @@ def describe_machine(info: dict[str, Any]) -> str:
         f"({info['torch_threads']} threads), load average {info['load_average']} at start, "
         f"{info['date']}."
     )
+
+
+def describe_sittings(sittings: list[dict[str, Any]]) -> str:
+    """One line for a table whose rows were measured in ``sittings`` (:func:`machine` dicts).
+
+    A report rebuilt later from stored rows names the machines and loads its rows were measured
+    under, not the moment it was written.
+    """
+    if len(sittings) == 1:
+        return describe_machine(sittings[0])
+    machines = dict.fromkeys(
+        f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} "
+        f"({info['torch_threads']} threads)"
+        for info in sittings
+    )
+    loads = sorted(info["load_average"] for info in sittings if info["load_average"] is not None)
+    dates = sorted({info["date"] for info in sittings})
+    load = f"load average {loads[0]} to {loads[-1]} at their starts" if loads else "load unknown"
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    return f"Machine: {'; '.join(machines)}; rows measured in {len(sittings)} runs, {load}, {when}."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from adarag.evaluation.fidelity import (
     smallest_ratio_meeting,
     summarize,
 )
-from adarag.evaluation.machine import describe_machine
+from adarag.evaluation.machine import describe_machine, describe_sittings
 from adarag.evaluation.plots import pyplot
 from adarag.evaluation.workload import FIDELITY_CHUNKS
 
@@ -29,6 +30,7 @@ def write_report(args: argparse.Namespace, model: str, out: Path) -> None:
     Each data set's summaries (``<dataset><tag>.json``) and plot go beside its rows in ``out``.
     """
     measured_on = machine()
+    sittings = read_sittings(out, args.tag)
     target = report_target(args, model)
     sections, pooled = [], []
     for dataset in args.dataset:
@@ -46,6 +48,7 @@ def write_report(args: argparse.Namespace, model: str, out: Path) -> None:
         payload = {
             "title": title,
             "machine": measured_on,
+            "sittings": sittings,
             "summaries": [asdict(s) for s in summaries],
         }
         write_results(stem.name, payload, None, directory=out)
@@ -65,7 +68,10 @@ def write_report(args: argparse.Namespace, model: str, out: Path) -> None:
     header = [
         f"# Fidelity: {model}",
         "",
-        describe_machine(measured_on),
+        describe_sittings(sittings)
+        if sittings
+        else f"{describe_machine(measured_on)} (when this report was written: the runs' own "
+        "machines were not recorded)",
         "",
         "Every figure is a mean over questions with its 95% bootstrap interval in brackets. "
         "'gold F1 - full' is the paired difference against full recomputation of the same "
@@ -74,6 +80,25 @@ def write_report(args: argparse.Namespace, model: str, out: Path) -> None:
         "",
     ]
     write_results(f"{model}{args.tag}", None, "\n".join(header + parts), directory=args.output)
+
+
+def _sittings_path(out: Path, tag: str) -> Path:
+    return out / f"sittings{tag}.jsonl"
+
+
+def record_sitting(out: Path, tag: str, info: dict) -> None:
+    """Append one measuring run's machine (CPU, threads, load at its start) beside its rows."""
+    out.mkdir(parents=True, exist_ok=True)
+    with _sittings_path(out, tag).open("a") as file:
+        file.write(json.dumps(info) + "\n")
+
+
+def read_sittings(out: Path, tag: str) -> list[dict]:
+    """The machines of every run that measured rows of ``tag`` (none for rows measured before)."""
+    path = _sittings_path(out, tag)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 PAIRED_METRICS = {

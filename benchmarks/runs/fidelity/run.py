@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import parse_rule, pipeline_for, rows_dir
+from common import machine, parse_rule, pipeline_for, rows_dir
 
 from adarag.config import FusionConfig, RecomputeConfig
 from adarag.evaluation import corpora
@@ -16,7 +16,7 @@ from adarag.evaluation.workload import FIDELITY_CHUNKS, load_questions
 from adarag.retrievers.chunking import passage_text
 from adarag.retrievers.memory import MemoryRetriever
 from adarag.schema import Chunk
-from runs.fidelity.report import write_report
+from runs.fidelity.report import record_sitting, write_report
 from runs.fidelity.rows import model_name
 
 RATIOS = (0.0, 0.1, 0.2, 0.3, 0.5, 1.0)
@@ -55,6 +55,7 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
     if args.fused:
         fusion = FusionConfig(num_neighbors=args.fused, min_neighbors_in_prompt=args.fusion_gate)
     index, count = (int(part) for part in args.shard.split("/"))
+    record_sitting(out, args.tag, machine())
     profile = None
     if args.profile is not None:
         profile = ModelProfile.read(args.profile.parent, args.profile.name)
