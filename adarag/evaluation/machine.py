@@ -58,4 +58,4 @@ def describe_sittings(sittings: list[dict[str, Any]]) -> str:
     dates = sorted({info["date"] for info in sittings})
     load = f"load average {loads[0]} to {loads[-1]} at their starts" if loads else "load unknown"
     when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
-    return f"Machine: {'; '.join(machines)}; rows measured in {len(sittings)} runs, {load}, {when}."
+    return f"Machine: {'; '.join(machines)}; {len(sittings)} measuring runs, {load}, {when}."

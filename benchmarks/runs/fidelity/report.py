@@ -68,10 +68,7 @@ def write_report(args: argparse.Namespace, model: str, out: Path) -> None:
     header = [
         f"# Fidelity: {model}",
         "",
-        describe_sittings(sittings)
-        if sittings
-        else f"{describe_machine(measured_on)} (when this report was written: the runs' own "
-        "machines were not recorded)",
+        _machine_line(sittings, measured_on),
         "",
         "Every figure is a mean over questions with its 95% bootstrap interval in brackets. "
         "'gold F1 - full' is the paired difference against full recomputation of the same "
@@ -87,10 +84,26 @@ def _sittings_path(out: Path, tag: str) -> Path:
 
 
 def record_sitting(out: Path, tag: str, info: dict) -> None:
-    """Append one measuring run's machine (CPU, threads, load at its start) beside its rows."""
+    """Append one measuring run's machine (CPU, threads, load at its start) beside its rows.
+
+    ``info`` also counts the rows already there (``rows_before``), measured by earlier runs.
+    """
     out.mkdir(parents=True, exist_ok=True)
     with _sittings_path(out, tag).open("a") as file:
         file.write(json.dumps(info) + "\n")
+
+
+def _machine_line(sittings: list[dict], now: dict) -> str:
+    """The runs that measured the rows; ``now`` (the report's own moment) when none recorded."""
+    if not sittings:
+        return (
+            f"{describe_machine(now)} (when this report was written: the runs that measured "
+            "its rows did not record their machine)"
+        )
+    line = describe_sittings(sittings)
+    if sittings[0].get("rows_before", 1):  # a record without the count cannot vouch for them
+        line += " Some rows were measured before the first of these runs, on an unrecorded machine."
+    return line
 
 
 def read_sittings(out: Path, tag: str) -> list[dict]:

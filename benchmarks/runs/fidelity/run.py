@@ -55,7 +55,8 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
     if args.fused:
         fusion = FusionConfig(num_neighbors=args.fused, min_neighbors_in_prompt=args.fusion_gate)
     index, count = (int(part) for part in args.shard.split("/"))
-    record_sitting(out, args.tag, machine())
+    before = sum(len(read_rows(out / f"{name}{args.tag}.rows.jsonl")) for name in args.dataset)
+    record_sitting(out, args.tag, {**machine(), "rows_before": before})
     profile = None
     if args.profile is not None:
         profile = ModelProfile.read(args.profile.parent, args.profile.name)

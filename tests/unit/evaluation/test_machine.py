@@ -18,7 +18,7 @@ def test_several_runs_give_their_count_load_range_and_dates() -> None:
     line = describe_sittings(
         [_sitting(2.3, "2026-12-07"), _sitting(0.4, "2026-12-08"), _sitting(1.1, "2026-12-07")]
     )
-    assert "3 runs" in line
+    assert "3 measuring runs" in line
     assert "load average 0.4 to 2.3" in line
     assert "2026-12-07 to 2026-12-08" in line
 
