@@ -8,9 +8,9 @@ controls), then decoded greedily. Every question's rows are appended to
 where it stopped (rows already there are not measured again) and several runs can share the
 questions (``--shard i/n``). ``<rows>`` is ``--output``'s path under the benchmarks' cache
 (``$ADARAG_BENCH_CACHE``, else ``~/.cache/adarag-bench``; ``--output`` itself when it lies
-outside ``benchmarks/results``); each run that measures also appends its machine, its load at
-the start and the count of rows already there to ``sittings<tag>.jsonl`` beside them, which
-the report's machine line names. The report, rebuilt from all rows each time (or alone with
+outside ``benchmarks/results``); each run that measures a row also appends its machine, its
+load at the start and the count of rows already there to ``sittings<tag>.jsonl`` beside them,
+which the report's machine line names. The report, rebuilt from all rows each time (or alone with
 ``--report-only``): ``<output>/<model><tag>.md`` with 95% bootstrap intervals on every figure,
 the paired gold-F1 difference against full recomputation, and each rule's paired difference in
 exact agreement against ``--baseline``; beside the rows, ``<dataset><tag>.json`` (summaries) and

@@ -56,7 +56,7 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
         fusion = FusionConfig(num_neighbors=args.fused, min_neighbors_in_prompt=args.fusion_gate)
     index, count = (int(part) for part in args.shard.split("/"))
     before = sum(len(read_rows(out / f"{name}{args.tag}.rows.jsonl")) for name in args.dataset)
-    record_sitting(out, args.tag, {**machine(), "rows_before": before})
+    sitting: dict[str, Any] | None = {**machine(), "rows_before": before}  # recorded on first use
     profile = None
     if args.profile is not None:
         profile = ModelProfile.read(args.profile.parent, args.profile.name)
@@ -89,6 +89,9 @@ def _measure(args: argparse.Namespace, rules: dict[str, RecomputeConfig], out: P
             done = measured.get(item.qid, set()) | skipped
             if wanted <= done:
                 continue
+            if sitting is not None:  # a run that measures nothing is not one of the rows' runs
+                record_sitting(out, args.tag, sitting)
+                sitting = None
             append_rows(path, run.question(dataset, item, done))
             print(
                 f"{model} {dataset} #{args.offset + number} ({time.perf_counter() - started:.0f} s)"
