@@ -112,8 +112,7 @@ def test_a_replacing_bridge_starts_as_the_prompt_was_and_stands_in_for_its_token
 
 def _pipeline_reading(settings: dict, output, packet_file: str) -> AdaRAG:
     """The tiny model's pipeline, asking for the packet, with the fitted profile in its home."""
-    config = AdaRagConfig.build(AdaRagConfig.build(**settings), cache=ASKED)
-    rag = AdaRAG(config)
+    rag = AdaRAG(AdaRagConfig.build(**settings, cache=ASKED))
     home_profiles = rag.config.home / "profiles"
     home_profiles.mkdir(parents=True, exist_ok=True)
     (home_profiles / packet_file).write_bytes((output.parent / packet_file).read_bytes())
